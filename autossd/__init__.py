@@ -1,0 +1,9 @@
+"""autossd: generated, tuned Triton kernels for the Mamba-2 SSD layer."""
+from .arch import ARCHS, Arch, get_arch, local_arch
+from .ops.ssd.chunk import ssd_forward
+from .problem import Problem, from_args
+from .space import KNOBS, Config, ConfigError, default_config
+
+__version__ = "0.1.0"
+__all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "default_config",
+           "from_args", "get_arch", "local_arch", "ssd_forward", "__version__"]

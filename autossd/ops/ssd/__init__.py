@@ -1,0 +1,1 @@
+"""The SSD forward: `naive` (float64 references) beside `chunk` (the generated kernels)."""

@@ -1,0 +1,194 @@
+"""The five-stage SSD forward built from generated kernels.
+
+`plan()` turns a call into a list of `Launch`es (kernel name, grid, arguments, options). The same
+plan runs on a GPU or in Triton's interpreter (`run`), and is cross-compiled for any arch from
+meta tensors (`autossd.compile`), so the launched and the compiled code cannot drift apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import triton
+
+from ... import problem as _problem
+from ...render import launch_options, load
+from ...space import STATE_DTYPES, Config
+
+_TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
+
+
+@dataclass
+class Launch:
+    stage: str
+    kernel: str
+    grid: tuple[int, ...]
+    args: dict           # name -> tensor / int / float / None, in the kernel's order
+    constexprs: dict     # name -> bool
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class Buffers:
+    y: torch.Tensor
+    dt: torch.Tensor        # (b, h, c, q) fp32, processed dt
+    dA: torch.Tensor        # (b, h, c, q) fp32, within-chunk cumsum of dt * A
+    cb: torch.Tensor        # (b, c, g, q, q)
+    states: torch.Tensor    # (b, c, h, p, n) state dtype: local states, then passed states
+    final: torch.Tensor | None
+
+
+def _strides(t, n):
+    return tuple(t.stride()) if t is not None else (0,) * n
+
+
+def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None) -> Buffers:
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc = triton.cdiv(l, q)
+    xdt = _problem.TORCH_DTYPES[prob.dtype]
+    sdt = state_dtype or _TORCH_STATE[config.state_dtype]
+    f32 = torch.float32
+    return Buffers(
+        y=torch.empty(b, l, h, p, dtype=xdt, device=device),
+        dt=torch.empty(b, h, nc, q, dtype=f32, device=device),
+        dA=torch.empty(b, h, nc, q, dtype=f32, device=device),
+        cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device),
+        states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device),
+        final=torch.empty(b, h, p, n, dtype=f32, device=device) if prob.return_final_states else None)
+
+
+def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend: str = "cuda",
+         dt_limit=(0.0, float("inf"))) -> list[Launch]:
+    """The launches of one forward. `t` maps argument names to tensors (or None)."""
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc = triton.cdiv(l, q)
+    opts = launch_options(config, backend)
+    x, dt, A, B, C = t["x"], t["dt"], t["A"], t["B"], t["C"]
+    D, z, bias, init, seq = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx")
+    s_dt = buf.dt.stride()[:3]
+    s_seq = _strides(seq, 2)
+    if D is None:
+        s_D = (0, 0)
+    else:
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+    lo, hi = (float(v) for v in dt_limit)
+    hpg = h // g
+    return [
+        Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
+               dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
+                    L=l, H=h, dt_lo=lo, dt_hi=hi,
+                    s_dt_b=dt.stride(0), s_dt_l=dt.stride(1), s_dt_h=dt.stride(2), s_A_h=A.stride(0),
+                    s_bias_h=bias.stride(0) if bias is not None else 0,
+                    s_o_b=s_dt[0], s_o_h=s_dt[1], s_o_c=s_dt[2]),
+               dict(HAS_BIAS=bias is not None, SOFTPLUS=prob.dt_softplus, HAS_LIMIT=prob.has_dt_limit),
+               opts["cumsum"]),
+        Launch("bmm", "ssd_bmm",
+               (triton.cdiv(q, config.bmm_block_m) * triton.cdiv(q, config.bmm_block_n), nc, b * g),
+               dict(C_ptr=C, B_ptr=B, cb_ptr=buf.cb, L=l, G=g, N=n,
+                    **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
+                    **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
+               {}, opts["bmm"]),
+        Launch("chunk_state", "ssd_chunk_state",
+               (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n), nc, b * h),
+               dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
+                    L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                    **_named("s_x", "blhp", x), **_named("s_B", "blgn", B),
+                    s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], s_seq_b=s_seq[0], s_seq_l=s_seq[1],
+                    **_named("s_st", ("b", "c", "h", "p", "n"), buf.states)),
+               dict(HAS_SEQ=seq is not None), opts["chunk_state"]),
+        Launch("state_passing", "ssd_state_passing", (triton.cdiv(p * n, config.pass_block), b * h),
+               dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final, seq_ptr=seq,
+                    L=l, H=h, N=n, PN=p * n, nchunks=nc,
+                    s_st_b=buf.states.stride(0), s_st_c=buf.states.stride(1), s_st_h=buf.states.stride(2),
+                    s_dA_b=s_dt[0], s_dA_h=s_dt[1], s_dA_c=s_dt[2],
+                    **_named("s_init", ("b", "h", "p", "n"), init),
+                    s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
+                    s_fin_h=buf.final.stride(1) if buf.final is not None else 0,
+                    s_seq_b=s_seq[0], s_seq_l=s_seq[1]),
+               dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
+               opts["state_passing"]),
+        Launch("chunk_scan", "ssd_chunk_scan",
+               (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n), nc, b * h),
+               dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
+                    st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
+                    L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                    **_named("s_x", "blhp", x), **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
+                    **_named("s_C", "blgn", C), **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb),
+                    s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
+                    **_named("s_st", ("b", "c", "h", "p", "n"), buf.states),
+                    s_D_h=s_D[0], s_D_p=s_D[1], s_seq_b=s_seq[0], s_seq_l=s_seq[1]),
+               dict(HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None,
+                    HAS_SEQ=seq is not None),
+               opts["chunk_scan"]),
+    ]
+
+
+def _named(prefix, dims, t):
+    st = _strides(t, len(dims))
+    return {f"{prefix}_{d}": s for d, s in zip(dims, st)}
+
+
+def run(launches: list[Launch], module) -> None:
+    for ln in launches:
+        getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+
+
+def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
+    """States at the last token of each packed sequence (batch 1): the state entering that
+    token's chunk, decayed, plus the chunk's tokens of the same sequence up to it."""
+    q = config.chunk_size
+    h, g = prob.nheads, prob.ngroups
+    ends = cu_seqlens[1:].long() - 1                                  # (s,)
+    chunk = ends // q
+    pos = torch.arange(q, device=ends.device)
+    tok = chunk[:, None] * q + pos[None, :]                            # (s, q)
+    valid = (pos[None, :] <= (ends - chunk * q)[:, None]) & (tok < prob.seqlen)
+    tokc = tok.clamp(max=prob.seqlen - 1)
+    seq = t["seq_idx"][0].long()
+    same = valid & (seq[tokc] == seq[ends][:, None])
+    dA = buf.dA[0][:, chunk].permute(1, 0, 2)                          # (s, h, q)
+    dt = buf.dt[0][:, chunk].permute(1, 0, 2)
+    dA_end = torch.gather(dA, 2, (ends - chunk * q)[:, None, None].expand(-1, h, 1))  # (s, h, 1)
+    w = torch.where(same[:, None, :], torch.exp(dA_end - dA) * dt, 0.0)  # (s, h, q)
+    xs = t["x"][0][tokc].float()                                       # (s, q, h, p)
+    bs = t["B"][0][tokc].float().repeat_interleave(h // g, dim=2)      # (s, q, h, n)
+    local = torch.einsum("shq,sqhp,sqhn->shpn", w, xs, bs)
+    prev_tok = (chunk * q - 1).clamp(min=0)
+    carry = (seq[ends] == seq[prev_tok]).float()[:, None, None, None]
+    prev = buf.states[0][chunk].float()                                # (s, h, p, n)
+    return local + carry * torch.exp(dA_end)[..., None] * prev
+
+
+def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
+                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                return_final_states=False, return_varlen_states=False, state_dtype=None,
+                config: Config | None = None, backend: str = "cuda"):
+    """Validate, pick the config (the given one, else the arch default), and run the five
+    stages. Returns y, or a tuple with final_states / varlen_states as mamba_ssm does."""
+    from ...space import default_config
+    prob = _problem.from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                              cu_seqlens, dt_softplus, dt_limit, return_final_states,
+                              return_varlen_states, state_dtype)
+    if config is None:
+        config = default_config("gfx942" if backend == "hip" else "sm90", prob)
+    return execute(prob, config, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                      initial_states=initial_states, seq_idx=seq_idx),
+                   cu_seqlens=cu_seqlens, dt_limit=dt_limit, state_dtype=state_dtype, backend=backend)
+
+
+def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
+            backend="cuda", module=None):
+    prob_final = prob.return_final_states or prob.return_varlen_states
+    buf = allocate(prob.replace(return_final_states=prob_final), config, t["x"].device, state_dtype)
+    module = module or load(config, backend)
+    run(plan(prob, config, t, buf, backend, dt_limit), module)
+    if not (prob.return_final_states or prob.return_varlen_states):
+        return buf.y
+    out = (buf.y,)
+    if prob.return_final_states:
+        out += (buf.final,)
+    if prob.return_varlen_states:
+        out += (varlen_states(prob, config, t, buf, cu_seqlens),)
+    return out

@@ -1,0 +1,154 @@
+"""Float64 references for the SSD forward (the contract of mamba_ssm's mamba_chunk_scan_combined).
+
+`ssd_recurrent` steps the recurrence token by token: the definition, slow, for short sequences.
+`ssd_chunked` computes the same function chunk by chunk with dense PyTorch ops: fast enough for
+production shapes on a GPU, and checked against `ssd_recurrent` in the tests.
+Both return (y in float64, final_states, varlen_states) with the optional parts None when not asked.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+f64 = torch.float64
+
+
+def process_dt(dt, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    dt = dt.to(f64)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(f64)
+    if dt_softplus:
+        dt = torch.where(dt <= 20.0, F.softplus(dt), dt)
+    lo, hi = dt_limit
+    if (lo, hi) != (0.0, float("inf")):
+        dt = dt.clamp(min=lo, max=hi)
+    return dt
+
+
+def _seq_ends(cu_seqlens):
+    return [int(v) - 1 for v in cu_seqlens[1:].tolist()]
+
+
+def _finish(y, x, D, z):
+    if D is not None:
+        Dv = D.to(f64)
+        y = y + x * (Dv[None, None, :, :] if Dv.dim() == 2 else Dv[None, None, :, None])
+    if z is not None:
+        zz = z.to(f64)
+        y = y * zz * torch.sigmoid(zz)
+    return y
+
+
+def ssd_recurrent(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                  cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    b, l, h, p = x.shape
+    g = B.shape[2]
+    xx, AA = x.to(f64), A.to(f64)
+    Bh = B.to(f64).repeat_interleave(h // g, dim=2)
+    Ch = C.to(f64).repeat_interleave(h // g, dim=2)
+    dtp = process_dt(dt, dt_bias, dt_softplus, dt_limit)
+    S = (initial_states.to(f64).clone() if initial_states is not None
+         else torch.zeros(b, h, p, B.shape[3], dtype=f64, device=x.device))
+    ends = set(_seq_ends(cu_seqlens)) if cu_seqlens is not None else set()
+    varlen = []
+    ys = []
+    for t in range(l):
+        if seq_idx is not None and t > 0:
+            keep = (seq_idx[:, t] == seq_idx[:, t - 1]).to(f64)
+            S = S * keep[:, None, None, None]
+        decay = torch.exp(dtp[:, t] * AA)                                   # (b, h)
+        S = decay[..., None, None] * S + (dtp[:, t, :, None] * xx[:, t])[..., None] * Bh[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", S, Ch[:, t]))
+        if t in ends:
+            varlen.append(S[0].clone())
+    y = _finish(torch.stack(ys, dim=1), xx, D, z)
+    return y, S, (torch.stack(varlen) if cu_seqlens is not None else None)
+
+
+def ssd_chunked(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
+                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                group_tokens=16384):
+    """Chunked float64 form. `group_tokens` bounds the memory of the intra-chunk matrices."""
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    r = h // g
+    q = chunk_size
+    nc = -(-l // q)
+    pad = nc * q - l
+    dev = x.device
+
+    def chunks(t, fill=0.0):  # (b, l, ...) -> (b, nc, q, ...)
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad), value=fill) if pad else t
+        return t.reshape(b, nc, q, *t.shape[2:])
+
+    dtp = chunks(process_dt(dt, dt_bias, dt_softplus, dt_limit))      # (b,c,q,h), 0 in padding
+    xx = chunks(x.to(f64)).reshape(b, nc, q, g, r, p)
+    BB = chunks(B.to(f64))                                             # (b,c,q,g,n)
+    CC = chunks(C.to(f64))
+    if seq_idx is not None:
+        last = seq_idx[:, -1:].expand(b, pad) if pad else seq_idx[:, :0]
+        seq = torch.cat([seq_idx, last], dim=1).reshape(b, nc, q)
+    else:
+        seq = torch.zeros(b, nc, q, dtype=torch.int64, device=dev)
+    dA = dtp * A.to(f64)
+    cs = torch.cumsum(dA, dim=2)                                       # (b,c,q,h)
+    cs_last = cs[:, :, -1]                                             # (b,c,h)
+    same_last = (seq == seq[:, :, -1:]).to(f64)                        # (b,c,q)
+    # local state of each chunk: tokens of the chunk's last sequence, decayed to its end
+    w = torch.exp(cs_last[:, :, None] - cs) * dtp * same_last[..., None]   # (b,c,q,h)
+    w = w.reshape(b, nc, q, g, r)
+    local = torch.einsum("bcqgr,bcqgrp,bcqgn->bcgrpn", w, xx, BB).reshape(b, nc, h, p, n)
+    # sequential pass over chunks
+    S = (initial_states.to(f64).clone() if initial_states is not None
+         else torch.zeros(b, h, p, n, dtype=f64, device=dev))
+    prev_seq = seq[:, 0, 0]
+    prev = torch.empty(b, nc, h, p, n, dtype=f64, device=dev)
+    for c in range(nc):
+        prev[:, c] = S
+        keep = (seq[:, c, -1] == prev_seq).to(f64)                     # (b,)
+        S = torch.exp(cs_last[:, c])[..., None, None] * S * keep[:, None, None, None] + local[:, c]
+        prev_seq = seq[:, c, -1]
+    final = S
+    # output: inter-chunk term (from the state entering the chunk) + intra-chunk term
+    seq_prev = torch.cat([seq[:, :1, 0], seq[:, :-1, -1]], dim=1)      # (b,c)
+    y = torch.empty(b, nc, q, g, r, p, dtype=f64, device=dev)
+    step = max(1, group_tokens // q)
+    tri = torch.tril(torch.ones(q, q, dtype=torch.bool, device=dev))
+    for c0 in range(0, nc, step):
+        sl = slice(c0, min(nc, c0 + step))
+        inter_scale = torch.exp(cs[:, sl]) * (seq[:, sl] == seq_prev[:, sl, None]).to(f64)[..., None]
+        pv = prev[:, sl].reshape(b, -1, g, r, p, n)
+        y_off = torch.einsum("bcqgn,bcgrpn->bcqgrp", CC[:, sl], pv)
+        y_off = y_off * inter_scale.reshape(*inter_scale.shape[:3], g, r)[..., None]
+        cb = torch.einsum("bcign,bcjgn->bcgij", CC[:, sl], BB[:, sl])
+        ss = seq[:, sl]
+        mask = tri & (ss[..., :, None] == ss[..., None, :])            # (b,c,i,j)
+        csl = cs[:, sl].reshape(b, -1, q, g, r)
+        diff = csl.permute(0, 1, 3, 4, 2)[..., :, None] - csl.permute(0, 1, 3, 4, 2)[..., None, :]
+        decay = torch.exp(torch.where(mask[:, :, None, None], diff, -torch.inf))  # (b,c,g,r,i,j)
+        dtj = dtp[:, sl].reshape(b, -1, q, g, r).permute(0, 1, 3, 4, 2)[..., None, :]
+        lmat = cb[:, :, :, None] * decay * dtj
+        y_diag = torch.einsum("bcgrij,bcjgrp->bcigrp", lmat, xx[:, sl])
+        y[:, sl] = y_off + y_diag
+    y = y.reshape(b, nc * q, h, p)[:, :l]
+    y = _finish(y, x.to(f64), D, z)
+    varlen = None
+    if cu_seqlens is not None:
+        states = []
+        flat_cs = cs.reshape(b, nc * q, h)
+        flat_dt = dtp.reshape(b, nc * q, h)
+        flat_seq = seq.reshape(b, nc * q)
+        for t_end in _seq_ends(cu_seqlens):
+            c = t_end // q
+            t0 = c * q
+            sl = slice(t0, t_end + 1)
+            keep = (flat_seq[0, sl] == flat_seq[0, t_end]).to(f64)
+            wts = torch.exp(flat_cs[0, t_end] - flat_cs[0, sl]) * flat_dt[0, sl] * keep[:, None]  # (t,h)
+            xs = x[0, sl].to(f64)
+            bs = B[0, sl].to(f64).repeat_interleave(r, dim=1)
+            st = torch.einsum("th,thp,thn->hpn", wts, xs, bs)
+            if flat_seq[0, t_end] == seq_prev[0, c]:
+                st = st + torch.exp(flat_cs[0, t_end])[:, None, None] * prev[0, c]
+            states.append(st)
+        varlen = torch.stack(states)
+    return y, final, varlen

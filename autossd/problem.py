@@ -1,0 +1,198 @@
+"""One object that describes a call: dims, dtypes and flags. It is what the kernels are
+specialized on, what the floor is computed from, and (later) the tuning-database key.
+
+`from_args` validates a `mamba_chunk_scan_combined` call and raises ValueError/TypeError naming
+the offending argument, so bad input never reaches a kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+CHUNK_SIZES = (64, 128, 256)
+MAX_GRID_YZ = 65535  # CUDA/HIP limit on grid dims 1 and 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    dtype: str                    # x, B, C, z
+    chunk_size: int | None = None  # the caller's request; the config decides
+    has_D: bool = False
+    D_has_hdim: bool = False
+    has_z: bool = False
+    has_dt_bias: bool = False
+    dt_softplus: bool = False
+    has_dt_limit: bool = False
+    has_initial_states: bool = False
+    has_seq_idx: bool = False
+    return_final_states: bool = False
+    return_varlen_states: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("batch", "seqlen", "nheads", "headdim", "dstate", "ngroups"):
+            v = getattr(self, f)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{f}: expected a positive int, got {v!r}")
+        if self.nheads % self.ngroups:
+            raise ValueError(f"ngroups: nheads={self.nheads} is not divisible by ngroups={self.ngroups}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.chunk_size is not None and self.chunk_size not in CHUNK_SIZES:
+            raise ValueError(f"chunk_size: expected one of {CHUNK_SIZES}, got {self.chunk_size!r}")
+
+    def key(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **kw) -> "Problem":
+        return Problem(**{**asdict(self), **kw})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    # --- speed-of-light figures ---------------------------------------------------------
+    def min_bytes(self) -> int:
+        """Each input read once, each output written once: x + y + B + C + dt (+ z)."""
+        e = DTYPE_BYTES[self.dtype]
+        blh = self.batch * self.seqlen * self.nheads
+        xy = 2 * blh * self.headdim * e
+        bc = 2 * self.batch * self.seqlen * self.ngroups * self.dstate * e
+        z = blh * self.headdim * e if self.has_z else 0
+        return xy + bc + blh * e + z
+
+    def flops(self, chunk_size: int = 256) -> int:
+        """Causal FLOPs of the chunked algorithm: intra-chunk (C·Bᵀ per group, masked product
+        with x), chunk states and the C·state term."""
+        q = min(chunk_size, self.seqlen)
+        bl = self.batch * self.seqlen
+        cb = bl * self.ngroups * q * self.dstate          # half of Q x Q x n x 2
+        intra = bl * self.nheads * q * self.headdim       # half of Q x Q x p x 2
+        states = 2 * 2 * bl * self.nheads * self.headdim * self.dstate
+        return cb + intra + states
+
+
+def _check_tensor(name: str, t, ndim: int, shape: tuple | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                raise ValueError(f"{name}: expected shape {_fmt(shape)}, got {tuple(t.shape)} (dim {i})")
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+
+
+def _check_float(name: str, t) -> None:
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.dtype}")
+
+
+def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+              return_final_states=False, return_varlen_states=False, state_dtype=None) -> Problem:
+    """Validate a mamba_chunk_scan_combined call and describe it."""
+    _check_tensor("x", x, 4)
+    b, l, h, p = x.shape
+    if l == 0:
+        raise ValueError("x: sequence length is 0; expected at least one token")
+    if b == 0 or h == 0 or p == 0:
+        raise ValueError(f"x: expected non-empty (batch, seqlen, nheads, headdim), got {tuple(x.shape)}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"x: expected float16, bfloat16 or float32, got {x.dtype}")
+    _check_tensor("dt", dt, 3, (b, l, h))
+    _check_tensor("A", A, 1, (h,))
+    _check_tensor("B", B, 4, (b, l, None, None))
+    g, n = B.shape[2], B.shape[3]
+    if g == 0 or n == 0:
+        raise ValueError(f"B: expected non-empty (ngroups, dstate), got {tuple(B.shape)}")
+    _check_tensor("C", C, 4, (b, l, g, n))
+    if h % g:
+        raise ValueError(f"B: nheads={h} is not divisible by ngroups={g}")
+    for name, t in (("dt", dt), ("A", A)):
+        _check_float(name, t)
+    for name, t in (("B", B), ("C", C)):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from x's {x.dtype}; expected the same dtype")
+    d_has_hdim = False
+    if D is not None:
+        if not isinstance(D, torch.Tensor):
+            raise TypeError(f"D: expected a torch.Tensor or None, got {type(D).__name__}")
+        if tuple(D.shape) == (h,):
+            pass
+        elif tuple(D.shape) == (h, p):
+            d_has_hdim = True
+        else:
+            raise ValueError(f"D: expected shape ({h},) or ({h}, {p}), got {tuple(D.shape)}")
+        _check_float("D", D)
+    if z is not None:
+        _check_tensor("z", z, 4, (b, l, h, p))
+        if z.dtype != x.dtype:
+            raise TypeError(f"z: dtype {z.dtype} differs from x's {x.dtype}; expected the same dtype")
+    if dt_bias is not None:
+        _check_tensor("dt_bias", dt_bias, 1, (h,))
+        _check_float("dt_bias", dt_bias)
+    if initial_states is not None:
+        _check_tensor("initial_states", initial_states, 4, (b, h, p, n))
+        _check_float("initial_states", initial_states)
+    if seq_idx is not None:
+        _check_tensor("seq_idx", seq_idx, 2, (b, l))
+        if seq_idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"seq_idx: expected int32 (or int64), got {seq_idx.dtype}")
+    if cu_seqlens is not None:
+        _check_tensor("cu_seqlens", cu_seqlens, 1)
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens: expected int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens: expected at least 2 entries (0 and the total length)")
+        if b != 1:
+            raise ValueError(f"cu_seqlens: expected batch 1 (packed sequences), got batch {b}")
+        if seq_idx is None:
+            raise ValueError("seq_idx: required with cu_seqlens (the state resets where sequences meet)")
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("cu_seqlens: required when return_varlen_states=True")
+    tensors = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+               "initial_states": initial_states, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens}
+    for name, t in tensors.items():
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, but x is on {x.device}; expected one device")
+    # The kernels vectorize along the last dim of these: it must be contiguous.
+    for name in ("x", "z", "B", "C"):
+        t = tensors[name]
+        if t is not None and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}: last dimension is not contiguous (stride {t.stride(-1)}); "
+                             f"expected stride 1, pass {name}.contiguous()")
+    if type(chunk_size) is not int or chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size: expected a power of two in {CHUNK_SIZES}, got {chunk_size!r}")
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
+    if math.isnan(lo) or math.isnan(hi) or lo > hi:
+        raise ValueError(f"dt_limit: expected lo <= hi, got {dt_limit!r}")
+    if state_dtype is not None and state_dtype not in DTYPES:
+        raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype}")
+    nchunks = -(-l // min(CHUNK_SIZES))
+    if nchunks > MAX_GRID_YZ or b * h > MAX_GRID_YZ:
+        raise ValueError(f"x: batch*nheads={b*h} and seqlen/64={nchunks} must each be <= {MAX_GRID_YZ}")
+    return Problem(
+        batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=DTYPES[x.dtype],
+        chunk_size=chunk_size, has_D=D is not None, D_has_hdim=d_has_hdim, has_z=z is not None,
+        has_dt_bias=dt_bias is not None, dt_softplus=bool(dt_softplus),
+        has_dt_limit=(lo, hi) != (0.0, float("inf")), has_initial_states=initial_states is not None,
+        has_seq_idx=seq_idx is not None, return_final_states=bool(return_final_states),
+        return_varlen_states=bool(return_varlen_states))

@@ -1,0 +1,139 @@
+"""Render a validated Config into Triton source, cache it on disk by content hash, import it.
+
+Templates use StrictUndefined: a missing variable is an error, not an empty string. Only a
+`Config` (every value from its knob's declared set) and a backend from a fixed set reach them.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+import jinja2
+
+from .space import STATE_DTYPES, Config
+
+BACKENDS = ("cuda", "hip")
+# stage -> (warps knob, stages knob); None means a fixed value for a stage with no matmul loop
+STAGE_LAUNCH = {
+    "cumsum": (None, None),
+    "bmm": ("bmm_warps", "bmm_stages"),
+    "chunk_state": ("state_warps", "state_stages"),
+    "state_passing": ("pass_warps", None),
+    "chunk_scan": ("scan_warps", "scan_stages"),
+}
+AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+_lock = threading.Lock()
+_modules: dict[tuple[str, bool], ModuleType] = {}
+
+
+def templates_dir() -> Path:
+    """templates/ ships inside the package as autossd/templates (see pyproject); from a source
+    checkout it is the top-level templates/ folder."""
+    installed = Path(__file__).parent / "templates"
+    return installed if installed.is_dir() else Path(__file__).parent.parent / "templates"
+
+
+@lru_cache(maxsize=None)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir() / "ssd_fwd")),
+                              undefined=jinja2.StrictUndefined, autoescape=False,
+                              keep_trailing_newline=True)
+
+
+@lru_cache(maxsize=None)
+def template_hash() -> str:
+    """Hash of every template file: a tuned record made from other templates is stale."""
+    h = hashlib.sha256()
+    for p in sorted((templates_dir()).rglob("*.jinja")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for stage, (warps, stages) in STAGE_LAUNCH.items():
+        opts = {"num_warps": config[warps] if warps else 4,
+                "num_stages": config[stages] if stages else 1}
+        if backend == "hip":
+            opts.update({k: config[k] for k in AMD_OPTIONS})
+        out[stage] = opts
+    return out
+
+
+def render(config: Config, backend: str = "cuda") -> str:
+    if not isinstance(config, Config):
+        raise TypeError(f"config: expected an autossd Config, got {type(config).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    return _env().get_template("module.py.jinja").render(
+        cfg=config, backend=backend, config_json=config.key(),
+        state_tl_dtype=STATE_DTYPES[config.state_dtype],
+        launch=launch_options(config, backend))
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("AUTOSSD_CACHE_DIR")
+    if env:
+        return Path(env) / "kernels"
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("autossd")) / "kernels"
+
+
+def source_path(source: str) -> Path:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    path = cache_dir() / f"ssd_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)  # atomic: concurrent writers leave one whole file
+    return path
+
+
+@contextlib.contextmanager
+def _interpret(flag: bool):
+    import triton
+    old = triton.knobs.runtime.interpret
+    triton.knobs.runtime.interpret = flag
+    try:
+        yield
+    finally:
+        triton.knobs.runtime.interpret = old
+
+
+def interpreting() -> bool:
+    import triton
+    return bool(triton.knobs.runtime.interpret)
+
+
+def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -> ModuleType:
+    """Import the rendered module for a config. `interpret` picks triton's interpreter
+    (default: TRITON_INTERPRET); the two flavours are cached apart because @triton.jit decides
+    at import time."""
+    interpret = interpreting() if interpret is None else interpret
+    source = render(config, backend)
+    path = source_path(source)
+    key = (str(path), interpret)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            name = f"autossd_gen_{path.stem}_{'i' if interpret else 'c'}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod  # triton looks functions' globals up through the module
+            if interpret:
+                from . import interpret as _fix
+                _fix.apply()
+            with _interpret(interpret):
+                spec.loader.exec_module(mod)
+            mod.SOURCE_PATH = path
+            _modules[key] = mod
+    return mod

@@ -1,0 +1,206 @@
+"""The search space: every knob is declared once here.
+
+From these declarations flow the typed `Config` (validation), the template variables (the
+renderer passes `Config.as_dict()`), the tuner's Optuna space, the constraints, and the tuning
+database's columns. A value that is not in a knob's declared set cannot enter a Config, so no
+unvalidated value can reach generated source.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .arch import Arch, get_arch
+
+TILES = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    values: tuple
+    default: Any
+    doc: str
+    stage: str = "all"            # which kernel stage it shapes
+    backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
+
+    def offered_on(self, arch: Arch) -> bool:
+        return arch.backend in self.backends and len(self.values) > 1
+
+    def values_on(self, arch: Arch) -> tuple:
+        return self.values if arch.backend in self.backends else (self.default,)
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("launches", (5,), 5, "fusion depth: number of kernel launches for the forward"),
+    Knob("chunk_size", (64, 128, 256), 256, "tokens per chunk"),
+    Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
+         "storage dtype of the inter-chunk states (local chunk states and passed states)"),
+    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum"),
+    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm"),
+    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm"),
+    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm"),
+    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm"),
+    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm"),
+    Knob("state_block_m", TILES, 64, "headdim per program", "chunk_state"),
+    Knob("state_block_n", TILES, 64, "dstate per program", "chunk_state"),
+    Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
+    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
+    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state"),
+    Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
+         "state_passing"),
+    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
+    Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
+    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan"),
+    Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
+    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan"),
+    Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
+    Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
+    # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
+    Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
+         backends=("hip",)),
+    Knob("matrix_instr_nonkdim", (0, 16, 32), 0, "MFMA instruction M/N size, 0 = compiler's choice",
+         backends=("hip",)),
+    Knob("kpack", (1, 2), 1, "MFMA k-packing", backends=("hip",)),
+)
+KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+STAGES = ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan")
+STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Config(Mapping):
+    """An immutable, validated assignment of every knob. Unknown names and values outside a
+    knob's declared set raise ConfigError, so a Config is safe to render."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any] | None = None, **kw: Any) -> None:
+        given = dict(values or {}, **kw)
+        unknown = sorted(set(given) - set(KNOB_BY_NAME))
+        if unknown:
+            raise ConfigError(f"config: unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
+        out = {}
+        for knob in KNOBS:
+            v = given.get(knob.name, knob.default)
+            # exact type match: True is not 1, "64" is not 64, 64.0 is not 64
+            if type(v) is not type(knob.default) or v not in knob.values:
+                raise ConfigError(f"config: {knob.name}={v!r} is not allowed; expected one of {list(knob.values)}")
+            out[knob.name] = v
+        object.__setattr__(self, "_values", out)
+
+    def __getitem__(self, k: str) -> Any:
+        return self._values[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getattr__(self, k: str) -> Any:
+        try:
+            return self._values[k]
+        except KeyError:
+            raise AttributeError(k) from None
+
+    def __setattr__(self, k, v):  # pragma: no cover - immutability guard
+        raise AttributeError("Config is immutable; use replace()")
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other._values == self._values
+
+    def __repr__(self) -> str:
+        diff = {k: v for k, v in self._values.items() if v != KNOB_BY_NAME[k].default}
+        return f"Config({diff})"
+
+    def replace(self, **kw: Any) -> "Config":
+        return Config({**self._values, **kw})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def key(self) -> str:
+        return json.dumps(self._values, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"config: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config: expected a JSON object")
+        return cls(data)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def caps(problem) -> dict[str, int]:
+    """Largest useful tile per knob for a problem: a tile beyond the padded dimension is waste."""
+    p = max(16, _pow2_at_least(problem.headdim))
+    n = max(16, _pow2_at_least(problem.dstate))
+    return {"bmm_block_k": n, "state_block_m": p, "state_block_n": n,
+            "scan_block_n": p, "scan_block_d": n,
+            "cumsum_block_h": _pow2_at_least(problem.nheads),
+            "pass_block": max(64, _pow2_at_least(problem.headdim * problem.dstate))}
+
+
+def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
+    """Reasons a config cannot run on an arch (and problem); empty when it is feasible.
+    Cheap checks only: the compile report catches what these miss (registers, exact smem)."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    why = []
+    for knob in KNOBS:
+        if config[knob.name] not in knob.values_on(arch):
+            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    q = config.chunk_size
+    for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
+        if config[name] > q:
+            why.append(f"{name}={config[name]} exceeds chunk_size={q}")
+    for stage in ("bmm", "state", "scan", "pass"):
+        if config[f"{stage}_warps"] * arch.warp_size > 1024:
+            why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
+    if problem is not None:
+        for name, cap in caps(problem).items():
+            if config[name] > cap:
+                why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
+    return why
+
+
+def fit(config: Config, problem) -> Config:
+    """Shrink tiles that exceed the problem's padded dims or the chunk (used for defaults)."""
+    changes = {}
+    for name, cap in caps(problem).items():
+        if config[name] > cap:
+            changes[name] = max(v for v in KNOB_BY_NAME[name].values if v <= cap)
+    q = config.chunk_size
+    for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
+        if config[name] > q:
+            changes[name] = q if q in KNOB_BY_NAME[name].values else max(KNOB_BY_NAME[name].values)
+    return config.replace(**changes) if changes else config
+
+
+def default_config(arch: Arch | str, problem=None) -> Config:
+    """The per-arch default, used when no tuned record applies. Hand-picked starting points:
+    64-wide tiles everywhere suit headdim 64 / dstate 128; AMD starts from its compiler's choices."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    base = Config()
+    if arch.is_amd:
+        # 64 KB of LDS: keep pipelining shallow.
+        base = base.replace(bmm_stages=1, state_stages=1, scan_stages=1)
+    if problem is not None:
+        if problem.chunk_size is not None:
+            base = base.replace(chunk_size=problem.chunk_size)
+        base = fit(base, problem)
+    return base
