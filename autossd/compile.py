@@ -1,0 +1,189 @@
+"""Cross-compile a rendered config for any target arch on a machine without a GPU, and report
+what the compiler allocated: registers (NVIDIA) or VGPRs+AGPRs (AMD), spills, shared memory / LDS
+and occupancy. A config over the arch's limits is rejected with the reason.
+
+The launches compiled are exactly the ones `ops.ssd.chunk.plan` makes for a problem, built from
+meta tensors, so the compiled and the launched signatures agree.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .arch import Arch, get_arch
+from .problem import TORCH_DTYPES, Problem
+from .render import load
+from .space import Config, violations
+
+_PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
+        torch.int32: "*i32", torch.int64: "*i64"}
+
+
+@dataclass
+class StageReport:
+    stage: str
+    num_warps: int
+    registers: int = 0        # per thread: NVIDIA REG, AMD VGPRs (arch VGPRs + AGPRs)
+    agprs: int = 0
+    spill_bytes: int = 0      # NVIDIA local memory / AMD scratch per thread
+    shared_bytes: int = 0
+    occupancy: float = 0.0    # NVIDIA: blocks per SM; AMD: waves per SIMD (from the assembler)
+    artifact_sha: str = ""
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompileReport:
+    arch: str
+    config: Config
+    stages: list[StageReport]
+    reasons: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons and all(not s.reasons for s in self.stages)
+
+    def why(self) -> list[str]:
+        return self.reasons + [f"{s.stage}: {r}" for s in self.stages for r in s.reasons]
+
+    def as_dict(self) -> dict:
+        return {"arch": self.arch, "ok": self.ok, "why": self.why(), "config": self.config.as_dict(),
+                "stages": [asdict(s) for s in self.stages]}
+
+
+def meta_inputs(problem: Problem, device="meta") -> dict:
+    """Inputs shaped and typed like a call, without data (meta tensors by default)."""
+    b, l, h, p, n, g = (problem.batch, problem.seqlen, problem.nheads, problem.headdim,
+                        problem.dstate, problem.ngroups)
+    dt_ = TORCH_DTYPES[problem.dtype]
+    f32 = torch.float32
+    e = lambda *s, dtype=dt_: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
+    return dict(x=e(b, l, h, p), dt=e(b, l, h, dtype=f32), A=e(h, dtype=f32), B=e(b, l, g, n),
+                C=e(b, l, g, n),
+                D=(e(h, p, dtype=f32) if problem.D_has_hdim else e(h, dtype=f32)) if problem.has_D else None,
+                z=e(b, l, h, p) if problem.has_z else None,
+                dt_bias=e(h, dtype=f32) if problem.has_dt_bias else None,
+                initial_states=e(b, h, p, n, dtype=f32) if problem.has_initial_states else None,
+                seq_idx=e(b, l, dtype=torch.int32) if problem.has_seq_idx else None)
+
+
+def _signature(launch):
+    sig, consts, attrs = {}, {}, {}
+    for i, (name, v) in enumerate(launch.args.items()):
+        if v is None:
+            sig[name] = "constexpr"
+            consts[name] = None
+        elif isinstance(v, torch.Tensor):
+            sig[name] = _PTR[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # allocations are 16-byte aligned
+        elif isinstance(v, bool):
+            raise TypeError(f"{name}: bools are passed as constexprs")
+        elif isinstance(v, int):
+            if v == 1:  # triton specializes ints equal to 1 at launch; so do we
+                sig[name] = "constexpr"
+                consts[name] = 1
+            else:
+                sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+                if v % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32"
+    for name, v in launch.constexprs.items():
+        sig[name] = "constexpr"
+        consts[name] = v
+    return sig, consts, attrs
+
+
+def _cuobjdump() -> str:
+    import triton
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def _nvidia_resources(cubin: bytes) -> tuple[int, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        out = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    reg = re.search(r"REG:(\d+)", out)
+    local = re.search(r"LOCAL:(\d+)", out)
+    return int(reg.group(1)) if reg else 0, int(local.group(1)) if local else 0
+
+
+def _amd_field(asm: str, key: str) -> int:
+    m = re.search(rf";\s*{key}:\s*(\d+)", asm)
+    return int(m.group(1)) if m else 0
+
+
+def _report_stage(arch: Arch, launch, compiled) -> StageReport:
+    md = compiled.metadata
+    rep = StageReport(stage=launch.stage, num_warps=launch.options["num_warps"],
+                      shared_bytes=int(md.shared))
+    threads = rep.num_warps * arch.warp_size
+    if arch.is_amd:
+        asm = compiled.asm["amdgcn"]
+        rep.artifact_sha = hashlib.sha256(asm.encode()).hexdigest()[:16]
+        rep.registers = _amd_field(asm, "NumVgprs")
+        rep.agprs = _amd_field(asm, "NumAgprs")
+        rep.spill_bytes = _amd_field(asm, "ScratchSize")
+        rep.occupancy = float(_amd_field(asm, "Occupancy"))
+        if rep.spill_bytes:
+            rep.reasons.append(f"spills: {rep.spill_bytes} bytes of scratch per lane")
+        if rep.occupancy == 0:
+            rep.reasons.append("occupancy 0: does not fit on a SIMD")
+    else:
+        cubin = compiled.asm["cubin"]
+        rep.artifact_sha = hashlib.sha256(cubin).hexdigest()[:16]
+        rep.registers, rep.spill_bytes = _nvidia_resources(cubin)
+        by_regs = arch.regs_per_sm // max(1, rep.registers * threads)
+        by_threads = arch.max_threads_per_sm // threads
+        by_smem = arch.smem_per_sm // rep.shared_bytes if rep.shared_bytes else by_threads
+        rep.occupancy = float(min(by_regs, by_threads, by_smem))
+        if rep.spill_bytes:
+            rep.reasons.append(f"spills: {rep.spill_bytes} bytes of local memory per thread")
+        if rep.occupancy < 1:
+            rep.reasons.append(f"occupancy 0: {rep.registers} registers x {threads} threads")
+    if rep.shared_bytes > arch.smem_per_block:
+        rep.reasons.append(f"shared memory {rep.shared_bytes} B exceeds {arch.name}'s "
+                           f"{arch.smem_per_block} B per block")
+    return rep
+
+
+def compile_config(config: Config, arch: Arch | str, problem: Problem) -> CompileReport:
+    """Compile every stage of `config` for `arch` at `problem`'s signature and report."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from .ops.ssd.chunk import allocate, plan
+
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    why = violations(config, arch, problem)
+    if why:
+        return CompileReport(arch.name, config, [], why)
+    tensors = meta_inputs(problem)
+    buf = allocate(problem, config, "meta")
+    launches = plan(problem, config, tensors, buf, arch.backend)
+    module = load(config, arch.backend, interpret=False)
+    stages = []
+    for ln in launches:
+        sig, consts, attrs = _signature(ln)
+        fn = getattr(module, ln.kernel)
+        src = ASTSource(fn, sig, consts, attrs)
+        try:
+            compiled = triton.compile(src, target=arch.gpu_target(), options=dict(ln.options))
+        except Exception as e:  # a compiler error is a verdict on the config, not a crash
+            msg = str(e).strip().splitlines()
+            stages.append(StageReport(ln.stage, ln.options["num_warps"],
+                                      reasons=[f"compile error: {msg[-1] if msg else type(e).__name__}"]))
+            continue
+        stages.append(_report_stage(arch, ln, compiled))
+    return CompileReport(arch.name, config, stages, [])
