@@ -42,20 +42,26 @@ def _strides(t, n):
     return tuple(t.stride()) if t is not None else (0,) * n
 
 
-def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None) -> Buffers:
+def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
+             poison: bool = False) -> Buffers:
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
     xdt = _problem.TORCH_DTYPES[prob.dtype]
     sdt = state_dtype or _TORCH_STATE[config.state_dtype]
     f32 = torch.float32
-    return Buffers(
+    buf = Buffers(
         y=torch.empty(b, l, h, p, dtype=xdt, device=device),
         dt=torch.empty(b, h, nc, q, dtype=f32, device=device),
         dA=torch.empty(b, h, nc, q, dtype=f32, device=device),
         cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device),
         states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device),
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if prob.return_final_states else None)
+    if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
+        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
+            if t is not None:
+                t.fill_(float("nan"))
+    return buf
 
 
 def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend: str = "cuda",
@@ -164,7 +170,7 @@ def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
 def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                 return_final_states=False, return_varlen_states=False, state_dtype=None,
-                config: Config | None = None, backend: str = "cuda"):
+                config: Config | None = None, backend: str = "cuda", poison: bool = False):
     """Validate, pick the config (the given one, else the arch default), and run the five
     stages. Returns y, or a tuple with final_states / varlen_states as mamba_ssm does."""
     from ...space import default_config
@@ -175,13 +181,15 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
         config = default_config("gfx942" if backend == "hip" else "sm90", prob)
     return execute(prob, config, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                       initial_states=initial_states, seq_idx=seq_idx),
-                   cu_seqlens=cu_seqlens, dt_limit=dt_limit, state_dtype=state_dtype, backend=backend)
+                   cu_seqlens=cu_seqlens, dt_limit=dt_limit, state_dtype=state_dtype, backend=backend,
+                   poison=poison)
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
-            backend="cuda", module=None):
+            backend="cuda", module=None, poison=False):
     prob_final = prob.return_final_states or prob.return_varlen_states
-    buf = allocate(prob.replace(return_final_states=prob_final), config, t["x"].device, state_dtype)
+    buf = allocate(prob.replace(return_final_states=prob_final), config, t["x"].device, state_dtype,
+                   poison)
     module = module or load(config, backend)
     run(plan(prob, config, t, buf, backend, dt_limit), module)
     if not (prob.return_final_states or prob.return_varlen_states):

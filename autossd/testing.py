@@ -1,0 +1,69 @@
+"""Inputs, references and tolerances shared by the tests, the tuner's correctness gate and the
+benchmarks: one definition of "correct"."""
+from __future__ import annotations
+
+import torch
+
+from .problem import TORCH_DTYPES, Problem
+
+# ‖out − ref‖ / ‖ref‖ bounds. The kernels round matmul operands (x·scale, C·B products, the
+# decay-weighted CB) to the input dtype and states to the state dtype; these bounds sit ~3x above
+# what the interpreter and the H100 measure, far below what a wrong index gives (~1).
+_TOL = {"fp32": 1e-4, "fp16": 3e-3, "bf16": 2.5e-2}
+
+
+def tolerance(dtype: str, state_dtype: str = "fp32") -> float:
+    return max(_TOL[dtype], _TOL[state_dtype] if state_dtype != "fp32" else 0.0)
+
+
+def make_inputs(problem: Problem, device="cpu", seed: int = 0, nseqs: int = 3) -> dict:
+    """Fresh random inputs for a problem, with every optional tensor the problem's flags ask for.
+    dt is positive before softplus-free calls (a negative dt makes the decay grow)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b, l, h, p, n, ng = (problem.batch, problem.seqlen, problem.nheads, problem.headdim,
+                         problem.dstate, problem.ngroups)
+    dt_ = TORCH_DTYPES[problem.dtype]
+
+    def rnd(*shape, dtype=dt_, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+    t = dict(
+        x=rnd(b, l, h, p), B=rnd(b, l, ng, n), C=rnd(b, l, ng, n),
+        A=(-torch.rand(h, generator=g) * 4 - 0.5).to(device),
+        dt=((torch.rand(b, l, h, generator=g) * 4 - 4) if problem.dt_softplus
+            else torch.rand(b, l, h, generator=g) * 0.2 + 0.005).to(device))
+    t["D"] = (rnd(h, p, dtype=torch.float32) if problem.D_has_hdim else rnd(h, dtype=torch.float32)) \
+        if problem.has_D else None
+    t["z"] = rnd(b, l, h, p) if problem.has_z else None
+    t["dt_bias"] = rnd(h, dtype=torch.float32, scale=0.5) if problem.has_dt_bias else None
+    t["initial_states"] = rnd(b, h, p, n, dtype=torch.float32) if problem.has_initial_states else None
+    t["seq_idx"] = None
+    t["cu_seqlens"] = None
+    if problem.has_seq_idx or problem.return_varlen_states:
+        cuts = sorted(torch.randperm(l - 1, generator=g)[: max(0, min(nseqs, l) - 1)].add(1).tolist())
+        bounds = [0] + cuts + [l]
+        seq = torch.zeros(b, l, dtype=torch.int32)
+        for i in range(len(bounds) - 1):
+            seq[:, bounds[i]:bounds[i + 1]] = i
+        t["seq_idx"] = seq.to(device)
+        if problem.return_varlen_states:
+            t["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32, device=device)
+    return t
+
+
+def call_kwargs(problem: Problem, t: dict) -> dict:
+    """The mamba_chunk_scan_combined keyword arguments for inputs made by make_inputs."""
+    kw = {k: t[k] for k in ("D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens")}
+    kw.update(dt_softplus=problem.dt_softplus, return_final_states=problem.return_final_states,
+              return_varlen_states=problem.return_varlen_states)
+    if problem.has_dt_limit:
+        kw["dt_limit"] = (0.001, 0.1)
+    return kw
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN or Inf anywhere gives inf."""
+    o = out.to(torch.float64)
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - ref.to(o.device)).norm() / ref.norm().clamp_min(1e-300))

@@ -1,0 +1,142 @@
+"""Benchmark: autossd's SSD forward against mamba_ssm (optional peer) and the speed-of-light
+floor, in one run, on the local GPU.
+
+    python scripts/bench_ssd.py --out DIR [--dtypes fp16,bf16] [--shapes design] [--stages] [--sweep]
+
+Ceilings are measured in the same run: a device-to-device copy (bytes read + written) and a bf16
+matmul. floor = max(min HBM bytes / copy rate, causal FLOPs / matmul rate), min bytes = x + y +
+B + C + dt. The call is Mamba2's: D (h,), dt_bias, dt_softplus, chunk 256, no z.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
+from autossd.peer import load_mamba_ssm  # noqa: E402
+from autossd.problem import Problem  # noqa: E402
+from autossd.render import load  # noqa: E402
+from autossd.space import Config, default_config  # noqa: E402
+from autossd.testing import make_inputs  # noqa: E402
+
+MODELS = {"mamba2-130m": (24, 64, 128, 1), "mamba2-2.7b": (80, 64, 128, 1),
+          "codestral-7b": (128, 64, 128, 8)}
+DESIGN_SHAPES = [("mamba2-130m", 1, 2048), ("mamba2-130m", 1, 131072), ("mamba2-2.7b", 1, 2048),
+                 ("mamba2-2.7b", 8, 2048), ("mamba2-2.7b", 4, 16384), ("mamba2-2.7b", 1, 131072),
+                 ("codestral-7b", 1, 131072)]
+
+
+def ceilings() -> dict:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    copy_gbps = 2 * n / ms / 1e6
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: m @ k, warmup=50, rep=300, return_mode="median")
+    tflops = 2 * 8192 ** 3 / ms / 1e9
+    del a, b, m, k
+    torch.cuda.empty_cache()
+    return {"copy_GBps": copy_gbps, "bf16_matmul_TFLOPs": tflops}
+
+
+def problem_for(model, b, l, dtype):
+    h, p, n, g = MODELS[model]
+    return Problem(batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=dtype,
+                   chunk_size=256, has_D=True, has_dt_bias=True, dt_softplus=True)
+
+
+def floor_ms(prob: Problem, ceil: dict) -> float:
+    return max(prob.min_bytes() / ceil["copy_GBps"] / 1e6,
+               prob.flops(256) / ceil["bf16_matmul_TFLOPs"] / 1e9)
+
+
+def bench_autossd(prob, t, cfg: Config, stages: bool):
+    tensors = {k: t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
+    mod = load(cfg, "cuda")
+
+    def call():
+        return ssd_chunk.ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"],
+                                     dt_bias=t["dt_bias"], dt_softplus=True, config=cfg)
+    res = {"ms": do_bench(call, warmup=25, rep=200, return_mode="median")}
+    if stages:
+        buf = ssd_chunk.allocate(prob, cfg, "cuda")
+        launches = ssd_chunk.plan(prob, cfg, tensors, buf)
+        ssd_chunk.run(launches, mod)
+        for ln in launches:
+            k = getattr(mod, ln.kernel)
+            res[f"stage_{ln.stage}_ms"] = do_bench(
+                lambda ln=ln, k=k: k[ln.grid](**ln.args, **ln.constexprs, **ln.options),
+                warmup=10, rep=100, return_mode="median")
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--stages", action="store_true", help="also time each stage alone")
+    ap.add_argument("--sweep", default="", help="JSON list of config overrides to time too")
+    ap.add_argument("--no-peer", action="store_true")
+    a = ap.parse_args()
+    ceil = ceilings()
+    print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s",
+          flush=True)
+    peer = None if a.no_peer else load_mamba_ssm()
+    sweep = json.loads(a.sweep) if a.sweep else []
+    rows = []
+    for dtype in a.dtypes.split(","):
+        for model, b, l in DESIGN_SHAPES:
+            prob = problem_for(model, b, l, dtype)
+            t = make_inputs(prob, "cuda", seed=7)
+            row = {"model": model, "batch": b, "seqlen": l, "dtype": dtype, "floor_ms": floor_ms(prob, ceil)}
+            cfg = default_config("sm90", prob)
+            row["autossd"] = bench_autossd(prob, t, cfg, a.stages)
+            row["autossd_config"] = cfg.as_dict()
+            for i, over in enumerate(sweep):
+                try:
+                    c = default_config("sm90", prob).replace(**over)
+                    row[f"sweep_{i}"] = {"override": over, **bench_autossd(prob, t, c, False)}
+                except Exception as e:
+                    row[f"sweep_{i}"] = {"override": over, "error": repr(e)[:300]}
+            if peer is not None:
+                try:
+                    t0 = time.perf_counter()
+                    peer(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"],
+                         dt_softplus=True)
+                    torch.cuda.synchronize()
+                    row["peer_first_call_s"] = time.perf_counter() - t0
+                    row["peer_ms"] = do_bench(lambda: peer(t["x"], t["dt"], t["A"], t["B"], t["C"], 256,
+                                                           D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True),
+                                              warmup=25, rep=200, return_mode="median")
+                except Exception as e:
+                    row["peer_error"] = repr(e)[:300]
+            rows.append(row)
+            ms = row["autossd"]["ms"]
+            pm = row.get("peer_ms")
+            extra = " ".join(f"s{i}={row[f'sweep_{i}'].get('ms', float('nan')):.3f}" for i in range(len(sweep)))
+            print(f"{dtype} {model:13s} {b}x{l:<7d} autossd {ms:8.3f} ms  mamba_ssm "
+                  f"{pm if pm is None else round(pm, 3)} ms  floor {row['floor_ms']:.3f} ms  "
+                  f"{100 * row['floor_ms'] / ms:5.1f}% of floor  "
+                  f"{'' if pm is None else f'{pm / ms:.2f}x peer'} {extra}", flush=True)
+            del t
+            torch.cuda.empty_cache()
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
+            "ceilings": ceil}
+    with open(os.path.join(a.out, "bench_ssd.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
