@@ -1,0 +1,104 @@
+"""Export and merge tuning databases (the shipped per-arch files are built with these; the CLI
+exposes them).
+
+Both write a new, self-contained SQLite file (rollback journal, vacuumed) atomically: the result
+is built under a temporary name beside `dest` and renamed over it, so a reader never sees half a
+file and `dest` may also be one of the sources.
+
+Merge conflict rule: records conflict when they share (op, arch, problem). One survives per key,
+chosen in the lookup's order without the user/shipped distinction:
+    fresh before stale (triton version and template hash of the running code)
+    > measured > static > default  > smaller time_ms  > newer created_at  > earlier source
+    > config key.
+So the best measured time wins among fresh measured records, and a measurement always beats a
+model's or a default's choice.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .engine import HEAD, current_revision, finalize_sqlite, get_engine, migrate, to_url
+from .lookup import PROVENANCE_RANK, _freshness
+from .records import Record, add_records, read_records
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    kept: int        # records written
+    dropped: int     # records that lost a conflict
+    conflicts: int   # keys that had more than one record
+
+
+def _read(src: str | os.PathLike, arch: str | None, op: str | None, strict: bool) -> list[Record]:
+    url = to_url(src)
+    with get_engine(url).connect() as conn:
+        rev = current_revision(conn)
+    if rev is not None and rev != HEAD:
+        migrate(url)  # an older schema is brought up to date first (the source stays usable)
+    return read_records(url, arch, op, strict=strict)
+
+
+def _write(dest: str | os.PathLike, records: list[Record], overwrite: bool) -> int:
+    dest = Path(dest)
+    if dest.exists() and not overwrite:
+        raise FileExistsError(f"{dest}: exists; pass overwrite=True to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+        p.unlink(missing_ok=True)
+    try:
+        add_records(str(tmp), [replace(r, id=None) for r in records])
+        if not records:
+            migrate(to_url(tmp))
+        finalize_sqlite(tmp)
+        os.replace(tmp, dest)
+    finally:
+        for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            p.unlink(missing_ok=True)
+    return len(records)
+
+
+def export_db(src: str | os.PathLike, dest: str | os.PathLike, arch: str | None = None,
+              op: str | None = None, overwrite: bool = False, strict: bool = True) -> int:
+    """Copy the (validated) records of `src`, optionally only one arch / op, into a new SQLite
+    file `dest`. strict: an invalid record raises RecordError; else it is skipped with a warning.
+    Returns the number of records written."""
+    return _write(dest, _read(src, arch, op, strict), overwrite)
+
+
+def merge_rank(rec: Record, source_index: int, triton_v: str, th: str) -> tuple:
+    stale = bool(rec.stale_reasons(triton_v, th))
+    # created_at is ISO-8601 UTC from make_record: negate by sorting on the inverted string
+    newest_first = "".join(chr(0x10FFFF - ord(c)) for c in rec.created_at)
+    return (stale, PROVENANCE_RANK[rec.provenance],
+            rec.time_ms if rec.time_ms is not None else math.inf,
+            newest_first, source_index, rec.config.key())
+
+
+def merge_records(sources: list[list[Record]]) -> tuple[list[Record], MergeResult]:
+    """Apply the conflict rule to lists of records (one list per source, in priority order)."""
+    triton_v, th = _freshness()
+    best: dict[tuple, tuple[tuple, Record]] = {}
+    counts: dict[tuple, int] = {}
+    for i, recs in enumerate(sources):
+        for rec in recs:
+            key = (rec.op, rec.arch, rec.problem)
+            counts[key] = counts.get(key, 0) + 1
+            rank = merge_rank(rec, i, triton_v, th)
+            if key not in best or rank < best[key][0]:
+                best[key] = (rank, rec)
+    kept = [rec for _, rec in best.values()]
+    total = sum(counts.values())
+    return kept, MergeResult(len(kept), total - len(kept), sum(c > 1 for c in counts.values()))
+
+
+def merge_dbs(sources: list[str | os.PathLike], dest: str | os.PathLike, arch: str | None = None,
+              op: str | None = None, overwrite: bool = False, strict: bool = True) -> MergeResult:
+    """Merge databases into a new SQLite file `dest`, one record per (op, arch, problem) by the
+    conflict rule in the module docstring."""
+    kept, result = merge_records([_read(s, arch, op, strict) for s in sources])
+    _write(dest, kept, overwrite)
+    return result

@@ -1,0 +1,250 @@
+"""Which config runs a problem: three small steps, in the style of vLLM's config lookup.
+
+    db_filename(arch)                    -> "sm90.sqlite", the shipped database's file name
+    load_records(arch, op, db)           -> validated records, user database first, then shipped
+    pick(problem, records, arch)         -> Match: exact / nearest / default, distance, reason
+
+Sources and precedence
+    The user database: an SQLAlchemy URL or path from the `db` argument, else env AUTOSSD_DB,
+    else `<cache>/tuning.sqlite` (cache = env AUTOSSD_CACHE_DIR or platformdirs'
+    user_cache_dir("autossd")). It is never created by a lookup; an older schema is migrated.
+    The shipped database: `<arch>.sqlite` in the package `autossd.tuning_db` (the top-level
+    tuning_db/ folder of a source checkout), opened read-only.
+
+Match tiers, in order
+    1. exact: a record whose Problem equals the query in every field.
+    2. nearest: a record with the same dtype, chunk_size, flags, headdim and dstate, at a
+       log2-ratio distance  d = sum |log2(a/b)| over (batch, seqlen, nheads, ngroups)  of at most
+       `max_distance` (default MAX_DISTANCE = 2.0: e.g. 4x the sequence length, or 2x batch and
+       2x seqlen). headdim and dstate must match (distance infinite): tile sizes are chosen for
+       them and do not transfer. The record's config must also be feasible for the query
+       (`space.violations`). Records of provenance "default" are not used for nearest: they
+       carry no information beyond `default_config` of another shape, and the default of the
+       query's own shape (tier 3) is better.
+    3. default: `space.default_config(arch, problem)`.
+
+Ranking within a tier (first difference wins; the result is deterministic, with no timing):
+    fresh before stale  >  user before shipped  >  measured > static > default
+    >  smaller distance  >  smaller time_ms  >  config key (text)  >  record id.
+
+Stale records (policy)
+    A record is stale when its triton version or template hash differs from the running ones.
+    Stale records are still used (their config is validated and feasible; only the timing may no
+    longer hold), but rank below every fresh record of the same tier, and the Match says so:
+    `stale=True` and the reason names the mismatch. An exact stale record still beats a nearest
+    fresh one: the shape is the stronger signal.
+
+Bad data
+    A database that cannot be read (corrupt file, foreign schema) is skipped with a logged
+    warning; a row that fails validation (`records.validate_row`) is skipped with a logged
+    warning naming the row and field. Lookup then goes on with the other records, down to the
+    default, so the user's program runs. Nothing unvalidated reaches `render`.
+"""
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..problem import Problem
+from ..space import Config, default_config, violations
+from .engine import HEAD, REVISIONS, TuningDBError, current_revision, get_engine, migrate, sqlite_path, to_url
+from .records import Record, on_write, read_records
+
+log = logging.getLogger("autossd.db")
+
+MAX_DISTANCE = 2.0
+DISTANCE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
+EXACT_FIELDS = tuple(f for f in Problem.field_names() if f not in DISTANCE_DIMS)
+PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}
+ORIGIN_RANK = {"user": 0, "shipped": 1}
+USER_DB_FILE = "tuning.sqlite"
+
+
+@dataclass(frozen=True)
+class Match:
+    kind: str                 # "exact" | "nearest" | "default"
+    config: Config
+    distance: float           # 0 for exact; the nearest candidate's distance (or inf) for default
+    reason: str
+    record: Record | None = None
+    stale: bool = False
+
+
+# --- where the databases are ---------------------------------------------------------------
+def db_filename(arch: str) -> str:
+    """File name of an arch's shipped database (all ops of the arch in one file)."""
+    return f"{arch}.sqlite"
+
+
+def shipped_dir() -> Path:
+    """tuning_db/ ships as the package autossd.tuning_db (see pyproject); from a source
+    checkout it is the top-level tuning_db/ folder."""
+    try:
+        res = importlib.resources.files("autossd.tuning_db")
+        path = Path(str(res))
+        if path.is_dir():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent.parent / "tuning_db"
+
+
+def shipped_db_path(arch: str) -> Path | None:
+    path = shipped_dir() / db_filename(arch)
+    return path if path.is_file() else None
+
+
+def user_db_url(db: str | os.PathLike | None = None) -> str:
+    if db is not None:
+        return to_url(db)
+    env = os.environ.get("AUTOSSD_DB")
+    if env:
+        return to_url(env)
+    cache = os.environ.get("AUTOSSD_CACHE_DIR")
+    if cache:
+        return to_url(Path(cache) / USER_DB_FILE)
+    import platformdirs
+    return to_url(Path(platformdirs.user_cache_dir("autossd")) / USER_DB_FILE)
+
+
+# --- loading -------------------------------------------------------------------------------
+_records: dict[tuple[str, str, str], list[Record]] = {}
+_records_lock = threading.Lock()
+
+
+def clear_cache(url: str | None = None) -> None:
+    """Forget loaded records (all, or those loaded with user database `url`)."""
+    with _records_lock:
+        for key in [k for k in _records if url is None or k[2] == url]:
+            del _records[key]
+
+
+on_write(clear_cache)  # a write through records.add_records invalidates what was loaded from it
+
+
+def _load_user(url: str, arch: str, op: str) -> list[Record]:
+    path = sqlite_path(url)
+    if url.startswith("sqlite") and (path is None or not path.exists()):
+        return []  # a lookup never creates the user database
+    with get_engine(url).connect() as conn:
+        rev = current_revision(conn)
+    if rev in REVISIONS and rev != HEAD:
+        log.info("tuning db %s: schema %s, migrating to %s", url, rev, HEAD)
+        migrate(url)
+    elif rev is not None and rev not in REVISIONS:
+        log.warning("tuning db %s: schema %s is newer than this autossd (%s); reading the columns it knows",
+                    url, rev, HEAD)
+    return read_records(url, arch, op, strict=False, origin="user")
+
+
+def _load_shipped(arch: str, op: str) -> list[Record]:
+    path = shipped_db_path(arch)
+    if path is None:
+        return []
+    return read_records(str(path), arch, op, strict=False, readonly=True, origin="shipped")
+
+
+def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None) -> list[Record]:
+    """Validated records for (arch, op): the user database's first, then the shipped one's.
+    Cached per process; an unreadable database is skipped with a warning."""
+    url = user_db_url(db)
+    key = (arch, op, url)
+    recs = _records.get(key)
+    if recs is not None:
+        return recs
+    recs = []
+    for name, load in (("user", lambda: _load_user(url, arch, op)), ("shipped", lambda: _load_shipped(arch, op))):
+        try:
+            recs.extend(load())
+        except (TuningDBError, OSError) as e:
+            log.warning("autossd: ignoring the %s tuning database: %s; falling back to other records "
+                        "and defaults", name, e)
+        except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
+            log.warning("autossd: ignoring the %s tuning database (%s: %s); falling back to other "
+                        "records and defaults", name, type(e).__name__, e)
+    with _records_lock:
+        _records[key] = recs
+    return recs
+
+
+# --- picking -------------------------------------------------------------------------------
+def distance(a: Problem, b: Problem) -> float:
+    """sum |log2(a/b)| over DISTANCE_DIMS; infinite when any other field differs."""
+    for f in EXACT_FIELDS:
+        if getattr(a, f) != getattr(b, f):
+            return math.inf
+    return sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in DISTANCE_DIMS)
+
+
+def _freshness() -> tuple[str, str]:
+    import triton
+
+    from ..render import template_hash
+    return triton.__version__, template_hash()
+
+
+def _rank(rec: Record, d: float, stale: bool) -> tuple:
+    return (stale, ORIGIN_RANK.get(rec.origin, 2), PROVENANCE_RANK[rec.provenance], d,
+            rec.time_ms if rec.time_ms is not None else math.inf, rec.config.key(), rec.id or 0)
+
+
+def _describe(rec: Record) -> str:
+    p = rec.problem
+    bits = [f"{rec.provenance} record from the {rec.origin or 'given'} db",
+            f"b={p.batch} L={p.seqlen} h={p.nheads} g={p.ngroups}"]
+    if rec.time_ms is not None:
+        bits.append(f"{rec.time_ms:.4g} ms" + (f" on {rec.device}" if rec.device else ""))
+    bits.append(rec.created_at[:10])
+    return ", ".join(bits)
+
+
+def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE) -> Match:
+    """Choose the config for `problem` from `records` (see the module docstring for the rules)."""
+    triton_v, th = _freshness()
+    exact, near = [], []
+    best_d = math.inf
+    for rec in records:
+        if rec.arch != arch:
+            continue
+        d = distance(problem, rec.problem)
+        if d == math.inf:
+            continue
+        stale = bool(rec.stale_reasons(triton_v, th))
+        if d == 0.0:
+            exact.append((_rank(rec, 0.0, stale), rec))
+        elif rec.provenance != "default" and not violations(rec.config, arch, problem):
+            best_d = min(best_d, d)
+            if d <= max_distance:
+                near.append((_rank(rec, d, stale), rec))
+    for kind, cands in (("exact", exact), ("nearest", near)):
+        if not cands:
+            continue
+        cands.sort(key=lambda c: c[0])
+        rank, rec = cands[0]
+        d = rank[3]
+        reason = f"{kind} match: {_describe(rec)}"
+        if kind == "nearest":
+            reason += f"; log2 distance {d:.2f} <= bound {max_distance:g}"
+        stale_why = rec.stale_reasons(triton_v, th)
+        if stale_why:
+            reason += f"; STALE ({', '.join(stale_why)}): no fresh record in this tier"
+        if len(cands) > 1:
+            reason += f"; best of {len(cands)} candidates"
+        return Match(kind, rec.config, d, reason, rec, bool(stale_why))
+    if best_d == math.inf:
+        why = "no measured/static record with this dtype, chunk_size, flags, headdim and dstate"
+    else:
+        why = f"nearest usable record at log2 distance {best_d:.2f} > bound {max_distance:g}"
+    n = sum(r.arch == arch for r in records)
+    return Match("default", default_config(arch, problem), best_d,
+                 f"default config for {arch}: {why} ({n} records searched)")
+
+
+def lookup(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
+           max_distance: float = MAX_DISTANCE) -> Match:
+    return pick(problem, load_records(arch, op, db), arch, max_distance)
