@@ -2,8 +2,10 @@
 from .arch import ARCHS, Arch, get_arch, local_arch
 from .ops.ssd.chunk import ssd_forward
 from .problem import Problem, from_args
+from .runtime import Kernel, get_kernel, mamba_chunk_scan_combined
 from .space import KNOBS, Config, ConfigError, default_config
 
 __version__ = "0.1.0"
 __all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "default_config",
-           "from_args", "get_arch", "local_arch", "ssd_forward", "__version__"]
+           "from_args", "get_arch", "local_arch", "ssd_forward", "__version__",
+           "Kernel", "get_kernel", "mamba_chunk_scan_combined"]

@@ -1,0 +1,280 @@
+"""Run time: `get_kernel` (lookup + a cached Kernel) and the drop-in `mamba_chunk_scan_combined`.
+
+No timing happens at run time: the config comes from the tuning databases by the rules of
+`autossd.db.lookup` (exact / nearest within a bound / per-arch default), so the same inputs pick
+the same config in every process that sees the same databases. The first call of a Kernel
+renders and imports only its own config's module; Triton compiles its kernels at first launch.
+
+The drop-in is a `torch.library.custom_op` ("autossd::ssd_fwd") with a fake (meta) kernel, so
+torch.compile treats it as one opaque node (no graph break) and CUDA graphs capture its
+launches. Its outputs are always (y, final_states, varlen_states), the parts not asked for being
+empty tensors, because an op's schema has a fixed number of outputs; the Python wrapper returns
+what mamba_ssm returns.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+
+from .arch import ARCHS, get_arch
+from .db.lookup import Match, load_records, pick, user_db_url
+from .db.lookup import clear_cache as _clear_records
+from .db.records import Record, on_write
+from .problem import Problem, from_args
+from .render import interpreting, load
+from .space import Config
+
+log = logging.getLogger("autossd")
+
+OP = "ssd_fwd"
+CPU_ARCH = "sm90"  # what the interpreter emulates when tensors are on the CPU (TRITON_INTERPRET=1)
+
+
+class Kernel:
+    """The SSD forward for one problem on one arch, with the config the lookup chose.
+
+    Callable with mamba_chunk_scan_combined's arguments after chunk_size (the problem fixes it);
+    returns what that function returns."""
+
+    __slots__ = ("problem", "arch", "backend", "match", "_module")
+
+    def __init__(self, problem: Problem, arch: str, match: Match) -> None:
+        self.problem = problem
+        self.arch = arch
+        self.backend = get_arch(arch).backend
+        self.match = match
+        self._module = None
+
+    # --- what was chosen, and why ----------------------------------------------------
+    @property
+    def config(self) -> Config:
+        return self.match.config
+
+    @property
+    def source(self) -> str:
+        """"exact", "nearest" or "default": which lookup tier chose the config."""
+        return self.match.kind
+
+    @property
+    def distance(self) -> float:
+        return self.match.distance
+
+    @property
+    def reason(self) -> str:
+        return self.match.reason
+
+    @property
+    def stale(self) -> bool:
+        return self.match.stale
+
+    @property
+    def record(self) -> Record | None:
+        return self.match.record
+
+    @property
+    def provenance(self) -> str:
+        """The chosen record's provenance ("measured" / "static" / "default"); "default" when
+        no record was used."""
+        return self.match.record.provenance if self.match.record is not None else "default"
+
+    @property
+    def source_path(self):
+        """The rendered Triton source of this config (renders and imports it if needed)."""
+        return self.module().SOURCE_PATH
+
+    def module(self):
+        if self._module is None:
+            self._module = load(self.config, self.backend)
+        return self._module
+
+    def __repr__(self) -> str:
+        return (f"Kernel({self.arch}, {self.source}, provenance={self.provenance}, "
+                f"distance={self.distance:.2f}, config={self.config!r})")
+
+    # --- running ---------------------------------------------------------------------
+    def __call__(self, x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None,
+                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                 return_final_states=False, return_varlen_states=False, state_dtype=None):
+        chunk = self.problem.chunk_size or self.config.chunk_size
+        prob = from_args(x, dt, A, B, C, chunk, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                         dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+        if prob != self.problem.replace(chunk_size=chunk):
+            raise ValueError(f"kernel: built for {self.problem}, called with {prob}; "
+                             f"use autossd.get_kernel for the new problem")
+        return self.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                   initial_states=initial_states, seq_idx=seq_idx),
+                        cu_seqlens, dt_limit, state_dtype)
+
+    def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
+            state_dtype=None):
+        """Run on validated inputs (no checks beyond the device)."""
+        from .ops.ssd.chunk import execute
+        x = tensors["x"]
+        if x.device.type == "cpu" and not interpreting():
+            raise RuntimeError(
+                "autossd: the inputs are on the CPU, but the SSD kernels need a CUDA or ROCm GPU. "
+                "Move the tensors to the GPU, or set TRITON_INTERPRET=1 before importing triton "
+                "to run Triton's (slow) CPU interpreter.")
+        if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
+            with torch.cuda.device(x.device):
+                return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype,
+                               self.backend, self.module())
+        return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
+                       self.module())
+
+
+# --- get_kernel ----------------------------------------------------------------------------
+_kernels: dict[Any, Kernel] = {}
+_kernels_lock = threading.Lock()
+_device_arch: dict[int, str] = {}
+
+
+def clear_cache() -> None:
+    """Forget cached kernels and loaded records (e.g. after AUTOSSD_DB changes)."""
+    with _kernels_lock:
+        _kernels.clear()
+    _clear_records()
+
+
+on_write(lambda url: clear_cache())  # a write in this process may change what the lookup picks
+
+
+def _as_problem(p: Problem | Mapping | tuple) -> Problem:
+    if isinstance(p, Problem):
+        return p
+    if isinstance(p, Mapping):
+        return Problem(**p)
+    if isinstance(p, (tuple, list)) and len(p) == 7:
+        return Problem(*p)
+    raise TypeError("get_kernel: expected a Problem, a dict of Problem fields, or a tuple "
+                    f"(batch, seqlen, nheads, headdim, dstate, ngroups, dtype); got {p!r}")
+
+
+def arch_of_device(device: torch.device | None = None) -> str:
+    """The arch whose tuning records apply to a device: the local GPU's (cached per device
+    index), CPU_ARCH for the CPU interpreter, or env AUTOSSD_ARCH when set."""
+    env = os.environ.get("AUTOSSD_ARCH")
+    if env:
+        return get_arch(env).name
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        return CPU_ARCH
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    arch = _device_arch.get(idx)
+    if arch is None:
+        arch = _detect(idx)
+        _device_arch[idx] = arch
+    return arch
+
+
+def _detect(idx: int) -> str:
+    props = torch.cuda.get_device_properties(idx)
+    if getattr(torch.version, "hip", None):
+        name = props.gcnArchName.split(":")[0]
+        if name in ARCHS:
+            return name
+        log.warning("autossd: GPU arch %s has no tuning; using gfx942's records and defaults", name)
+        return "gfx942"
+    name = f"sm{props.major}{props.minor}"
+    if name in ARCHS:
+        return name
+    near = "sm90" if props.major >= 9 else "sm80"
+    log.warning("autossd: GPU arch %s has no tuning; using %s's records and defaults", name, near)
+    return near
+
+
+def get_kernel(problem_or_shape, arch: str | None = None, db=None) -> Kernel:
+    """The Kernel for a problem: `problem_or_shape` is a Problem, a dict of its fields, or a
+    tuple (batch, seqlen, nheads, headdim, dstate, ngroups, dtype). arch: "sm90", ... (default:
+    the local GPU's). db: the user database (URL or path; default env AUTOSSD_DB, else the cache
+    file). Cached per process: a warm call is one dict lookup."""
+    try:
+        return _kernels[(problem_or_shape, arch, db)]
+    except (KeyError, TypeError):  # TypeError: an unhashable shape (dict)
+        return _get_kernel_cold(problem_or_shape, arch, db)
+
+
+def _get_kernel_cold(problem_or_shape, arch, db) -> Kernel:
+    problem = _as_problem(problem_or_shape)
+    arch_name = get_arch(arch).name if arch is not None else arch_of_device()
+    url = user_db_url(db)
+    norm = (problem, arch_name, url)
+    with _kernels_lock:
+        kernel = _kernels.get(norm)
+    if kernel is None:
+        match = pick(problem, load_records(arch_name, OP, url), arch_name)
+        kernel = Kernel(problem, arch_name, match)
+        log.debug("autossd: %s -> %s", problem, match.reason)
+    with _kernels_lock:
+        kernel = _kernels.setdefault(norm, kernel)
+        try:
+            _kernels[(problem_or_shape, arch, db)] = kernel
+        except TypeError:
+            pass
+    return kernel
+
+
+# --- the custom op and the drop-in ---------------------------------------------------------
+_Tensor = torch.Tensor
+
+
+@torch.library.custom_op("autossd::ssd_fwd", mutates_args=())
+def ssd_fwd(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, chunk_size: int,
+            D: Optional[_Tensor], z: Optional[_Tensor], dt_bias: Optional[_Tensor],
+            initial_states: Optional[_Tensor], seq_idx: Optional[_Tensor],
+            cu_seqlens: Optional[_Tensor], dt_softplus: bool, dt_lo: float, dt_hi: float,
+            return_final_states: bool, return_varlen_states: bool,
+            state_dtype: Optional[torch.dtype]) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """(y, final_states or empty, varlen_states or empty)."""
+    dt_limit = (dt_lo, dt_hi)
+    prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                     dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+    kernel = get_kernel(prob, arch_of_device(x.device))
+    out = kernel.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                initial_states=initial_states, seq_idx=seq_idx),
+                     cu_seqlens, dt_limit, state_dtype)
+    if not isinstance(out, tuple):
+        out = (out,)
+    y = out[0]
+    rest = list(out[1:])
+    final = rest.pop(0) if return_final_states else x.new_empty(0, dtype=torch.float32)
+    varlen = rest.pop(0) if return_varlen_states else x.new_empty(0, dtype=torch.float32)
+    return y, final, varlen
+
+
+@ssd_fwd.register_fake
+def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                  dt_softplus, dt_lo, dt_hi, return_final_states, return_varlen_states, state_dtype):
+    # the same validation as the real kernel, so a bad call fails at trace time too
+    from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+              dt_softplus, (dt_lo, dt_hi), return_final_states, return_varlen_states, state_dtype)
+    b, _, h, p = x.shape
+    n = B.shape[-1]
+    f32 = torch.float32
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    final = x.new_empty((b, h, p, n), dtype=f32) if return_final_states else x.new_empty(0, dtype=f32)
+    varlen = (x.new_empty((cu_seqlens.shape[0] - 1, h, p, n), dtype=f32) if return_varlen_states
+              else x.new_empty(0, dtype=f32))
+    return y, final, varlen
+
+
+def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                              initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                              dt_limit=(0.0, float("inf")), return_final_states=False,
+                              return_varlen_states=False, state_dtype=None):
+    """Drop-in for mamba_ssm's mamba_chunk_scan_combined (forward): same arguments, same
+    returns: y; or (y, final_states); or (y, varlen_states); or (y, final_states, varlen_states)."""
+    lo, hi = dt_limit
+    y, final, varlen = torch.ops.autossd.ssd_fwd(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        bool(dt_softplus), float(lo), float(hi), bool(return_final_states),
+        bool(return_varlen_states), state_dtype)
+    if not return_varlen_states:
+        return (y, final) if return_final_states else y
+    return (y, final, varlen) if return_final_states else (y, varlen)
