@@ -1,0 +1,350 @@
+"""The `autossd` command: tune, show, bench, export, merge, plot, doctor."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+
+import click
+
+from . import __version__
+from .arch import ARCHS, local_arch
+
+
+# --- option parsing ---------------------------------------------------------------------------
+
+def _arch(ctx, param, value):
+    if value is None:
+        return None
+    if value not in ARCHS:
+        raise click.BadParameter(f"unknown architecture {value!r}; expected one of {sorted(ARCHS)}",
+                                 ctx=ctx, param=param)
+    return value
+
+
+def _fixed(ctx, param, values) -> dict:
+    from .space import KNOB_BY_NAME, Config, ConfigError
+    out = {}
+    for item in values:
+        for part in filter(None, (s.strip() for s in item.split(","))):
+            name, eq, raw = part.partition("=")
+            name = name.strip()
+            if not eq or name not in KNOB_BY_NAME:
+                raise click.BadParameter(f"{part!r}: expected knob=value with a knob of "
+                                         f"{sorted(KNOB_BY_NAME)}", ctx=ctx, param=param)
+            default = KNOB_BY_NAME[name].default
+            try:
+                out[name] = type(default)(raw.strip())
+            except ValueError:
+                raise click.BadParameter(f"{part!r}: {raw!r} is not a {type(default).__name__}",
+                                         ctx=ctx, param=param) from None
+    try:
+        Config(out)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    return out
+
+
+def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str):
+    from .tuner.shapes import ShapeError, parse_shapes, preset
+    probs = []
+    try:
+        probs += parse_shapes(shapes, dtype)
+    except ShapeError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param_hint="'--shapes'") from None
+    for p in presets:
+        try:
+            probs += preset(p, dtype)
+        except ShapeError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param_hint="'--preset'") from None
+    if not probs:
+        raise click.UsageError("give at least one --shapes or --preset")
+    return probs
+
+
+def _shape_str(p) -> str:
+    return f"b={p.batch},l={p.seqlen},h={p.nheads},p={p.headdim},n={p.dstate},g={p.ngroups} {p.dtype}"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    cols = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, cols))  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in cols])] + [fmt(r) for r in rows])
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="autossd")
+def main() -> None:
+    """autossd: generated, tuned Triton kernels for the Mamba-2 SSD forward."""
+
+
+@main.command()
+@click.option("--arch", callback=_arch, help="target arch (default: the local GPU's)")
+@click.option("--shapes", multiple=True, metavar="SHAPE",
+              help='e.g. "b=1,l=16384,h=80,p=64,n=128,g=1" or "mamba2-2.7b:b=4,l=16k"; ";" separates')
+@click.option("--preset", multiple=True, type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b"]),
+              help="every shape of a model from DESIGN.md's table")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
+@click.option("--trials", type=click.IntRange(1), default=20, show_default=True,
+              help="evaluated candidates per shape (a resumed study counts its earlier ones)")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None, help="seconds per shape")
+@click.option("--db", default=None, help="record store: a .jsonl file, or a database (autossd.db)")
+@click.option("--storage", default=None, help="Optuna storage: journal file path (default) or RDB URL")
+@click.option("--sampler", type=click.Choice(["tpe", "gp", "cmaes", "brute", "random"]), default="tpe",
+              show_default=True)
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="worker processes sharing each study (measured: one per GPU)")
+@click.option("--mode", type=click.Choice(["auto", "measured", "static"]), default="auto", show_default=True,
+              help="auto: measured when --arch is the local GPU, else static")
+@click.option("--fix", multiple=True, callback=_fixed, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
+@click.option("--seed", type=int, default=None, help="sampler seed")
+@click.option("--compile-workers", type=click.IntRange(0), default=2, show_default=True,
+              help="parallel compile processes (0: in this process)")
+@click.option("--eval-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="measured: seconds before a candidate counts as hung")
+@click.option("--plot-dir", type=click.Path(file_okay=False), default=None, help="write plots here")
+@click.option("--progress/--no-progress", default=True)
+@click.pass_context
+def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, fix,
+         seed, compile_workers, eval_timeout, plot_dir, progress) -> None:
+    """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
+    from .tuner import Settings, choose_mode, open_sink, tune as run_tune
+    from .tuner.storage import describe
+
+    local = local_arch()
+    arch = arch or local
+    if arch is None:
+        raise click.BadParameter("no local GPU; name a target arch for static tuning "
+                                 f"(one of {sorted(ARCHS)})", ctx=ctx, param_hint="'--arch'")
+    probs = _problems(ctx, shapes, preset, dtype)
+    try:
+        mode = choose_mode(arch, mode, local)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param_hint="'--mode'") from None
+    try:
+        sink = open_sink(db)
+    except RuntimeError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param_hint="'--db'") from None
+    if mode == "measured":
+        click.echo(f"== MEASURED tuning on the local GPU ({arch}): every candidate is checked "
+                   "against the float64 reference, then timed ==")
+    else:
+        click.echo(f"== STATIC tuning for {arch} (local GPU: {local or 'none'}): candidates are "
+                   "cross-compiled and ranked by a performance model ==")
+        click.echo("== The times below are PREDICTIONS, not measurements; records are stored "
+                   "with provenance 'static' ==")
+    click.echo(f"storage: {describe(storage)}   records: {sink!r}   sampler: {sampler}   "
+               f"trials/shape: {trials}")
+    settings = Settings(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
+                        batch=max(1, compile_workers), fixed=fix, progress=progress)
+    runner_kw = {"compile_workers": compile_workers}
+    if mode == "measured":
+        runner_kw["timeout"] = eval_timeout
+    try:
+        results = run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
+    except (ValueError, ImportError) as e:
+        raise click.ClickException(str(e)) from None
+    unit = "predicted ms" if mode == "static" else "ms"
+    rows = []
+    for r in results:
+        speed = f"{r.default_ms / r.best_ms:.2f}x" if r.best_ms and r.default_ms else "-"
+        pct = f"{r.pct_floor:.1f}%" if r.pct_floor else "-"
+        rows.append([_shape_str(r.problem), r.complete, r.failed, r.pruned, _ms(r.default_ms),
+                     _ms(r.best_ms), speed, _ms(r.floor_ms), pct])
+    click.echo("")
+    click.echo(_table(rows, ["shape", "ok", "failed", "pruned", f"default ({unit})",
+                             f"best ({unit})", "vs default", "floor ms", "of floor"]))
+    for r in results:
+        if r.best_config is not None:
+            click.echo(f"best {_shape_str(r.problem)}: {r.best_config!r}")
+        if r.failures:
+            reasons = {}
+            for _, why in r.failures:
+                reasons[why.split(":")[0]] = reasons.get(why.split(":")[0], 0) + 1
+            click.echo(f"  failures: {dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}")
+    if mode == "static":
+        click.echo("(static: predicted times from the performance model in autossd/tuner/model.py)")
+    if plot_dir:
+        from .plots import plot_all
+        from .tuner.records import JsonlSink
+        recs = sink.load() if isinstance(sink, JsonlSink) else [r.record for r in results if r.record]
+        for p in plot_all(storage, recs, plot_dir, arch):
+            click.echo(f"plot: {p}")
+    if not any(r.best_config is not None for r in results):
+        raise click.ClickException("no candidate passed; nothing stored")
+
+
+def _load_records(db: str | None) -> list[dict]:
+    from .tuner.records import JsonlSink, db_layer, default_records_path
+    if db is None or db.endswith(".jsonl"):
+        return JsonlSink(db or default_records_path()).load()
+    layer = db_layer()
+    fn = getattr(layer, "load_records", None) if layer else None
+    if fn is None:
+        raise click.BadParameter(f"{db}: reading it needs the database layer (autossd.db)",
+                                 param_hint="'--db'")
+    return list(fn(db))
+
+
+@main.command()
+@click.option("--db", default=None, help="record store (.jsonl or database); default: the user store")
+@click.option("--arch", callback=_arch, default=None, help="only this arch")
+@click.option("--all", "show_all", is_flag=True, help="every record, not only the best per problem")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def show(db, arch, show_all, as_json) -> None:
+    """Stored tuning records, with provenance (measured / static = predicted)."""
+    from .tuner.records import best_records
+    recs = _load_records(db)
+    if arch:
+        recs = [r for r in recs if r["arch"] == arch]
+    if not show_all:
+        recs = best_records(recs)
+    if as_json:
+        click.echo(json.dumps(recs, indent=1, sort_keys=True))
+        return
+    if not recs:
+        click.echo("no records")
+        return
+    from .problem import Problem
+    from .space import Config
+    rows = [[r["arch"], r["device"], _shape_str(Problem(**r["problem"])), r["provenance"],
+             f"{r['time_ms']:.4f}" + (" (pred.)" if r["provenance"] == "static" else ""),
+             r["date"][:16], repr(Config(r["config"]))[7:-1][:80]] for r in recs]
+    click.echo(_table(rows, ["arch", "device", "shape", "provenance", "ms", "date", "config (vs default)"]))
+
+
+@main.command()
+@click.option("--shapes", multiple=True, metavar="SHAPE", help="as for tune")
+@click.option("--preset", multiple=True, type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b"]))
+@click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
+@click.option("--db", default=None, help="use the best stored config for each shape")
+@click.pass_context
+def bench(ctx, shapes, preset, dtype, db) -> None:
+    """autossd vs mamba_ssm (if importable) vs the floor, on the local GPU."""
+    from .bench import NoGPU, bench as run_bench
+    from .space import Config
+    probs = _problems(ctx, shapes, preset, dtype)
+    arch = local_arch()
+    if arch is None:
+        raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
+    recs = {json.dumps(r["problem"], sort_keys=True): r for r in _load_records(db)
+            if r["arch"] == arch} if db else {}
+    rows = []
+    for p in probs:
+        rec = recs.get(json.dumps(p.key(), sort_keys=True))
+        try:
+            out = run_bench(p, Config(rec["config"]) if rec else None, arch)
+        except NoGPU as e:
+            raise click.ClickException(str(e)) from None
+        rows.append([_shape_str(p), _ms(out["autossd_ms"]), _ms(out["peer_ms"]), _ms(out["floor_ms"]),
+                     f"{100 * out['floor_ms'] / out['autossd_ms']:.1f}%", "tuned" if rec else "default"])
+    click.echo(_table(rows, ["shape", "autossd ms", "mamba_ssm ms", "floor ms", "of floor", "config"]))
+
+
+@main.command()
+@click.option("--db", default=None, help="record store to export from")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="file to write")
+@click.option("--arch", callback=_arch, default=None)
+def export(db, out_path, arch) -> None:
+    """Export the best records (for a shipped database)."""
+    from .tuner.records import best_records, db_layer
+    layer = db_layer()
+    fn = getattr(layer, "export_db", None) if layer else None
+    if fn is not None and db and not db.endswith(".jsonl"):
+        fn(db, out_path, arch=arch)
+        click.echo(f"exported {db} -> {out_path} (autossd.db)")
+        return
+    recs = [r for r in best_records(_load_records(db)) if not arch or r["arch"] == arch]
+    with open(out_path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    click.echo(f"exported {len(recs)} records -> {out_path}")
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--into", "into", required=True, help="destination store (.jsonl or database)")
+def merge(sources, into) -> None:
+    """Merge record stores into one (measured beats static, then the faster record)."""
+    from .tuner.records import JsonlSink, best_records, db_layer
+    layer = db_layer()
+    fn = getattr(layer, "merge_db", None) if layer else None
+    if fn is not None and not into.endswith(".jsonl"):
+        for s in sources:
+            fn(s, into)
+        click.echo(f"merged {len(sources)} sources into {into} (autossd.db)")
+        return
+    if not into.endswith(".jsonl"):
+        raise click.BadParameter("without the database layer, merge writes a .jsonl store",
+                                 param_hint="'--into'")
+    recs = JsonlSink(into).load()
+    for s in sources:
+        recs += JsonlSink(s).load()
+    best = best_records(recs)
+    tmp = into + ".tmp"
+    with open(tmp, "w") as f:
+        for r in best:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, into)
+    click.echo(f"merged {len(sources)} sources into {into}: {len(best)} records")
+
+
+@main.command()
+@click.option("--db", default=None, help="record store for the roofline")
+@click.option("--storage", default=None, help="Optuna storage with the studies (default journal)")
+@click.option("--arch", callback=_arch, default=None)
+@click.option("--out-dir", required=True, type=click.Path(file_okay=False))
+def plot(db, storage, arch, out_dir) -> None:
+    """Tuning-history plots of the studies and a roofline of the records (PNG files)."""
+    from .plots import plot_all
+    paths = plot_all(storage, _load_records(db), out_dir, arch)
+    for p in paths:
+        click.echo(f"plot: {p}")
+    if not paths:
+        click.echo("nothing to plot")
+
+
+@main.command()
+def doctor() -> None:
+    """What autossd sees here: arch, device, versions, stores, caches."""
+    import torch
+    import triton
+
+    from .render import cache_dir, template_hash
+    from .tuner.records import db_layer, default_records_path
+    from .tuner.storage import default_journal_path
+    arch = local_arch()
+    lines = [("python", platform.python_version()), ("torch", torch.__version__),
+             ("triton", triton.__version__)]
+    for mod in ("optuna", "sqlalchemy", "scipy", "cmaes", "mamba_ssm"):
+        try:
+            lines.append((mod, getattr(__import__(mod), "__version__", "installed")))
+        except Exception:  # noqa: BLE001
+            lines.append((mod, "not installed"))
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    lines += [("local arch", arch or "none (static tuning only)"), ("device", dev),
+              ("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
+              ("template hash", template_hash()), ("kernel cache", str(cache_dir())),
+              ("records (default)", f"{default_records_path()}"
+               f"{'' if default_records_path().exists() else ' (none yet)'}"),
+              ("studies (default)", f"{default_journal_path()}"
+               f"{'' if default_journal_path().exists() else ' (none yet)'}"),
+              ("database layer", "autossd.db present" if db_layer() else "not installed")]
+    from pathlib import Path
+    shipped = sorted((Path(__file__).parent.parent / "tuning_db").glob("*.sqlite")) + \
+        sorted((Path(__file__).parent.parent / "tuning_db").glob("*.json*"))
+    lines.append(("shipped databases", ", ".join(p.name for p in shipped) or "none"))
+    w = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        click.echo(f"{k.ljust(w)}  {v}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

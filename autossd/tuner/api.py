@@ -1,0 +1,102 @@
+"""Entry points: pick the mode for an arch, build the runner, and tune a list of problems with
+one or several workers sharing each study."""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+from typing import Any
+
+from ..arch import get_arch, local_arch
+from ..problem import Problem
+from .records import Sink
+from .study import Settings, TuneResult, open_study, reap_stale, run_trials, save_best, seed, summarize
+
+MODES = ("auto", "measured", "static")
+
+
+def choose_mode(arch: str, mode: str = "auto", local: str | None = "detect") -> str:
+    """measured when `arch` is the local GPU's, static otherwise (or as asked)."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    local = local_arch() if local == "detect" else local
+    if mode == "auto":
+        return "measured" if local == arch else "static"
+    if mode == "measured" and local != arch:
+        raise ValueError(f"mode: measured tuning of {arch} needs a local {arch} GPU; "
+                         f"this machine has {local or 'no GPU'} (use static mode)")
+    return mode
+
+
+def settings_for(mode: str, settings: Settings) -> Settings:
+    """Static mode cannot run the correctness gate, so knobs that trade accuracy for speed are
+    pinned to their exact setting there (state_dtype=fp32) unless fixed explicitly."""
+    if mode == "static" and "state_dtype" not in settings.fixed:
+        return dataclasses.replace(settings, fixed={**settings.fixed, "state_dtype": "fp32"})
+    return settings
+
+
+def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2,
+                timeout: float = 60.0, **kw: Any):
+    if mode == "static":
+        from .runners.static import StaticRunner
+        return StaticRunner(arch, problem, compile_workers)
+    if mode == "measured":
+        from .runners.measured import MeasuredRunner
+        return MeasuredRunner(arch, problem, compile_workers=compile_workers, timeout=timeout, **kw)
+    raise ValueError(f"mode: no runner for {mode!r}")
+
+
+def _worker(index: int, gpu: str | None, arch: str, problem: dict, mode: str, settings: dict,
+            runner_kw: dict) -> None:
+    """One worker process: its own GPU, the shared study, the shared budget."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before anything touches CUDA in this process
+    prob = Problem(**problem)
+    st = Settings(**{**settings, "worker": index})
+    runner = make_runner(mode, arch, prob, **runner_kw)
+    try:
+        study, space = open_study(arch, prob, mode, runner.device, st)
+        run_trials(study, space, arch, prob, runner, st)
+    finally:
+        runner.close()
+
+
+def _gpu_ids(n: int) -> list[str | None]:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [s.strip() for s in vis.split(",")] if vis else [str(i) for i in range(n)]
+    return [ids[i % len(ids)] for i in range(n)]
+
+
+def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink: Sink | None,
+         workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
+    """Tune each problem in turn; with workers > 1, that many processes (one per GPU in measured
+    mode) share each study through its storage."""
+    arch = get_arch(arch).name
+    runner_kw = dict(runner_kw or {})
+    settings = settings_for(mode, settings)
+    results = []
+    for prob in problems:
+        runner = make_runner(mode, arch, prob, **runner_kw)
+        try:
+            study, space = open_study(arch, prob, mode, runner.device, settings)
+            reap_stale(study)
+            seed(study, arch, prob, space, settings.extra_seeds)
+            if workers <= 1:
+                run_trials(study, space, arch, prob, runner, settings)
+            else:
+                ctx = mp.get_context("spawn")
+                gpus = _gpu_ids(workers) if mode == "measured" else [None] * workers
+                procs = [ctx.Process(target=_worker, args=(i, gpus[i], arch, prob.key(), mode,
+                                                           dataclasses.asdict(settings), runner_kw))
+                         for i in range(workers)]
+                for p in procs:
+                    p.start()
+                for p in procs:
+                    p.join()
+            result = summarize(study, arch, prob, mode, runner.device)
+            save_best(result, study, runner.provenance, sink, settings.sampler)
+            results.append(result)
+        finally:
+            runner.close()
+    return results

@@ -1,0 +1,204 @@
+"""Static performance model: predicts the forward's time for a config on an arch that is not
+present, from the problem, the launch plan and the cross-compile report. It ranks candidates;
+its absolute numbers are estimates (the CLI labels them as predictions).
+
+Per stage s (the five launches of `ops.ssd.chunk.plan`, grids taken from the plan itself):
+
+    bytes_s = unique_s + reread_s
+        unique_s: DRAM traffic if every tensor the stage touches were read/written once —
+                  its inputs (x, B, C, dt, ...) and the intermediates it reads or writes
+                  (dt', dA cumsum: fp32; CB: input dtype; chunk states: state_dtype).
+        reread_s: the extra reads a tiling causes (a B tile re-read for every headdim tile,
+                  CB re-read per head of a group, ...), served mostly from L2, charged at
+                  L2_RATIO x the HBM bandwidth.
+        Strided dt loads in cumsum waste the rest of each 32-byte sector: bytes / sector_eff.
+    flops_s = matmul FLOPs of the tiles actually launched (causal tiles only for CB and scan).
+
+    occupancy: resident blocks per SM/CU from the compile report (NVIDIA: blocks per SM;
+               AMD: waves per SIMD x 4 SIMDs / waves per block), capped by threads and smem.
+    resident warps  w = min(blocks per SM, ceil(G / SMs)) x warps per block
+    latency hiding  mem_eff = min(1, w x pipe / W_MEM),  pipe = 1 + 0.5 (num_stages - 1)
+                    comp_eff = mma_eff x min(1, w / W_MMA),
+                    mma_eff = sqrt(min(bm,128)/128 x min(bn,128)/128) x sqrt(min(bk,32)/32)
+    wave quantization over the grid G on S SMs/CUs: the busiest SM runs k = ceil(G/S) blocks;
+        one SM draws at most 2/S of the bandwidth and exactly 1/S of the matmul rate, so
+        t_mem  = bytes/BW  x max(k S / G, S / (2 G)) / mem_eff
+        t_comp = flops/peak x (k S / G) / comp_eff
+    t_s = max(t_mem, t_comp) + T_LAUNCH
+    state passing is a dependent chain over chunks: t_s >= waves x nchunks x T_DEP.
+
+BW and peak come from `autossd.arch.ARCHS` (the reference part's datasheet); fp32 inputs run
+their dots as FMA (input_precision="ieee"), at peak / FP32_DIV. The predicted time is the sum
+over stages. Constants are round numbers, not fitted: the model is a ranking heuristic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..arch import Arch, get_arch
+from ..compile import CompileReport, StageReport
+from ..problem import DTYPE_BYTES, Problem
+from ..space import Config
+
+L2_RATIO = 3.0     # L2 (NVIDIA) / Infinity Cache (MI300) bandwidth over HBM, roughly
+W_MEM = 32         # resident warps (waves) per SM/CU that saturate memory latency hiding
+W_MMA = 8          # resident warps that keep the matrix units busy
+T_LAUNCH = 3e-6    # s per launch: launch + ramp-up + tail of one kernel
+T_DEP = 0.8e-6     # s per dependent global round trip (state passing, chunk to chunk)
+FP32_DIV = 15.0    # dense fp16 matmul rate over fp32 FMA rate
+SECTOR = 32        # bytes per DRAM sector
+
+
+@dataclass
+class StageCost:
+    stage: str
+    grid: int
+    unique_bytes: float
+    reread_bytes: float
+    flops: float
+    block: tuple[int, int, int] = (64, 64, 64)   # (m, n, k) tile of its main dot
+    stages: int = 1
+    sector_eff: float = 1.0
+    chain: int = 0                                # dependent steps per program (state passing)
+
+
+@dataclass
+class StageTime:
+    stage: str
+    seconds: float
+    t_mem: float
+    t_comp: float
+    occupancy_blocks: float
+    waves: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _causal_tiles(q: int, bm: int, bn: int) -> int:
+    """Tiles of a QxQ lower-triangular matrix a (bm x bn) tiling launches work for."""
+    return sum(1 for i in range(_cdiv(q, bm)) for j in range(_cdiv(q, bn))
+               if j * bn <= (i + 1) * bm - 1)
+
+
+def stage_costs(problem: Problem, config: Config) -> list[StageCost]:
+    """Bytes and FLOPs of each stage (see the module docstring)."""
+    b, l, h, p, n, g = (problem.batch, problem.seqlen, problem.nheads, problem.headdim,
+                        problem.dstate, problem.ngroups)
+    q = config.chunk_size
+    nc = _cdiv(l, q)
+    e = DTYPE_BYTES[problem.dtype]
+    s = DTYPE_BYTES[config.state_dtype]
+    f4 = 4
+    ddA = 2 * b * h * nc * q * f4                         # dt' and dA, fp32
+    x_bytes = b * l * h * p * e
+    bc_bytes = b * l * g * n * e                          # one of B or C
+    states = b * nc * h * p * n * s
+    out = []
+
+    # 1. cumsum: dt in (b, l, h) fp32, each program loads block_h heads x q tokens (strided by h)
+    bh = config.cumsum_block_h
+    grid = nc * _cdiv(h, bh) * b
+    out.append(StageCost("cumsum", grid, b * l * h * f4 + ddA, 0.0, 0.0,
+                         sector_eff=min(1.0, bh * f4 / SECTOR)))
+
+    # 2. bmm: CB = C Bᵀ per (chunk, group), causal tiles only
+    bm, bn, bk = config.bmm_block_m, config.bmm_block_n, config.bmm_block_k
+    tiles = _causal_tiles(q, bm, bn)
+    progs = tiles * nc * b * g
+    reads = progs * (bm + bn) * n * e
+    cb_bytes = progs * bm * bn * e
+    out.append(StageCost("bmm", _cdiv(q, bm) * _cdiv(q, bn) * nc * b * g,
+                         2 * bc_bytes + cb_bytes, max(0.0, reads - 2 * bc_bytes),
+                         2.0 * progs * bm * bn * n, (bm, bn, bk), config.bmm_stages))
+
+    # 3. chunk state: (p x n) per (chunk, head), tiles of x and B over the chunk's tokens
+    bm, bn, bk = config.state_block_m, config.state_block_n, config.state_block_k
+    tp, tn = _cdiv(p, bm), _cdiv(n, bn)
+    progs = tp * tn * nc * b * h
+    reads = progs * q * (bm + bn) * e + progs * q * 2 * f4
+    unique_in = x_bytes + bc_bytes + ddA
+    out.append(StageCost("chunk_state", progs, unique_in + states, max(0.0, reads - unique_in),
+                         2.0 * progs * q * bm * bn, (bm, bn, bk), config.state_stages))
+
+    # 4. state passing: read and rewrite every chunk state in place, chunk after chunk
+    pb = config.pass_block
+    progs = _cdiv(p * n, pb) * b * h
+    final = b * h * p * n * f4 if problem.return_final_states else 0
+    out.append(StageCost("state_passing", progs, 2 * states + b * h * nc * f4 + final, 0.0,
+                         2.0 * states / s, chain=nc))
+
+    # 5. chunk scan: y = causal(CB) (dt x) + C S exp(dA) + D x, tiles of (time, headdim)
+    bm, bn, bk, bd = (config.scan_block_m, config.scan_block_n, config.scan_block_k,
+                      config.scan_block_d)
+    tm, tp = _cdiv(q, bm), _cdiv(p, bn)
+    progs = tm * tp * nc * b * h
+    k_tokens = sum(min(q, (i + 1) * bm) for i in range(tm))   # Σ over m tiles of the causal k range
+    per_chunk_head = tp * (tm * bm * n * e                  # C rows
+                           + tm * bn * n * s                # the passed state (headdim tile x n)
+                           + k_tokens * bm * e              # CB rows, causal part
+                           + k_tokens * bn * e              # x rows over the causal range
+                           + k_tokens * 2 * f4)             # dt', dA
+    reads = per_chunk_head * nc * b * h
+    z_bytes = x_bytes if problem.has_z else 0
+    unique_in = x_bytes + bc_bytes + b * nc * g * q * q * e // 2 + states + ddA + z_bytes
+    flops = 2.0 * nc * b * h * tp * (tm * bm * n * bn + k_tokens * bm * bn)
+    out.append(StageCost("chunk_scan", progs, unique_in + x_bytes, max(0.0, reads - unique_in),
+                         flops, (bm, bn, min(bk, bd)), config.scan_stages))
+    return out
+
+
+def _blocks_per_sm(arch: Arch, rep: StageReport) -> float:
+    threads = rep.num_warps * arch.warp_size
+    by_threads = arch.max_threads_per_sm // threads
+    by_smem = arch.smem_per_sm // rep.shared_bytes if rep.shared_bytes else by_threads
+    if arch.is_amd:   # the assembler reports waves per SIMD; a CU has 4 SIMDs
+        by_regs = int(rep.occupancy * 4 // rep.num_warps) if rep.occupancy else by_threads
+    else:
+        by_regs = int(rep.occupancy) if rep.occupancy else by_threads
+    return float(max(1, min(by_regs, by_threads, by_smem)))
+
+
+def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport | None) -> StageTime:
+    sms = arch.sm_count
+    warps = rep.num_warps if rep else 4
+    bps = _blocks_per_sm(arch, rep) if rep else 1.0
+    g = max(1, cost.grid)
+    k = _cdiv(g, sms)                                       # blocks on the busiest SM
+    resident = min(bps, k) * warps
+    pipe = 1.0 + 0.5 * (cost.stages - 1)
+    mem_eff = min(1.0, resident * pipe / W_MEM)
+    bm, bn, bk = cost.block
+    mma_eff = math.sqrt(min(bm, 128) / 128 * min(bn, 128) / 128) * math.sqrt(min(bk, 32) / 32)
+    comp_eff = max(1e-3, mma_eff * min(1.0, resident / W_MMA))
+    bw = arch.hbm_gbps * 1e9
+    peak = arch.matmul_tflops * 1e12 / (FP32_DIV if problem.dtype == "fp32" else 1.0)
+    t_bytes = cost.unique_bytes / cost.sector_eff / bw + cost.reread_bytes / (L2_RATIO * bw)
+    t_mem = t_bytes * max(k * sms / g, sms / (2 * g)) / mem_eff
+    t_comp = cost.flops / peak * (k * sms / g) / comp_eff
+    t = max(t_mem, t_comp)
+    waves = _cdiv(g, int(bps * sms))
+    if cost.chain:
+        t = max(t, waves * cost.chain * T_DEP)
+    return StageTime(cost.stage, t + T_LAUNCH, t_mem, t_comp, bps, waves)
+
+
+def predict(arch: Arch | str, problem: Problem, config: Config,
+            report: CompileReport | None = None) -> tuple[float, list[StageTime]]:
+    """Predicted forward time in ms, and the per-stage breakdown."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    reps = {s.stage: s for s in report.stages} if report else {}
+    times = [stage_time(arch, problem, c, reps.get(c.stage)) for c in stage_costs(problem, config)]
+    return sum(t.seconds for t in times) * 1e3, times
+
+
+def floor_ms(arch: Arch | str, problem: Problem) -> float:
+    """Speed of light: max(min HBM bytes / bandwidth, causal FLOPs / matmul rate)."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    return max(problem.min_bytes() / (arch.hbm_gbps * 1e9),
+               problem.flops() / (arch.matmul_tflops * 1e12)) * 1e3
+
+
+__all__ = ["predict", "floor_ms", "stage_costs", "StageCost", "StageTime"]

@@ -1,0 +1,101 @@
+"""What every runner shares: the outcome of one candidate, the runner interface, and the
+compile pool (a process pool, so a compiler crash or hang costs one candidate, not the run)."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ...compile import CompileReport, StageReport
+from ...problem import Problem
+from ...space import Config
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    time_ms: float | None = None
+    why: str = ""
+    info: dict = field(default_factory=dict)
+
+
+class Runner(Protocol):
+    mode: str          # "measured" | "static" | "simulated"
+    provenance: str    # what a record from it says
+    device: str        # device name (static: the arch's reference part)
+
+    def prepare(self, configs: list[Config]) -> list[Any]:
+        """Work that may run in parallel (compiles); one item per config, in order."""
+
+    def evaluate(self, config: Config, prepared: Any) -> Outcome:
+        """One candidate, one at a time (timing needs the device to itself)."""
+
+    def close(self) -> None: ...
+
+
+def compile_job(config: dict, arch: str, problem: dict) -> dict:
+    """Runs in a pool process: cross-compile one config and return its report as plain data
+    (Config objects do not pickle; dicts do)."""
+    from dataclasses import asdict
+
+    from ...compile import compile_config
+    rep = compile_config(Config(config), arch, Problem(**problem))
+    return {"reasons": rep.reasons, "stages": [asdict(s) for s in rep.stages]}
+
+
+def report_from(job: dict, arch: str, config: Config) -> CompileReport:
+    return CompileReport(arch, config, [StageReport(**s) for s in job["stages"]], list(job["reasons"]))
+
+
+class CompilePool:
+    """`compile_job` over a spawn-context process pool (workers=0: in this process). A compile
+    that crashes the pool or exceeds `timeout` fails that config; the pool is rebuilt."""
+
+    def __init__(self, workers: int, timeout: float = 300.0) -> None:
+        self.workers = workers
+        self.timeout = timeout
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _executor(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        return self._pool
+
+    def _reset(self) -> None:
+        if self._pool is not None:
+            for p in list(getattr(self._pool, "_processes", {}).values()):
+                p.kill()  # a hung compile cannot be cancelled any other way
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def map(self, configs: list[Config], arch: str, problem: Problem) -> list[dict | str]:
+        """Report dicts, or a failure string per config."""
+        if self.workers <= 0:
+            out: list[dict | str] = []
+            for c in configs:
+                try:
+                    out.append(compile_job(c.as_dict(), arch, problem.key()))
+                except Exception as e:  # noqa: BLE001 - a crash is a verdict on the config
+                    out.append(f"compile crashed: {type(e).__name__}: {e}")
+            return out
+        futs = [self._executor().submit(compile_job, c.as_dict(), arch, problem.key()) for c in configs]
+        out = []
+        broken = False
+        for f in futs:
+            try:
+                out.append(f.result(timeout=self.timeout))
+            except cf.TimeoutError:
+                out.append(f"compile timed out after {self.timeout:.0f}s")
+                broken = True
+            except Exception as e:  # noqa: BLE001 - BrokenProcessPool, compiler crash
+                out.append(f"compile crashed: {type(e).__name__}: {e}")
+                broken = broken or isinstance(e, cf.process.BrokenProcessPool)
+        if broken:
+            self._reset()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,232 @@
+"""Measured mode: the arch is the local GPU.
+
+1. Candidates compile in parallel in a process pool (`CompilePool`, compile_config for the local
+   arch): a resource-limit or spill verdict rejects them there, and the compile warms Triton's
+   on-disk cache for the launch.
+2. Each candidate is then checked and timed, one at a time, in an evaluation subprocess
+   (`EvalWorker`) that keeps the inputs and the float64 reference between candidates. The gate
+   (`autossd.tuner.gate`) runs first; a wrong candidate is failed and never timed. Timing is the
+   median of CUDA-event timings (`triton.testing.do_bench(return_mode="median")`); when one input
+   set fits in L2, calls rotate over several sets so the timed kernel does not read warm L2.
+3. A candidate that hangs (no answer within `timeout`) or kills its process (fault, abort) is
+   recorded as failed; the worker is killed and a fresh one started; the run goes on. After a
+   CUDA error the worker exits by itself, since the context is unusable.
+
+On a machine without a GPU the same code runs under TRITON_INTERPRET=1 with device "cpu" and
+wall-clock timing (used by the tests of the isolation machinery).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from typing import Any
+
+from ...problem import Problem
+from ...space import Config
+from .base import CompilePool, Outcome, report_from
+
+READY_TIMEOUT = 600.0   # s: inputs and the float64 reference of a large problem
+
+
+def _cuda_alive() -> bool:
+    import torch
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def _input_sets(problem: Problem, device: str, max_sets: int = 8) -> list[dict]:
+    """The first set, plus copies enough to exceed twice the L2 when one set fits in it."""
+    from ..gate import input_bytes, make_inputs
+    first = make_inputs(problem, device, seed=0)
+    if device != "cuda":
+        return [first]
+    import torch
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    size = max(1, input_bytes(first))
+    if size >= l2:
+        return [first]
+    n = min(max_sets, -(-2 * l2 // size))
+    free, _ = torch.cuda.mem_get_info()
+    n = max(1, min(n, int(free * 0.25 // size)))
+    sets = [first]
+    for _ in range(n - 1):
+        sets.append({k: (v.clone() if hasattr(v, "clone") else v) for k, v in first.items()})
+    return sets
+
+
+def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int) -> float:
+    if device == "cuda":
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    times = []
+    fn()
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def worker_main(conn, problem: dict, opts: dict) -> None:
+    """The evaluation subprocess: build inputs + reference once, then judge configs on request."""
+    from ..gate import check, default_run, reference
+    from . import faults
+
+    prob = Problem(**problem)
+    device = opts["device"]
+    backend = opts.get("backend", "cuda")
+    sets = _input_sets(prob, device)
+    ref = reference(prob, sets[0])
+    conn.send({"ready": True, "sets": len(sets)})
+    run = lambda p, c, t: default_run(p, c, t, backend)  # noqa: E731
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        cfg = Config(msg["config"])
+        inject = msg.get("inject")
+        this_run = faults.wrap(run, inject) if inject else run
+        res: dict[str, Any]
+        gate = check(prob, cfg, sets[0], ref, this_run)
+        if not gate.ok:
+            res = {"ok": False, "why": f"gate: {gate.why}", "gate": gate.as_dict()}
+        else:
+            try:
+                calls = iter(range(1 << 62))
+                fn = lambda: this_run(prob, cfg, sets[next(calls) % len(sets)])  # noqa: E731
+                ms = _time_ms(fn, device, opts.get("warmup_ms", 25), opts.get("rep_ms", 100))
+                res = {"ok": True, "time_ms": ms, "gate": gate.as_dict(), "sets": len(sets)}
+            except Exception as e:  # noqa: BLE001 - a failure while timing fails the candidate
+                res = {"ok": False, "why": f"timing: {type(e).__name__}: {e}"}
+        conn.send(res)
+        if device == "cuda" and not res["ok"] and not _cuda_alive():
+            os._exit(3)   # the context is poisoned: the parent starts a fresh worker
+
+
+class EvalWorker:
+    """Parent side of one evaluation subprocess (spawned: no CUDA state is inherited)."""
+
+    def __init__(self, problem: Problem, opts: dict) -> None:
+        self.problem = problem
+        self.opts = opts
+        self.proc: mp.process.BaseProcess | None = None
+        self.conn = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, self.problem.key(), self.opts),
+                                daemon=True, name="autossd-eval")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        if not parent.poll(self.opts.get("ready_timeout", READY_TIMEOUT)):
+            self.kill()
+            raise RuntimeError("evaluation worker did not start (inputs/reference timed out)")
+        try:
+            parent.recv()
+        except EOFError:
+            code = self.proc.exitcode
+            self.kill()
+            raise RuntimeError(f"evaluation worker died while starting (exit {code})") from None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(10)
+        self.proc = None
+        self.conn = None
+
+    def evaluate(self, config: Config, timeout: float, inject: str | None = None) -> dict:
+        if self.proc is None or not self.proc.is_alive():
+            if self.proc is not None:
+                self.restarts += 1
+            self.kill()
+            self._start()
+        assert self.conn is not None
+        self.conn.send({"config": config.as_dict(), "inject": inject})
+        if not self.conn.poll(timeout):
+            self.kill()
+            self.restarts += 1
+            return {"ok": False, "why": f"hang: no result within {timeout:.0f}s; worker killed"}
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.kill()
+            self.restarts += 1
+            return {"ok": False, "why": f"crash: evaluation process died (exit code {code})"}
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive() and self.conn is not None:
+            try:
+                self.conn.send(None)
+                self.proc.join(5)
+            except (BrokenPipeError, OSError):
+                pass
+        self.kill()
+
+
+class MeasuredRunner:
+    mode = "measured"
+    provenance = "measured"
+
+    def __init__(self, arch: str, problem: Problem, device: str = "cuda", compile_workers: int = 2,
+                 timeout: float = 60.0, inject: dict[str, str] | None = None,
+                 warmup_ms: int = 25, rep_ms: int = 100, precompile: bool = True) -> None:
+        from ...arch import get_arch
+        self.arch = get_arch(arch).name
+        self.problem = problem
+        self.timeout = timeout
+        self.inject = dict(inject or {})      # config.key() -> "hang" | "fault" | "crash" | "wrong"
+        self.precompile = precompile
+        self.pool = CompilePool(compile_workers)
+        backend = get_arch(arch).backend
+        self.worker = EvalWorker(problem, {"device": device, "backend": backend,
+                                           "warmup_ms": warmup_ms, "rep_ms": rep_ms})
+        self.device = _device_name(device)
+
+    def prepare(self, configs: list[Config]) -> list[Any]:
+        if not self.precompile:
+            return [None] * len(configs)
+        return self.pool.map(configs, self.arch, self.problem)
+
+    def evaluate(self, config: Config, prepared: Any) -> Outcome:
+        if isinstance(prepared, str):
+            return Outcome(False, why=prepared)
+        if prepared is not None:
+            rep = report_from(prepared, self.arch, config)
+            if not rep.ok:
+                return Outcome(False, why="; ".join(rep.why()), info={"stage": "compile"})
+        t0 = time.perf_counter()
+        res = self.worker.evaluate(config, self.timeout, self.inject.get(config.key()))
+        info = {"eval_s": round(time.perf_counter() - t0, 3)}
+        if "gate" in res:
+            info["gate"] = res["gate"]
+        if res.get("ok"):
+            return Outcome(True, float(res["time_ms"]), info=info)
+        return Outcome(False, why=res.get("why", "failed"), info=info)
+
+    def close(self) -> None:
+        self.worker.close()
+        self.pool.close()
+
+
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu (interpreter)"
+    import torch
+    try:
+        return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        return "cuda"

@@ -1,0 +1,125 @@
+"""The tuner's view of `autossd.space.KNOBS`: which knobs are searched for an (arch, problem),
+how each maps to an Optuna distribution, and back.
+
+Numeric knobs are sampled as an *index* into their offered values (IntDistribution), so samplers
+that model order (TPE, GP, CMA-ES) see 16 < 32 < 64 rather than unordered labels; string knobs
+(state_dtype) are categorical. Values that exceed the problem's padded sizes are dropped from the
+space up front (they could only be pruned); cross-knob rules (tile <= chunk) are left to
+`autossd.space.violations`, checked before any compile.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+
+from ..arch import Arch, get_arch
+from ..problem import Problem
+from ..space import KNOB_BY_NAME, KNOBS, Config, caps, default_config, fit, violations
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One searched knob: its name and the values offered for this (arch, problem)."""
+    name: str
+    values: tuple
+
+    @property
+    def ordinal(self) -> bool:
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
+
+    def distribution(self) -> BaseDistribution:
+        if self.ordinal:
+            return IntDistribution(0, len(self.values) - 1)
+        return CategoricalDistribution(self.values)
+
+    def encode(self, value: Any) -> Any:
+        return self.values.index(value) if self.ordinal else value
+
+    def decode(self, param: Any) -> Any:
+        return self.values[int(param)] if self.ordinal else param
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    arch: str
+    dims: tuple[Dim, ...]
+    pinned: Mapping[str, Any]      # knobs with one value here (not offered, capped, or fixed)
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {d.name: d.distribution() for d in self.dims}
+
+    def size(self) -> int:
+        return math.prod(len(d.values) for d in self.dims)
+
+    def suggest(self, trial: optuna.Trial) -> Config:
+        """Sample a Config through Optuna's define-by-run API."""
+        values = dict(self.pinned)
+        for d in self.dims:
+            if d.ordinal:
+                values[d.name] = d.decode(trial.suggest_int(d.name, 0, len(d.values) - 1))
+            else:
+                values[d.name] = trial.suggest_categorical(d.name, list(d.values))
+        return Config(values)
+
+    def config_from_params(self, params: Mapping[str, Any]) -> Config:
+        return Config({**self.pinned, **{d.name: d.decode(params[d.name]) for d in self.dims}})
+
+    def params(self, config: Config) -> dict[str, Any] | None:
+        """The Optuna params of a config, or None when it lies outside this space."""
+        if any(config[k] != v for k, v in self.pinned.items()):
+            return None
+        try:
+            return {d.name: d.encode(config[d.name]) for d in self.dims}
+        except ValueError:
+            return None
+
+    def grid(self) -> dict[str, list]:
+        """GridSampler's search space (encoded values)."""
+        return {d.name: [d.encode(v) for v in d.values] for d in self.dims}
+
+    def enumerate(self) -> Iterator[Config]:
+        """Every config of the space, in a fixed order (feasible or not)."""
+        names = [d.name for d in self.dims]
+        for combo in itertools.product(*(d.values for d in self.dims)):
+            yield Config({**self.pinned, **dict(zip(names, combo))})
+
+
+def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | None = None) -> SearchSpace:
+    """The search space for `problem` on `arch`. `fixed` pins knobs (validated like a Config)."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    fixed = dict(fixed or {})
+    Config(fixed)  # unknown names / values outside a knob's set raise ConfigError here
+    if problem.chunk_size is not None:
+        fixed.setdefault("chunk_size", problem.chunk_size)
+    limit = caps(problem)
+    dims, pinned = [], {}
+    for knob in KNOBS:
+        if knob.name in fixed:
+            pinned[knob.name] = fixed[knob.name]
+            continue
+        values = tuple(v for v in knob.values_on(arch)
+                       if knob.name not in limit or v <= limit[knob.name])
+        if len(values) > 1:
+            dims.append(Dim(knob.name, values))
+        else:
+            pinned[knob.name] = values[0] if values else knob.default
+    return SearchSpace(arch.name, tuple(dims), pinned)
+
+
+def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
+    """Known-good starting points enqueued before sampling: the arch default (fitted to the
+    problem) and its variants at each chunk size. Only those inside the space and feasible."""
+    base = default_config(arch, problem)
+    base = base.replace(**{k: v for k, v in space.pinned.items() if base[k] != v})
+    out = []
+    for q in KNOB_BY_NAME["chunk_size"].values:
+        cand = fit(base.replace(chunk_size=q), problem) if "chunk_size" not in space.pinned else base
+        if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
+            out.append(cand)
+    return out

@@ -1,0 +1,34 @@
+"""Where studies live. Default: an Optuna JournalStorage file (append-only log; a study killed
+with SIGKILL reloads with every finished trial). An RDB URL (postgresql://, mysql://) shares a
+study across hosts; SQLite is accepted but is not for parallel workers ("database is locked")."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+
+def default_journal_path() -> Path:
+    env = os.environ.get("AUTOSSD_DATA_DIR")
+    if env:
+        return Path(env) / "studies.journal"
+    import platformdirs
+    return Path(platformdirs.user_data_dir("autossd")) / "studies.journal"
+
+
+def describe(spec: str | None) -> str:
+    if spec and "://" in spec:
+        return spec.split("://", 1)[0] + "://…" if "@" in spec else spec
+    return f"journal:{spec.removeprefix('journal:') if spec else default_journal_path()}"
+
+
+def open_storage(spec: str | None) -> optuna.storages.BaseStorage:
+    """`spec`: None (default journal file), a path or "journal:PATH" (journal file), or an RDB URL."""
+    if spec and "://" in spec:
+        return optuna.storages.RDBStorage(spec)
+    path = Path(spec.removeprefix("journal:")) if spec else default_journal_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))

@@ -1,0 +1,15 @@
+"""Brute force: every point of the space once, via GridSampler. Only for small spaces (pin
+knobs with --fix to shrink one); infeasible points are pruned before compile, so they are cheap."""
+import optuna
+
+from ..space import SearchSpace
+
+MAX_POINTS = 50_000
+
+
+def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+    n = space.size()
+    if n > MAX_POINTS:
+        raise ValueError(f"sampler brute: the space has {n} points (> {MAX_POINTS}); "
+                         "pin knobs with --fix name=value to shrink it")
+    return optuna.samplers.GridSampler(space.grid(), seed=seed)

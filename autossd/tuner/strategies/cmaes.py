@@ -1,0 +1,14 @@
+"""CMA-ES over the ordinal knobs (indices); the categorical ones (state_dtype) are sampled
+independently by Optuna's fallback. Needs the `cmaes` package."""
+import optuna
+
+from ..space import SearchSpace
+
+
+def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+    try:
+        import cmaes  # noqa: F401
+    except ImportError:
+        raise ImportError("sampler cmaes needs the cmaes package: pip install cmaes") from None
+    return optuna.samplers.CmaEsSampler(seed=seed,
+                                        independent_sampler=optuna.samplers.RandomSampler(seed=seed))

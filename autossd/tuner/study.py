@@ -1,0 +1,289 @@
+"""One Optuna study per (arch, op, problem bucket, mode): the tuning loop.
+
+The loop asks the sampler for a batch of candidates, prunes the infeasible ones before any
+compile (`autossd.space.violations` -> TrialState.PRUNED), lets the runner prepare the batch in
+parallel (compiles), then evaluates them one at a time and tells Optuna each result as soon as
+it is known. A failed candidate (compile rejection, wrong answer, fault, hang) is TrialState.FAIL
+with the reason in the trial's user attrs, so it can never be the study's best.
+
+`trials` is the number of evaluated candidates the *study* should reach, so a resumed or a
+multi-worker run shares one budget. Trials left RUNNING by a killed process of this host are
+failed and their params re-enqueued on resume: a kill loses only the work in flight.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from ..arch import get_arch
+from ..problem import Problem
+from ..render import template_hash
+from ..space import Config, default_config, violations
+from .model import floor_ms
+from .records import OP, Sink, make_record
+from .space import SearchSpace, build_space, seed_configs
+from .storage import open_storage
+from .strategies import make_sampler
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass
+class Settings:
+    trials: int = 20                 # evaluated candidates the study should reach
+    timeout_s: float | None = None   # wall-clock limit of this run, per problem
+    sampler: str = "tpe"
+    seed: int | None = None
+    storage: str | None = None
+    batch: int = 2                   # candidates prepared (compiled) together
+    fixed: dict = field(default_factory=dict)            # knob -> pinned value
+    extra_seeds: list[dict] = field(default_factory=list)  # configs enqueued besides the defaults
+    progress: bool = True
+    worker: int = 0                  # progress-bar row when several workers share a study
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    arch: str
+    problem: Problem
+    mode: str
+    device: str
+    best_config: Config | None
+    best_ms: float | None
+    default_ms: float | None
+    floor_ms: float
+    complete: int
+    failed: int
+    pruned: int
+    failures: list[tuple[dict, str]]
+    record: dict | None = None
+
+    @property
+    def pct_floor(self) -> float | None:
+        return 100.0 * self.floor_ms / self.best_ms if self.best_ms else None
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def bucket(problem: Problem) -> str:
+    """Problems that share a study: same dims, dtype and flags; batch and seqlen rounded up to
+    powers of two."""
+    codes = {"has_D": "D", "D_has_hdim": "P", "has_z": "z", "has_dt_bias": "b", "dt_softplus": "s",
+             "has_dt_limit": "l", "has_initial_states": "i", "has_seq_idx": "q",
+             "return_final_states": "f", "return_varlen_states": "v"}
+    flags = "".join(c for k, c in codes.items() if getattr(problem, k))
+    return (f"h{problem.nheads}p{problem.headdim}n{problem.dstate}g{problem.ngroups}-{problem.dtype}"
+            f"-b{_pow2(problem.batch)}-l{_pow2(problem.seqlen)}-q{problem.chunk_size or 'any'}"
+            f"-f{flags or '0'}")
+
+
+def study_name(arch: str, problem: Problem, mode: str, device: str) -> str:
+    where = mode if mode == "static" else f"{mode}@{device.replace(' ', '_')}"
+    return f"{OP}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale(study: optuna.Study) -> int:
+    """Fail the RUNNING trials whose process (on this host) is gone, and enqueue their params
+    again once, so that a killed run loses no candidate."""
+    host = socket.gethostname()
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("host") != host or _pid_alive(int(t.user_attrs.get("pid", -1))):
+            continue
+        study.tell(t.number, state=TrialState.FAIL)
+        study.set_user_attr(f"reaped_{t.number}", "process gone (killed?)")
+        if t.params and "retry_of" not in t.user_attrs:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+        n += 1
+    return n
+
+
+def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
+               space: SearchSpace | None = None) -> tuple[optuna.Study, SearchSpace]:
+    space = space or build_space(arch, problem, settings.fixed)
+    sampler = make_sampler(settings.sampler, space, settings.seed)
+    study = optuna.create_study(study_name=study_name(arch, problem, mode, device),
+                                storage=open_storage(settings.storage), sampler=sampler,
+                                direction="minimize", load_if_exists=True)
+    if "problem" not in study.user_attrs:
+        for k, v in {"arch": arch, "op": OP, "problem": problem.key(), "mode": mode,
+                     "device": device, "space": {d.name: list(d.values) for d in space.dims},
+                     "pinned": dict(space.pinned)}.items():
+            study.set_user_attr(k, v)
+    return study, space
+
+
+def _evaluated(study: optuna.Study) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+               if t.user_attrs.get("evaluated"))
+
+
+def _known(study: optuna.Study) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        cfg = t.user_attrs.get("config")
+        if cfg and t.user_attrs.get("evaluated"):
+            out[Config(cfg).key()] = t.value if t.state == TrialState.COMPLETE else None
+    return out
+
+
+def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
+         extra: list[dict]) -> None:
+    """Enqueue the known-good configs (once per study: skip_if_exists)."""
+    if isinstance(study.sampler, optuna.samplers.GridSampler):
+        return  # brute force visits every point anyway
+    configs = seed_configs(arch, problem, space) + [Config(c) for c in extra]
+    for i, cfg in enumerate(configs):
+        params = space.params(cfg)
+        if params is not None:
+            study.enqueue_trial(params, user_attrs={"seed": "default" if i == 0 else "known"},
+                                skip_if_exists=True)
+
+
+def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Problem, runner,
+               settings: Settings) -> int:
+    """The loop. Returns the number of candidates this call evaluated."""
+    from tqdm.auto import tqdm
+
+    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else math.inf
+    host, pid = socket.gethostname(), os.getpid()
+    known = _known(study)
+    done = _evaluated(study)
+    asks, max_asks = 0, 50 * settings.trials + 100   # bounds the loop when most points are pruned
+    grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
+    bar = tqdm(total=settings.trials, initial=min(done, settings.trials), disable=not settings.progress,
+               desc=f"{arch} {problem.batch}x{problem.seqlen}", unit="cand", position=settings.worker,
+               leave=True, dynamic_ncols=True)
+    evaluated = 0
+    try:
+        while done < settings.trials and time.monotonic() < deadline and asks < max_asks:
+            if grid is not None and grid.is_exhausted(study):
+                break
+            batch: list[tuple[optuna.Trial, Config]] = []
+            want = max(1, min(settings.batch, settings.trials - done))
+            while len(batch) < want and asks < max_asks:
+                if grid is not None and grid.is_exhausted(study):
+                    break
+                trial = study.ask()
+                asks += 1
+                trial.set_user_attr("host", host)
+                trial.set_user_attr("pid", pid)
+                cfg = space.suggest(trial)
+                why = violations(cfg, arch, problem)
+                if why:   # infeasible: pruned before it costs a compile
+                    trial.set_user_attr("pruned", why[:3])
+                    study.tell(trial, state=TrialState.PRUNED)
+                    continue
+                key = cfg.key()
+                if key in known or any(c.key() == key for _, c in batch):
+                    value = known.get(key)
+                    trial.set_user_attr("duplicate", True)
+                    if value is None:
+                        study.tell(trial, state=TrialState.FAIL)
+                    else:
+                        study.tell(trial, value)
+                    continue
+                batch.append((trial, cfg))
+            if not batch:
+                continue
+            prepared = runner.prepare([c for _, c in batch])
+            for (trial, cfg), prep in zip(batch, prepared):
+                if time.monotonic() >= deadline:
+                    trial.set_user_attr("why", "skipped: timeout")
+                    study.tell(trial, state=TrialState.FAIL)
+                    continue
+                out = runner.evaluate(cfg, prep)
+                trial.set_user_attr("config", cfg.as_dict())
+                trial.set_user_attr("evaluated", True)
+                if out.info:
+                    trial.set_user_attr("info", _jsonable(out.info))
+                if out.ok:
+                    study.tell(trial, out.time_ms)
+                else:
+                    trial.set_user_attr("why", out.why[:500])
+                    study.tell(trial, state=TrialState.FAIL)
+                known[cfg.key()] = out.time_ms if out.ok else None
+                done += 1
+                evaluated += 1
+                bar.update(1)
+                best = [v for v in known.values() if v is not None]
+                if best:
+                    bar.set_postfix_str(f"best {min(best):.4g} ms")
+            done = max(done, _evaluated(study))   # other workers count too
+    finally:
+        bar.close()
+    return evaluated
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, device: str) -> TuneResult:
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("evaluated")]
+    failed = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("evaluated")]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    best = min(complete, key=lambda t: t.value) if complete else None
+    dflt = default_config(arch, problem).key()
+    default_ms = next((t.value for t in complete if Config(t.user_attrs["config"]).key() == dflt), None)
+    return TuneResult(
+        study_name=study.study_name, arch=arch, problem=problem, mode=mode, device=device,
+        best_config=Config(best.user_attrs["config"]) if best else None,
+        best_ms=best.value if best else None, default_ms=default_ms,
+        floor_ms=floor_ms(arch, problem), complete=len(complete), failed=len(failed),
+        pruned=len(pruned),
+        failures=[(t.user_attrs.get("config", {}), t.user_attrs.get("why", "")) for t in failed])
+
+
+def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Sink | None,
+              sampler: str) -> dict | None:
+    if result.best_config is None or sink is None:
+        return None
+    rec = make_record(result.arch, result.device, result.problem, result.best_config,
+                      result.best_ms, provenance, floor_ms=result.floor_ms,
+                      default_ms=result.default_ms, study=result.study_name, sampler=sampler,
+                      trials=result.complete + result.failed)
+    sink.save(rec)
+    result.record = rec
+    return rec
+
+
+def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
+                 sink: Sink | None = None) -> TuneResult:
+    """Open (or resume) the study, seed it, run the loop, save the best as a record."""
+    arch = get_arch(arch).name
+    study, space = open_study(arch, problem, runner.mode, runner.device, settings)
+    reap_stale(study)
+    seed(study, arch, problem, space, settings.extra_seeds)
+    run_trials(study, space, arch, problem, runner, settings)
+    result = summarize(study, arch, problem, runner.mode, runner.device)
+    if runner.mode != "simulated":
+        save_best(result, study, runner.provenance, sink, settings.sampler)
+    return result
