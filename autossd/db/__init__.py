@@ -8,11 +8,11 @@
 """
 from .engine import HEAD, TuningDBError, migrate, to_url, with_retries
 from .exchange import MergeResult, export_db, merge_dbs, merge_records
-from .lookup import (MAX_DISTANCE, Match, clear_cache, db_filename, distance, load_records, lookup, pick,
+from .lookup import (MAX_DISTANCE, Match, clear_cache, db_filename, distance, load_records, choose, pick,
                      shipped_db_path, user_db_url)
 from .records import Record, RecordError, add_records, make_record, read_records, validate_row
 
 __all__ = ["HEAD", "MAX_DISTANCE", "Match", "MergeResult", "Record", "RecordError", "TuningDBError",
-           "add_records", "clear_cache", "db_filename", "distance", "export_db", "load_records", "lookup",
+           "add_records", "clear_cache", "db_filename", "distance", "export_db", "load_records", "choose",
            "make_record", "merge_dbs", "merge_records", "migrate", "pick", "read_records",
            "shipped_db_path", "to_url", "user_db_url", "validate_row", "with_retries"]

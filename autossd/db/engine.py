@@ -179,9 +179,10 @@ def migrate(url: str, revision: str = "head") -> str:
         raise TuningDBError(f"tuning db {url}: cannot migrate ({e.orig if hasattr(e, 'orig') else e})") from None
 
 
-def finalize_sqlite(path: Path) -> None:
+def finalize_sqlite(path: Path, vacuum: bool = True) -> None:
     """Make an SQLite file self-contained (rollback journal, no -wal/-shm) and compact, for
-    shipping inside the package where it is opened read-only."""
+    shipping inside the package where it is opened read-only. Closes this process's pooled
+    connections to it first."""
     url = to_url(path)
     for ro in (False, True):
         eng = _engines.pop((url, ro), None)
@@ -190,7 +191,9 @@ def finalize_sqlite(path: Path) -> None:
     import sqlite3
     con = sqlite3.connect(str(path), isolation_level=None)
     try:
+        con.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         con.execute("PRAGMA journal_mode=DELETE")
-        con.execute("VACUUM")
+        if vacuum:
+            con.execute("VACUUM")
     finally:
         con.close()

@@ -54,6 +54,10 @@ def _write(dest: str | os.PathLike, records: list[Record], overwrite: bool) -> i
         if not records:
             migrate(to_url(tmp))
         finalize_sqlite(tmp)
+        if dest.exists():
+            # fold dest's WAL back in and drop it (and our pooled connections): a -wal file
+            # left beside the new file would be replayed into it
+            finalize_sqlite(dest, vacuum=False)
         os.replace(tmp, dest)
     finally:
         for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):

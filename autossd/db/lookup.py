@@ -245,6 +245,6 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
                  f"default config for {arch}: {why} ({n} records searched)")
 
 
-def lookup(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
+def choose(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
            max_distance: float = MAX_DISTANCE) -> Match:
     return pick(problem, load_records(arch, op, db), arch, max_distance)

@@ -1,0 +1,299 @@
+"""autossd.db: schema derived from the declarations, migrations, concurrent writers, validation
+of tampered or corrupt data, export and merge."""
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import sqlite3
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from autossd import render
+from autossd.db import (HEAD, RecordError, TuningDBError, add_records, export_db, load_records,
+                        make_record, merge_dbs, migrate, read_records, to_url, validate_row)
+from autossd.db import engine as dbengine
+from autossd.db import lookup as dblookup
+from autossd.db.models import KNOB_COLUMNS, PROBLEM_COLUMNS, Base, tuned_records
+from autossd.db.records import row_count
+from autossd.problem import Problem
+from autossd.space import KNOBS, Config, default_config
+
+PROB = Problem(1, 2048, 8, 64, 128, 1, "bf16", 256, has_D=True, has_dt_bias=True, dt_softplus=True)
+TUNED = default_config("sm90", PROB).replace(scan_block_m=32, bmm_warps=8)
+
+
+def rec(problem=PROB, config=None, arch="sm90", provenance="measured", time_ms=0.5, **kw):
+    config = config if config is not None else default_config(arch, problem)
+    return make_record(problem, config, arch, provenance=provenance,
+                       time_ms=time_ms if provenance == "measured" else None, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_DB", str(tmp_path / "user.sqlite"))
+    dblookup.clear_cache()
+    yield
+    dblookup.clear_cache()
+    dbengine.dispose_engines()
+
+
+# --- schema --------------------------------------------------------------------------------
+def test_columns_are_derived_from_problem_fields_and_knobs():
+    cols = set(tuned_records.c.keys())
+    assert set(Problem.field_names()) <= cols
+    assert {f"cfg_{k.name}" for k in KNOBS} <= cols
+    assert list(PROBLEM_COLUMNS) == Problem.field_names()
+    assert list(KNOB_COLUMNS.values()) == [k.name for k in KNOBS]
+
+
+def test_record_roundtrip_keeps_every_field(tmp_path):
+    r = rec(device="NVIDIA H100 80GB HBM3", predicted_ms=0.45, notes="tuned run 3")
+    db = str(tmp_path / "a.sqlite")
+    add_records(db, [r])
+    (back,) = read_records(db)
+    assert back == r and back.config == r.config and back.problem == PROB
+    assert back.tflops == pytest.approx(PROB.flops(256) / 0.5e-3 / 1e12)
+    assert back.gbps == pytest.approx(PROB.min_bytes() / 0.5e-3 / 1e9)
+    assert 0 < back.pct_of_floor < 100
+    assert back.template_hash == render.template_hash()
+
+
+def test_head_constant_matches_alembic_scripts():
+    from alembic.script import ScriptDirectory
+    script = ScriptDirectory.from_config(dbengine.alembic_config())
+    assert script.get_current_head() == HEAD
+    assert [s.revision for s in script.walk_revisions()][::-1] == list(dbengine.REVISIONS)
+
+
+def test_migrated_schema_matches_the_model(tmp_path):
+    """A knob or Problem field added without a migration fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    url = to_url(tmp_path / "m.sqlite")
+    assert migrate(url) == HEAD
+    with dbengine.get_engine(url).connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
+    path = tmp_path / "user.sqlite"
+    url = to_url(path)
+    assert migrate(url, "0001") == "0001"
+    with dbengine.get_engine(url).connect() as conn:
+        v1_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    assert "notes" not in v1_cols and "tflops" not in v1_cols
+    # write a row the way schema 1 could: only its columns
+    row = {k: v for k, v in rec(config=TUNED).to_row().items() if k in v1_cols}
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
+    with caplog.at_level(logging.INFO, logger="autossd.db"):
+        (r,) = [r for r in load_records("sm90") if r.origin == "user"]  # migrated on open
+    assert r.config == TUNED and r.notes == "" and r.tflops is None
+    with dbengine.get_engine(url).connect() as conn:
+        assert dbengine.current_revision(conn) == HEAD
+    assert dblookup.choose(PROB, "sm90").kind == "exact"
+
+
+def test_lookup_does_not_create_the_user_database(tmp_path):
+    assert dblookup.choose(PROB, "sm90").kind in ("exact", "default")
+    assert not (tmp_path / "user.sqlite").exists()
+
+
+# --- concurrent writers --------------------------------------------------------------------
+def _writer(url: str, worker: int, n: int, q) -> None:
+    try:
+        dbengine.dispose_engines()  # never share a parent's connection across fork
+        base = rec(provenance="static")
+        recs = [replace(base, notes=f"w{worker}-{i}") for i in range(n)]
+        add_records(url, recs, batch_size=50)
+        q.put((worker, "ok"))
+    except BaseException as e:  # report, the parent asserts
+        q.put((worker, f"{type(e).__name__}: {e}"))
+
+
+def test_four_processes_write_4000_records_none_lost(tmp_path):
+    url = to_url(tmp_path / "shared.sqlite")   # fresh: the 4 workers also race to create it
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    t0 = time.time()
+    procs = [ctx.Process(target=_writer, args=(url, w, 1000, q)) for w in range(4)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert results == {w: "ok" for w in range(4)}, results
+    assert row_count(url) == 4000
+    notes = {r.notes for r in read_records(url)}
+    assert notes == {f"w{w}-{i}" for w in range(4) for i in range(1000)}
+    assert time.time() - t0 < 30
+
+
+def test_sqlite_engine_uses_wal_and_busy_timeout(tmp_path):
+    url = to_url(tmp_path / "w.sqlite")
+    migrate(url)
+    with dbengine.get_engine(url).connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == dbengine.BUSY_TIMEOUT_MS
+
+
+def test_with_retries_retries_only_lock_errors():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise sa.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+        return "done"
+    assert dbengine.with_retries(flaky) == "done" and len(calls) == 3
+
+    def broken():
+        raise sa.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("no such table: x"))
+    with pytest.raises(sa.exc.OperationalError, match="no such table"):
+        dbengine.with_retries(broken)
+
+
+# --- tampering and corruption --------------------------------------------------------------
+TAMPER = [
+    ("cfg_bmm_block_m", 48, "config"),                          # not in the knob's set
+    ("cfg_scan_block_m", 128, "config"),                        # in the set, exceeds chunk 64
+    ("cfg_state_dtype", "fp32'); import os; os.system('x", "config"),
+    # wrong types (SQLite's column affinity already turns "4" into 4, so these stay text / real)
+    ("cfg_bmm_warps", "four", "config"),
+    ("batch", "one", "batch"),
+    ("batch", 2.5, "batch"),
+    ("has_D", 7, "has_D"),
+    ("dtype", "__import__('os')", "problem"),
+    ("device", "H100\"); __import__('os').system('rm -rf ~'); (\"", "device"),
+    ("host", "h$(reboot)", "host"),
+    ("notes", "{{ cycler.__init__.__globals__.os.popen('id') }}", "notes"),
+    ("triton_version", "3.6.0\nimport os", "triton_version"),
+    ("template_hash", "ZZZ", "template_hash"),
+    ("provenance", "trusted", "provenance"),
+    ("arch", "sm99", "arch"),
+    ("time_ms", -1.0, "time_ms"),
+    ("time_ms", float("nan"), "time_ms"),
+    ("time_ms", "fast", "time_ms"),
+    ("config_json", '{"chunk_size": 64}', "config_json"),
+    ("created_at", "yesterday", "created_at"),
+]
+
+
+def _tamper(path: Path, column: str, value) -> None:
+    con = sqlite3.connect(str(path))
+    con.execute(f'UPDATE tuned_records SET "{column}" = ?', (value,))
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("column,value,field", TAMPER, ids=[f"{c}={str(v)[:12]}" for c, v, _ in TAMPER])
+def test_tampered_record_is_rejected_and_lookup_falls_back(tmp_path, monkeypatch, caplog, column, value, field):
+    prob = PROB.replace(chunk_size=64)
+    tuned = default_config("sm90", prob).replace(scan_block_m=32, bmm_warps=8)
+    path = tmp_path / "user.sqlite"
+    add_records(str(path), [rec(prob, tuned)])
+    dbengine.dispose_engines()
+    _tamper(path, column, value)
+    with pytest.raises(RecordError, match=field):
+        read_records(str(path))
+    # the loader: warning, record skipped, default chosen, nothing rendered on the way
+    monkeypatch.setattr(render, "render", lambda *a, **k: pytest.fail("rendered during lookup"))
+    with caplog.at_level(logging.WARNING, logger="autossd.db"):
+        m = dblookup.choose(prob, "sm90")
+    assert m.kind == "default" and m.config == default_config("sm90", prob)
+    if column != "arch":  # a row moved to another arch is not even read for sm90
+        assert any(field in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_validate_row_accepts_what_make_record_writes():
+    r = rec(config=TUNED)
+    assert validate_row({**r.to_row(), "id": 5}).config == TUNED
+
+
+def test_corrupt_file_is_rejected_clearly_and_lookup_goes_on(tmp_path, caplog):
+    path = tmp_path / "user.sqlite"
+    path.write_bytes(b"this is not an sqlite database, just some bytes" * 100)
+    with pytest.raises(TuningDBError, match="cannot be read|not an autossd"):
+        read_records(str(path))
+    with caplog.at_level(logging.WARNING, logger="autossd.db"):
+        m = dblookup.choose(PROB, "sm90")
+    assert m.kind in ("exact", "default")  # the shipped DB (or the default) still answers
+    assert any("ignoring the user tuning database" in r.getMessage() for r in caplog.records)
+
+
+def test_foreign_sqlite_file_is_rejected(tmp_path, caplog):
+    path = tmp_path / "user.sqlite"
+    con = sqlite3.connect(str(path))
+    con.execute("CREATE TABLE tuned_records (x TEXT)")
+    con.close()
+    with pytest.raises(TuningDBError, match="not an autossd tuning database"):
+        read_records(str(path))
+    with caplog.at_level(logging.WARNING, logger="autossd.db"):
+        dblookup.choose(PROB, "sm90")
+    assert any("ignoring the user" in r.getMessage() for r in caplog.records)
+
+
+def test_make_record_refuses_invalid_input():
+    with pytest.raises(RecordError, match="device"):
+        rec(device="x'); drop table tuned_records; --")
+    with pytest.raises(RecordError, match="time_ms"):
+        make_record(PROB, TUNED, "sm90", provenance="measured", time_ms=None)
+    with pytest.raises(RecordError, match="config"):
+        make_record(PROB.replace(chunk_size=64), Config(chunk_size=64, scan_block_m=128), "sm90",
+                    provenance="static")
+
+
+# --- export and merge ----------------------------------------------------------------------
+def test_export_filters_by_arch_and_writes_a_self_contained_file(tmp_path):
+    src = str(tmp_path / "src.sqlite")
+    add_records(src, [rec(), rec(arch="sm80"), rec(PROB.replace(seqlen=4096))])
+    out = tmp_path / "out" / "sm90.sqlite"
+    assert export_db(src, out, arch="sm90") == 2
+    assert {r.arch for r in read_records(str(out), readonly=True)} == {"sm90"}
+    assert not Path(f"{out}-wal").exists()
+    con = sqlite3.connect(str(out))
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    con.close()
+    with pytest.raises(FileExistsError):
+        export_db(src, out)
+
+
+def test_merge_keeps_one_record_per_key_by_the_conflict_rule(tmp_path):
+    a, b = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
+    p2 = PROB.replace(seqlen=8192)
+    cfg_fast = TUNED
+    cfg_slow = TUNED.replace(scan_warps=8)
+    cfg_static = TUNED.replace(state_warps=8)
+    add_records(a, [rec(config=cfg_slow, time_ms=0.6), rec(config=cfg_static, provenance="static"),
+                    rec(p2, provenance="default")])
+    add_records(b, [rec(config=cfg_fast, time_ms=0.4),
+                    replace(rec(config=cfg_slow, time_ms=0.1), triton_version="2.0.0"),  # stale
+                    rec(p2, config=cfg_static, provenance="static")])
+    out = tmp_path / "merged.sqlite"
+    res = merge_dbs([a, b], out)
+    assert (res.kept, res.dropped, res.conflicts) == (2, 4, 2)
+    got = {r.problem: r for r in read_records(str(out))}
+    assert got[PROB].config == cfg_fast and got[PROB].time_ms == 0.4   # best fresh measured time
+    assert got[p2].provenance == "static"                               # static beats default
+
+
+def test_merge_into_one_of_its_sources(tmp_path):
+    a = tmp_path / "a.sqlite"
+    add_records(str(a), [rec(time_ms=0.5), rec(time_ms=0.3)])
+    res = merge_dbs([str(a)], a, overwrite=True)
+    assert res.kept == 1
+    assert [r.time_ms for r in read_records(str(a))] == [0.3]
+
+
+def test_shipped_database_is_valid_and_found():
+    path = dblookup.shipped_db_path("sm90")
+    assert path is not None and path.name == dblookup.db_filename("sm90")
+    recs = read_records(str(path), readonly=True)   # strict: every row validates
+    assert recs and all(r.arch == "sm90" and r.op == "ssd_fwd" for r in recs)
+    assert all(math.isfinite(r.time_ms) for r in recs if r.provenance == "measured")
