@@ -1,0 +1,158 @@
+"""autossd.db.lookup: the three tiers, the nearest bound, the ranking (fresh > stale, user >
+shipped, measured > static > default), determinism, and the database precedence."""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from autossd.db import add_records, make_record
+from autossd.db import engine as dbengine
+from autossd.db import lookup as L
+from autossd.problem import Problem
+from autossd.space import default_config
+
+P = Problem(2, 4096, 16, 64, 128, 2, "fp16", 256, has_D=True)
+BASE = default_config("sm90", P)
+CFG = {name: BASE.replace(**kw) for name, kw in {
+    "a": dict(scan_warps=8), "b": dict(bmm_warps=8), "c": dict(state_warps=8),
+    "d": dict(scan_stages=3), "e": dict(pass_warps=8)}.items()}
+
+
+def R(cfg="a", problem=P, provenance="measured", time_ms=1.0, origin="user", stale=False, arch="sm90"):
+    r = make_record(problem, CFG[cfg] if isinstance(cfg, str) else cfg, arch, provenance=provenance,
+                    time_ms=time_ms if provenance == "measured" else None)
+    r = replace(r, origin=origin)
+    return replace(r, triton_version="0.0.1") if stale else r
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_DB", str(tmp_path / "user.sqlite"))
+    L.clear_cache()
+    yield
+    L.clear_cache()
+    dbengine.dispose_engines()
+
+
+def test_db_filename_per_arch():
+    assert L.db_filename("sm90") == "sm90.sqlite" and L.db_filename("gfx942") == "gfx942.sqlite"
+
+
+def test_distance_is_log2_ratio_over_size_dims():
+    assert L.distance(P, P) == 0.0
+    assert L.distance(P, P.replace(seqlen=16384)) == pytest.approx(2.0)
+    assert L.distance(P, P.replace(batch=1, seqlen=8192)) == pytest.approx(2.0)
+    assert L.distance(P, P.replace(nheads=32, ngroups=1)) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("change", [dict(headdim=32), dict(dstate=64), dict(dtype="bf16"),
+                                    dict(chunk_size=128), dict(has_z=True), dict(has_D=False),
+                                    dict(return_final_states=True)])
+def test_distance_is_infinite_when_configs_do_not_transfer(change):
+    assert L.distance(P, P.replace(**change)) == math.inf
+
+
+def test_exact_beats_nearest_beats_default():
+    near = R("b", P.replace(seqlen=8192))
+    m = L.pick(P, [near, R("a")], "sm90")
+    assert (m.kind, m.config, m.distance) == ("exact", CFG["a"], 0.0)
+    m = L.pick(P, [near], "sm90")
+    assert (m.kind, m.config, m.distance) == ("nearest", CFG["b"], 1.0)
+    assert "distance 1.00" in m.reason and m.record == near
+    m = L.pick(P.replace(headdim=128), [near, R("a")], "sm90")
+    assert m.kind == "default" and m.config == default_config("sm90", P.replace(headdim=128))
+    assert m.record is None and "no measured/static record" in m.reason
+
+
+def test_nearest_bound_is_enforced_and_explained():
+    at_bound = R("b", P.replace(seqlen=16384))        # distance 2
+    beyond = R("c", P.replace(seqlen=32768))          # distance 3
+    assert L.pick(P, [at_bound], "sm90").kind == "nearest"
+    m = L.pick(P, [beyond], "sm90")
+    assert m.kind == "default" and m.distance == pytest.approx(3.0)
+    assert "3.00 > bound 2" in m.reason
+    assert L.pick(P, [beyond], "sm90", max_distance=3.0).kind == "nearest"
+
+
+def test_nearest_prefers_smaller_distance_within_a_provenance():
+    m = L.pick(P, [R("b", P.replace(seqlen=16384)), R("c", P.replace(seqlen=8192))], "sm90")
+    assert m.config == CFG["c"] and m.distance == 1.0
+
+
+def test_nearest_ignores_default_records_and_infeasible_configs():
+    assert L.pick(P, [R("b", P.replace(seqlen=8192), provenance="default")], "sm90").kind == "default"
+    # a config fit for 8 heads (cumsum_block_h=8) is not feasible for 4 heads
+    small = P.replace(nheads=4, ngroups=2)
+    wide = R(BASE.replace(cumsum_block_h=8), P.replace(nheads=8, ngroups=2))
+    assert L.pick(small, [wide], "sm90").kind == "default"
+
+
+def test_measured_beats_static_beats_default():
+    m = L.pick(P, [R("c", provenance="default"), R("b", provenance="static"), R("a", time_ms=5.0)], "sm90")
+    assert m.config == CFG["a"] and m.record.provenance == "measured"
+    m = L.pick(P, [R("c", provenance="default"), R("b", provenance="static")], "sm90")
+    assert m.config == CFG["b"]
+
+
+def test_fastest_measured_record_wins():
+    assert L.pick(P, [R("a", time_ms=2.0), R("b", time_ms=1.0), R("c", time_ms=3.0)], "sm90").config == CFG["b"]
+
+
+def test_user_database_beats_shipped():
+    m = L.pick(P, [R("a", origin="shipped", time_ms=0.1), R("b", origin="user", time_ms=9.0)], "sm90")
+    assert m.config == CFG["b"] and "user db" in m.reason
+
+
+def test_stale_records_rank_below_fresh_and_are_flagged():
+    fresh, stale = R("a", time_ms=2.0), R("b", time_ms=1.0, stale=True)
+    m = L.pick(P, [stale, fresh], "sm90")
+    assert m.config == CFG["a"] and not m.stale
+    m = L.pick(P, [stale], "sm90")           # still used when it is all there is ...
+    assert m.config == CFG["b"] and m.stale  # ... and flagged, with the reason
+    assert "STALE" in m.reason and "triton 0.0.1" in m.reason
+    # a stale record of another template is stale too
+    m = L.pick(P, [replace(R("c"), template_hash="0123abcd")], "sm90")
+    assert m.stale and "template hash" in m.reason
+    # an exact stale record beats a fresh nearest one: the shape is the stronger signal
+    m = L.pick(P, [stale, R("c", P.replace(seqlen=8192))], "sm90")
+    assert m.kind == "exact" and m.config == CFG["b"]
+
+
+def test_pick_is_deterministic_under_any_record_order():
+    recs = [R(c, P.replace(seqlen=s), time_ms=1.0) for c in "abcde" for s in (2048, 8192)]
+    picks = set()
+    rng = random.Random(0)
+    for _ in range(20):
+        rng.shuffle(recs)
+        m = L.pick(P, recs, "sm90")
+        picks.add((m.kind, m.config.key()))
+    assert len(picks) == 1  # all at distance 1, same time: the config key breaks the tie
+
+
+def test_other_arch_records_are_ignored():
+    assert L.pick(P, [R("a", arch="sm80")], "sm90").kind == "default"
+
+
+def test_user_database_from_env_and_argument(tmp_path, monkeypatch):
+    add_records(str(tmp_path / "user.sqlite"), [R("a")])
+    other = tmp_path / "other.sqlite"
+    add_records(str(other), [R("b")])
+    assert L.choose(P, "sm90").config == CFG["a"]            # AUTOSSD_DB
+    assert L.choose(P, "sm90", db=other).config == CFG["b"]  # argument
+    monkeypatch.delenv("AUTOSSD_DB")
+    monkeypatch.setenv("AUTOSSD_CACHE_DIR", str(tmp_path / "cache"))
+    assert L.user_db_url() == dbengine.to_url(tmp_path / "cache" / "tuning.sqlite")
+
+
+def test_user_database_overrides_the_shipped_one():
+    shipped = [r for r in L.load_records("sm90") if r.origin == "shipped"]
+    assert shipped, "the shipped sm90 database has records"
+    target = shipped[0].problem
+    assert L.choose(target, "sm90").record.origin == "shipped"
+    tuned = default_config("sm90", target).replace(scan_warps=8)
+    add_records(dbengine.to_url(L.user_db_url()), [make_record(target, tuned, "sm90", provenance="static")])
+    m = L.choose(target, "sm90")   # the write invalidated the loaded records
+    assert m.kind == "exact" and m.config == tuned and m.record.origin == "user"
