@@ -251,9 +251,11 @@ def ssd_fwd(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, chunk_s
 @ssd_fwd.register_fake
 def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                   dt_softplus, dt_lo, dt_hi, return_final_states, return_varlen_states, state_dtype):
-    # the same validation as the real kernel, so a bad call fails at trace time too
-    from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-              dt_softplus, (dt_lo, dt_hi), return_final_states, return_varlen_states, state_dtype)
+    # the same validation as the real kernel, so a bad call fails at trace time too; with
+    # dynamic (symbolic) sizes the real kernel validates at run time instead
+    if all(type(s) is int for s in (*x.shape, *B.shape)):
+        from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                  dt_softplus, (dt_lo, dt_hi), return_final_states, return_varlen_states, state_dtype)
     b, _, h, p = x.shape
     n = B.shape[-1]
     f32 = torch.float32

@@ -1,0 +1,234 @@
+"""autossd.runtime: get_kernel, Kernel, the autossd::ssd_fwd custom op and the drop-in
+mamba_chunk_scan_combined, run on CPU through Triton's interpreter on tiny shapes."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import autossd
+from autossd import render, runtime
+from autossd.db import add_records, make_record
+from autossd.db import engine as dbengine
+from autossd.ops.ssd.naive import ssd_chunked
+from autossd.problem import Problem
+from autossd.space import default_config
+from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
+
+ROOT = Path(__file__).resolve().parent.parent
+# CPU tensors need the interpreter, switched on before triton's import (tests/conftest.py)
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="runs CPU kernels: needs TRITON_INTERPRET=1 from the start")
+TILE16 = {k: 16 for k in ("bmm_block_m", "bmm_block_n", "bmm_block_k", "state_block_m", "state_block_n",
+                          "state_block_k", "scan_block_m", "scan_block_n", "scan_block_k", "scan_block_d")}
+
+
+def tiny(dtype="fp32", **flags) -> Problem:
+    return Problem(1, 130, 2, 16, 16, 1, dtype, 64, **flags)
+
+
+def tuned_for(p: Problem):
+    return default_config("sm90", p).replace(**TILE16, scan_warps=2)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_DB", str(tmp_path / "user.sqlite"))
+    monkeypatch.setenv("AUTOSSD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("AUTOSSD_ARCH", raising=False)
+    runtime.clear_cache()
+    yield
+    runtime.clear_cache()
+    dbengine.dispose_engines()
+
+
+def _args(p: Problem, seed: int = 0):
+    t = make_inputs(p, seed=seed)
+    return tuple(t[k] for k in ("x", "dt", "A", "B", "C")), call_kwargs(p, t)
+
+
+def _reference(args, chunk, kw):
+    return ssd_chunked(*args, chunk_size=chunk, **{k: v for k, v in kw.items() if not k.startswith("return_")})
+
+
+# --- get_kernel ----------------------------------------------------------------------------
+def test_get_kernel_exposes_choice_config_record_and_source(tmp_path):
+    p = tiny(has_D=True)
+    cfg = tuned_for(p)
+    add_records(str(tmp_path / "user.sqlite"), [make_record(p, cfg, "sm90", provenance="measured", time_ms=0.02)])
+    k = autossd.get_kernel(p, "sm90")
+    assert isinstance(k, autossd.Kernel)
+    assert (k.source, k.provenance, k.distance, k.stale) == ("exact", "measured", 0.0, False)
+    assert k.config == cfg and k.record.config == cfg and "exact match" in k.reason
+    src = Path(k.source_path)
+    assert src.is_file() and src.read_text() == render.render(cfg, "cuda")
+    # the same kernel for the other spellings of the problem
+    assert autossd.get_kernel(p.key(), "sm90") is k
+    fields = (p.batch, p.seqlen, p.nheads, p.headdim, p.dstate, p.ngroups, p.dtype)
+    assert autossd.get_kernel(fields, "sm90").problem == p.replace(chunk_size=None, has_D=False)
+    with pytest.raises(TypeError, match="expected a Problem"):
+        autossd.get_kernel("1x130", "sm90")
+
+
+def test_get_kernel_default_and_nearest(tmp_path):
+    p = tiny()
+    assert autossd.get_kernel(p, "sm90").source == "default"
+    assert autossd.get_kernel(p, "sm90").config == default_config("sm90", p)
+    near = p.replace(seqlen=260)
+    add_records(str(tmp_path / "user.sqlite"), [make_record(near, tuned_for(near), "sm90", provenance="static")])
+    k = autossd.get_kernel(p, "sm90")        # the write cleared the cache
+    assert (k.source, k.provenance, k.distance) == ("nearest", "static", 1.0)
+
+
+def test_first_call_renders_and_loads_only_the_chosen_config():
+    p = tiny()
+    before = set(render._modules)
+    k = autossd.get_kernel(p, "sm90")
+    assert set(render._modules) == before            # lookup alone loads nothing
+    args, kw = _args(p)
+    k(*args, **kw)
+    new = set(render._modules) - before
+    assert len(new) == 1 and next(iter(new))[0] == str(k.source_path)
+
+
+def test_warm_lookup_costs_at_most_5us():
+    p = tiny()
+    autossd.get_kernel(p, "sm90")
+    n, best = 20000, float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            autossd.get_kernel(p, "sm90")
+        best = min(best, (time.perf_counter() - t0) / n)
+    assert best <= 5e-6, f"warm get_kernel: {best * 1e6:.2f} us"
+
+
+def test_kernel_refuses_inputs_of_another_problem():
+    k = autossd.get_kernel(tiny(), "sm90")
+    args, kw = _args(tiny().replace(seqlen=100))
+    with pytest.raises(ValueError, match="get_kernel for the new problem"):
+        k(*args, **kw)
+
+
+# --- the drop-in ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_drop_in_matches_the_float64_reference(dtype):
+    p = tiny(dtype, has_D=True, D_has_hdim=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+             has_initial_states=True, return_final_states=True)
+    args, kw = _args(p, seed=1)
+    y, final = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    yr, fr, _ = _reference(args, 64, kw)
+    assert y.dtype == args[0].dtype and final.dtype == torch.float32
+    assert rel_err(y, yr) < tolerance(dtype) and rel_err(final, fr) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("final,varlen", [(False, False), (True, False), (False, True), (True, True)])
+def test_drop_in_returns_what_mamba_ssm_returns(final, varlen):
+    p = Problem(1, 150, 2, 16, 16, 1, "fp32", 64, has_seq_idx=True, has_dt_limit=True,
+                return_final_states=final, return_varlen_states=varlen)
+    args, kw = _args(p, seed=2)
+    if not varlen:  # cu_seqlens is only needed (and only allowed by from_args' check) with varlen
+        kw["cu_seqlens"] = None
+    out = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    yr, fr, vr = _reference(args, 64, {**kw, "cu_seqlens": kw["cu_seqlens"]})
+    parts = [out] if not (final or varlen) else list(out)
+    assert isinstance(out, torch.Tensor) == (not (final or varlen))
+    assert len(parts) == 1 + final + varlen
+    refs = [yr] + ([fr] if final else []) + ([vr] if varlen else [])
+    for got, ref in zip(parts, refs):
+        assert got.shape == ref.shape and rel_err(got, ref) < tolerance("fp32")
+
+
+def test_drop_in_runs_the_tuned_config(tmp_path):
+    p = tiny(has_D=True)
+    cfg = tuned_for(p)
+    add_records(str(tmp_path / "user.sqlite"), [make_record(p, cfg, "sm90", provenance="measured", time_ms=0.02)])
+    args, kw = _args(p)
+    y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert rel_err(y, _reference(args, 64, kw)[0]) < tolerance("fp32")
+    k = runtime.get_kernel(p, "sm90")  # what the op looked up (CPU -> the interpreter's sm90)
+    assert k.config == cfg and render.load(cfg) is k.module()
+
+
+def test_cpu_without_interpreter_asks_for_a_gpu(monkeypatch):
+    # as if TRITON_INTERPRET were unset (render pins triton's knob once set, so patch the probe)
+    monkeypatch.setattr(runtime, "interpreting", lambda: False)
+    args, kw = _args(tiny())
+    with pytest.raises(RuntimeError, match="need a CUDA or ROCm GPU.*TRITON_INTERPRET=1"):
+        autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+
+
+def test_bad_call_is_rejected_before_any_kernel():
+    args, kw = _args(tiny())
+    x, dt, A, B, C = args
+    with pytest.raises(ValueError, match="chunk_size"):
+        autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 100)
+    with pytest.raises(ValueError, match="dt"):
+        autossd.mamba_chunk_scan_combined(x, dt[:, :10], A, B, C, 64)
+
+
+def test_tampered_user_db_warns_and_the_program_goes_on(tmp_path, caplog):
+    p = tiny()
+    path = tmp_path / "user.sqlite"
+    add_records(str(path), [make_record(p, tuned_for(p), "sm90", provenance="measured", time_ms=0.02)])
+    dbengine.dispose_engines()
+    con = sqlite3.connect(str(path))
+    con.execute("UPDATE tuned_records SET cfg_scan_block_m = 100, device = 'x\"); import os; (\"'")
+    con.commit()
+    con.close()
+    runtime.clear_cache()
+    args, kw = _args(p)
+    with caplog.at_level(logging.WARNING, logger="autossd.db"):
+        y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert rel_err(y, _reference(args, 64, kw)[0]) < tolerance("fp32")
+    assert runtime.get_kernel(p, "sm90").source == "default"
+    assert any("record skipped" in r.getMessage() for r in caplog.records)
+
+
+# --- torch integration ---------------------------------------------------------------------
+def test_opcheck_schema_fake_and_aot_dispatch():
+    p = tiny(has_D=True, return_final_states=True)
+    (x, dt, A, B, C), kw = _args(p)
+    torch.library.opcheck(torch.ops.autossd.ssd_fwd.default,
+                          (x, dt, A, B, C, 64, kw["D"], None, None, None, None, None, False, 0.0,
+                           float("inf"), True, False, None))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    p = tiny(has_D=True, has_z=True, return_final_states=True)
+    (x, dt, A, B, C), kw = _args(p)
+
+    def layer(x, dt, A, B, C, D, z):
+        y, final = autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=D, z=z, return_final_states=True)
+        return y * 2, final.sum()
+
+    eager = layer(x, dt, A, B, C, kw["D"], kw["z"])
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, dt, A, B, C, kw["D"], kw["z"])
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    explain = torch._dynamo.explain(layer)(x, dt, A, B, C, kw["D"], kw["z"])
+    assert explain.graph_break_count == 0 and explain.graph_count == 1
+
+
+def test_choice_is_the_same_in_another_process(tmp_path):
+    p = tiny(has_D=True)
+    base = tuned_for(p)
+    # four records that tie on everything the ranking uses except the config key
+    recs = [make_record(p, base.replace(scan_warps=w), "sm90", provenance="measured", time_ms=0.02)
+            for w in (8, 2, 4)]
+    add_records(str(tmp_path / "user.sqlite"), recs)
+    here = autossd.get_kernel(p, "sm90").config.key()
+    code = ("import json, autossd; from autossd.problem import Problem; "
+            f"p = Problem(**json.loads({json.dumps(json.dumps(p.key()))})); "
+            "print(autossd.get_kernel(p, 'sm90').config.key())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip().splitlines()[-1] == here
