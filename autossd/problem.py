@@ -188,6 +188,7 @@ def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
         raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype}")
     nchunks = -(-l // min(CHUNK_SIZES))
     if nchunks > MAX_GRID_YZ or b * h > MAX_GRID_YZ:
+        # grid dims 1 and 2 carry chunks and batch (state passing: batch * nheads)
         raise ValueError(f"x: batch*nheads={b*h} and seqlen/64={nchunks} must each be <= {MAX_GRID_YZ}")
     return Problem(
         batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=DTYPES[x.dtype],

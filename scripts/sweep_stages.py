@@ -30,12 +30,21 @@ STAGE_OF_KNOB = {"cumsum": "cumsum", "bmm": "bmm", "chunk_state": "chunk_state",
 
 
 def candidates(stage, base, prob, n, rng):
+    """The default, then every one-knob change from it (a coordinate neighbourhood), then random
+    feasible points up to n."""
     knobs = [k for k in KNOBS if k.stage == stage]
-    grid = [dict(zip([k.name for k in knobs], vals)) for vals in itertools.product(*[k.values for k in knobs])]
-    ok = [g for g in grid if not violations(base.replace(**g), "sm90", prob)]
-    rng.shuffle(ok)
     base_over = {k.name: base[k.name] for k in knobs}
-    return [base_over] + [g for g in ok if g != base_over][: n - 1]
+    feasible = lambda o: not violations(base.replace(**o), "sm90", prob)  # noqa: E731
+    out = [base_over]
+    for k in knobs:
+        for v in k.values:
+            o = {**base_over, k.name: v}
+            if v != base[k.name] and feasible(o):
+                out.append(o)
+    grid = [dict(zip([k.name for k in knobs], vals)) for vals in itertools.product(*[k.values for k in knobs])]
+    rest = [g for g in grid if g not in out and feasible(g)]
+    rng.shuffle(rest)
+    return (out + rest)[:max(n, 1)]
 
 
 def rows_default_ms(rows, base):
