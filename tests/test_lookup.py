@@ -156,3 +156,9 @@ def test_user_database_overrides_the_shipped_one():
     add_records(dbengine.to_url(L.user_db_url()), [make_record(target, tuned, "sm90", provenance="static")])
     m = L.choose(target, "sm90")   # the write invalidated the loaded records
     assert m.kind == "exact" and m.config == tuned and m.record.origin == "user"
+
+
+def test_static_records_rank_by_their_predicted_time():
+    slow = replace(R("a", provenance="static"), predicted_ms=2.0)
+    fast = replace(R("b", provenance="static"), predicted_ms=1.0)
+    assert L.pick(P, [slow, fast], "sm90").config == CFG["b"]

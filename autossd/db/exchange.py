@@ -8,20 +8,20 @@ file and `dest` may also be one of the sources.
 Merge conflict rule: records conflict when they share (op, arch, problem). One survives per key,
 chosen in the lookup's order without the user/shipped distinction:
     fresh before stale (triton version and template hash of the running code)
-    > measured > static > default  > smaller time_ms  > newer created_at  > earlier source
+    > measured > static > default  > smaller time (time_ms, or predicted_ms for static records)
+    > newer created_at  > earlier source
     > config key.
 So the best measured time wins among fresh measured records, and a measurement always beats a
 model's or a default's choice.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import HEAD, current_revision, finalize_sqlite, get_engine, migrate, to_url
-from .lookup import PROVENANCE_RANK, _freshness
+from .lookup import PROVENANCE_RANK, _freshness, record_time
 from .records import Record, add_records, read_records
 
 
@@ -78,8 +78,7 @@ def merge_rank(rec: Record, source_index: int, triton_v: str, th: str) -> tuple:
     # created_at is ISO-8601 UTC from make_record: negate by sorting on the inverted string
     newest_first = "".join(chr(0x10FFFF - ord(c)) for c in rec.created_at)
     return (stale, PROVENANCE_RANK[rec.provenance],
-            rec.time_ms if rec.time_ms is not None else math.inf,
-            newest_first, source_index, rec.config.key())
+            record_time(rec), newest_first, source_index, rec.config.key())
 
 
 def merge_records(sources: list[list[Record]]) -> tuple[list[Record], MergeResult]:

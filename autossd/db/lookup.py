@@ -25,7 +25,8 @@ Match tiers, in order
 
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
     fresh before stale  >  user before shipped  >  measured > static > default
-    >  smaller distance  >  smaller time_ms  >  config key (text)  >  record id.
+    >  smaller distance  >  smaller time (time_ms; for static records predicted_ms)
+    >  config key (text)  >  record id.
 
 Stale records (policy)
     A record is stale when its triton version or template hash differs from the running ones.
@@ -188,9 +189,16 @@ def _freshness() -> tuple[str, str]:
     return triton.__version__, template_hash()
 
 
+def record_time(rec: Record) -> float:
+    """The time a record ranks by: measured, else the static model's prediction, else inf."""
+    if rec.time_ms is not None:
+        return rec.time_ms
+    return rec.predicted_ms if rec.predicted_ms is not None else math.inf
+
+
 def _rank(rec: Record, d: float, stale: bool) -> tuple:
     return (stale, ORIGIN_RANK.get(rec.origin, 2), PROVENANCE_RANK[rec.provenance], d,
-            rec.time_ms if rec.time_ms is not None else math.inf, rec.config.key(), rec.id or 0)
+            record_time(rec), rec.config.key(), rec.id or 0)
 
 
 def _describe(rec: Record) -> str:
