@@ -1,0 +1,45 @@
+"""A non-editable install ships the migrations and the per-arch database inside the package, and
+the installed package finds and uses them (away from the source checkout)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
+    src = tmp_path / "src"   # build from a copy: no build/ or egg-info in the shared tree
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "build",
+                                                            "*.egg-info", "results", ".whl", ".peer"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                    "--target", str(target), str(src)], check=True, capture_output=True)
+    for rel in ("autossd/tuning_db/sm90.sqlite", "autossd/db/migrations/env.py",
+                "autossd/db/migrations/versions/0001_initial.py",
+                "autossd/db/migrations/versions/0002_derived_figures.py"):
+        assert (target / rel).is_file(), rel
+    code = textwrap.dedent(f"""
+        import autossd, autossd.db as db
+        from autossd.db import engine, lookup
+        assert autossd.__file__.startswith({str(target)!r}), autossd.__file__
+        assert str(lookup.shipped_db_path("sm90")).startswith({str(target)!r})
+        assert str(engine.MIGRATIONS_DIR).startswith({str(target)!r})
+        assert db.migrate(db.to_url({str(tmp_path / "fresh.sqlite")!r})) == db.HEAD
+        shipped = [r for r in db.load_records("sm90") if r.origin == "shipped"]
+        k = autossd.get_kernel(shipped[0].problem, "sm90")
+        assert k.source == "exact" and k.record.origin == "shipped", k.reason
+        print("OK", len(shipped))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(target), "AUTOSSD_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("AUTOSSD_DB", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("OK")
