@@ -143,6 +143,18 @@ def test_sqlite_engine_uses_wal_and_busy_timeout(tmp_path):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == dbengine.BUSY_TIMEOUT_MS
 
 
+def test_readers_are_not_blocked_by_an_open_write_transaction(tmp_path):
+    url = to_url(tmp_path / "r.sqlite")
+    add_records(url, [rec()])
+    eng = dbengine.get_engine(url)
+    with dbengine.write_transaction(eng) as w:   # holds SQLite's write lock
+        w.execute(tuned_records.insert(), [rec(time_ms=0.1).to_row()])
+        t0 = time.time()
+        assert len(read_records(url)) == 1       # the committed state, at once
+        assert time.time() - t0 < 1.0
+    assert len(read_records(url)) == 2
+
+
 def test_with_retries_retries_only_lock_errors():
     calls = []
 

@@ -3,8 +3,9 @@
 SQLite (the default) is set up for several processes writing one file, the case Optuna's RDB
 storage fails at ("database is locked"): WAL journaling (readers never block the writer),
 `busy_timeout` (a writer waits for the lock instead of failing), `BEGIN IMMEDIATE` for write
-transactions (the write lock is taken up front, so a read-then-write transaction cannot hit
-SQLITE_BUSY half-way, which busy_timeout does not cover), and `with_retries` on top for the rare
+transactions (`write_transaction`: the write lock is taken up front, so a read-then-write
+transaction cannot hit SQLITE_BUSY half-way, which busy_timeout does not cover; reads stay
+deferred), and `with_retries` on top for the rare
 lock error that still escapes. Read-only engines (shipped databases inside the package) open the
 file with `mode=ro` and never write, not even the WAL switch.
 
@@ -14,12 +15,13 @@ database actually needs upgrading, so the read path stays fast.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -114,9 +116,21 @@ def _make_engine(url: str, readonly: bool) -> Engine:
 
     @event.listens_for(eng, "begin")
     def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        # writers (write_transaction) take the write lock up front; readers stay deferred so
+        # they never wait on, or block, a writer under WAL
+        write = conn.get_execution_options().get("autossd_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write and not readonly else "BEGIN")
 
     return eng
+
+
+@contextlib.contextmanager
+def write_transaction(eng: Engine) -> Iterator[sa.Connection]:
+    """A write transaction: BEGIN IMMEDIATE on SQLite, committed on success."""
+    with eng.connect() as conn:
+        conn = conn.execution_options(autossd_write=True)
+        with conn.begin():
+            yield conn
 
 
 def is_locked_error(exc: BaseException) -> bool:
@@ -167,7 +181,7 @@ def migrate(url: str, revision: str = "head") -> str:
     def _upgrade() -> str:
         from alembic import command
         cfg = alembic_config()
-        with eng.begin() as conn:  # BEGIN IMMEDIATE: migrators serialize here
+        with write_transaction(eng) as conn:  # BEGIN IMMEDIATE: migrators serialize here
             cfg.attributes["connection"] = conn
             if current_revision(conn) != target:
                 command.upgrade(cfg, revision)

@@ -24,7 +24,8 @@ import sqlalchemy as sa
 from ..arch import ARCHS, get_arch
 from ..problem import Problem
 from ..space import KNOB_BY_NAME, Config, ConfigError, violations
-from .engine import TuningDBError, current_revision, get_engine, migrate, to_url, with_retries
+from .engine import (TuningDBError, current_revision, get_engine, migrate, to_url, with_retries,
+                     write_transaction)
 from .models import (FIGURE_COLUMNS, KNOB_COLUMNS, OPS, PROBLEM_COLUMNS, PROVENANCES, TEXT_COLUMNS,
                      tuned_records)
 
@@ -289,7 +290,7 @@ def add_records(db: str, records: Iterable[Record], batch_size: int = 500) -> in
         chunk = rows[i:i + batch_size]
 
         def _insert(chunk=chunk) -> None:
-            with eng.begin() as conn:
+            with write_transaction(eng) as conn:
                 conn.execute(tuned_records.insert(), chunk)
         with_retries(_insert)
     for fn in _listeners:
