@@ -173,35 +173,49 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
         click.echo("(static: predicted times from the performance model in autossd/tuner/model.py)")
     if plot_dir:
         from .plots import plot_all
-        from .tuner.records import JsonlSink
-        recs = sink.load() if isinstance(sink, JsonlSink) else [r.record for r in results if r.record]
+        recs = sink.load() if hasattr(sink, "load") else [r.record for r in results if r.record]
         for p in plot_all(storage, recs, plot_dir, arch):
             click.echo(f"plot: {p}")
     if not any(r.best_config is not None for r in results):
         raise click.ClickException("no candidate passed; nothing stored")
 
 
-def _load_records(db: str | None) -> list[dict]:
-    from .tuner.records import JsonlSink, db_layer, default_records_path
-    if db is None or db.endswith(".jsonl"):
-        return JsonlSink(db or default_records_path()).load()
+def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
+    """Records of a store as dicts: a .jsonl file, else the tuning database (default: the user
+    database the runtime reads), plus the shipped per-arch databases when asked."""
+    from .tuner.records import DbSink, JsonlSink, db_layer, db_record_dict, default_records_path
     layer = db_layer()
-    fn = getattr(layer, "load_records", None) if layer else None
-    if fn is None:
+    if db is not None and db.endswith(".jsonl"):
+        recs = JsonlSink(db).load()
+    elif layer is not None:
+        try:
+            recs = DbSink(db).load()
+        except Exception as e:  # noqa: BLE001 - TuningDBError, RecordError: say which store
+            raise click.BadParameter(f"{db or 'user database'}: {e}", param_hint="'--db'") from None
+    elif db is None:
+        recs = JsonlSink(default_records_path()).load()
+    else:
         raise click.BadParameter(f"{db}: reading it needs the database layer (autossd.db)",
                                  param_hint="'--db'")
-    return list(fn(db))
+    if shipped and layer is not None:
+        for arch in sorted(ARCHS):
+            path = layer.shipped_db_path(arch)
+            if path is not None:
+                recs += [db_record_dict(r) for r in layer.read_records(str(path), arch, strict=False,
+                                                                       readonly=True, origin="shipped")]
+    return recs
 
 
 @main.command()
 @click.option("--db", default=None, help="record store (.jsonl or database); default: the user store")
 @click.option("--arch", callback=_arch, default=None, help="only this arch")
 @click.option("--all", "show_all", is_flag=True, help="every record, not only the best per problem")
+@click.option("--shipped", is_flag=True, help="include the databases shipped with autossd")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def show(db, arch, show_all, as_json) -> None:
+def show(db, arch, show_all, shipped, as_json) -> None:
     """Stored tuning records, with provenance (measured / static = predicted)."""
     from .tuner.records import best_records
-    recs = _load_records(db)
+    recs = _load_records(db, shipped)
     if arch:
         recs = [r for r in recs if r["arch"] == arch]
     if not show_all:
@@ -215,9 +229,10 @@ def show(db, arch, show_all, as_json) -> None:
     from .problem import Problem
     from .space import Config
     rows = [[r["arch"], r["device"], _shape_str(Problem(**r["problem"])), r["provenance"],
-             f"{r['time_ms']:.4f}" + (" (pred.)" if r["provenance"] == "static" else ""),
-             r["date"][:16], repr(Config(r["config"]))[7:-1][:80]] for r in recs]
-    click.echo(_table(rows, ["arch", "device", "shape", "provenance", "ms", "date", "config (vs default)"]))
+             _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
+             r["date"][:16], r.get("origin", ""), repr(Config(r["config"]))[7:-1][:80]] for r in recs]
+    click.echo(_table(rows, ["arch", "device", "shape", "provenance", "ms", "date", "from",
+                             "config (vs default)"]))
 
 
 @main.command()
@@ -249,18 +264,24 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
 
 
 @main.command()
-@click.option("--db", default=None, help="record store to export from")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="file to write")
+@click.option("--db", default=None, help="store to export from (default: the user database)")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="file to write: .sqlite (a shippable database) or .jsonl")
 @click.option("--arch", callback=_arch, default=None)
-def export(db, out_path, arch) -> None:
-    """Export the best records (for a shipped database)."""
+@click.option("--overwrite", is_flag=True, help="replace --out if it exists")
+def export(db, out_path, arch, overwrite) -> None:
+    """Export records (e.g. one arch's, for a shipped database)."""
     from .tuner.records import best_records, db_layer
     layer = db_layer()
-    fn = getattr(layer, "export_db", None) if layer else None
-    if fn is not None and db and not db.endswith(".jsonl"):
-        fn(db, out_path, arch=arch)
-        click.echo(f"exported {db} -> {out_path} (autossd.db)")
+    if layer is not None and not out_path.endswith(".jsonl") and not (db or "").endswith(".jsonl"):
+        try:
+            n = layer.export_db(layer.user_db_url(db), out_path, arch=arch, overwrite=overwrite)
+        except Exception as e:  # noqa: BLE001 - file exists, unreadable source: say so plainly
+            raise click.ClickException(f"export: {e}") from None
+        click.echo(f"exported {n} records -> {out_path}")
         return
+    if os.path.exists(out_path) and not overwrite:
+        raise click.BadParameter(f"{out_path} exists (use --overwrite)", param_hint="'--out'")
     recs = [r for r in best_records(_load_records(db)) if not arch or r["arch"] == arch]
     with open(out_path, "w") as f:
         for r in recs:
@@ -270,23 +291,33 @@ def export(db, out_path, arch) -> None:
 
 @main.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--into", "into", required=True, help="destination store (.jsonl or database)")
+@click.option("--into", "into", required=True, help="destination store (.sqlite or .jsonl); kept records "
+              "already there take part in the merge")
 def merge(sources, into) -> None:
     """Merge record stores into one (measured beats static, then the faster record)."""
-    from .tuner.records import JsonlSink, best_records, db_layer
+    from .tuner.records import DbSink, JsonlSink, best_records, db_layer
     layer = db_layer()
-    fn = getattr(layer, "merge_db", None) if layer else None
-    if fn is not None and not into.endswith(".jsonl"):
-        for s in sources:
-            fn(s, into)
-        click.echo(f"merged {len(sources)} sources into {into} (autossd.db)")
+    if layer is not None and not into.endswith(".jsonl"):
+        dbs = [s for s in sources if not s.endswith(".jsonl")]
+        if os.path.exists(into):
+            dbs = [into] + dbs
+        try:
+            res = layer.merge_dbs(dbs, into, overwrite=True) if dbs else None
+            sink = DbSink(into)
+            for s in sources:
+                if s.endswith(".jsonl"):
+                    for r in best_records(JsonlSink(s).load()):
+                        sink.save(r)
+        except Exception as e:  # noqa: BLE001
+            raise click.ClickException(f"merge: {e}") from None
+        click.echo(f"merged {len(sources)} sources into {into}" + (f": {res}" if res else ""))
         return
     if not into.endswith(".jsonl"):
         raise click.BadParameter("without the database layer, merge writes a .jsonl store",
                                  param_hint="'--into'")
     recs = JsonlSink(into).load()
     for s in sources:
-        recs += JsonlSink(s).load()
+        recs += JsonlSink(s).load() if s.endswith(".jsonl") else _load_records(s)
     best = best_records(recs)
     tmp = into + ".tmp"
     with open(tmp, "w") as f:
@@ -320,6 +351,7 @@ def doctor() -> None:
     from .render import cache_dir, template_hash
     from .tuner.records import db_layer, default_records_path
     from .tuner.storage import default_journal_path
+    layer = db_layer()
     arch = local_arch()
     lines = [("python", platform.python_version()), ("torch", torch.__version__),
              ("triton", triton.__version__)]
@@ -332,11 +364,11 @@ def doctor() -> None:
     lines += [("local arch", arch or "none (static tuning only)"), ("device", dev),
               ("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
               ("template hash", template_hash()), ("kernel cache", str(cache_dir())),
-              ("records (default)", f"{default_records_path()}"
-               f"{'' if default_records_path().exists() else ' (none yet)'}"),
+              ("records (default)", layer.user_db_url(None) if layer else
+               f"{default_records_path()}{'' if default_records_path().exists() else ' (none yet)'}"),
               ("studies (default)", f"{default_journal_path()}"
                f"{'' if default_journal_path().exists() else ' (none yet)'}"),
-              ("database layer", "autossd.db present" if db_layer() else "not installed")]
+              ("database layer", "autossd.db present" if layer else "not installed")]
     from pathlib import Path
     shipped = sorted((Path(__file__).parent.parent / "tuning_db").glob("*.sqlite")) + \
         sorted((Path(__file__).parent.parent / "tuning_db").glob("*.json*"))

@@ -1,6 +1,6 @@
 """The tuner: Optuna studies over `autossd.space.KNOBS`, measured on the local GPU or predicted
 for an absent arch (static mode), results stored through a small sink seam."""
-from .api import choose_mode, make_runner, settings_for, tune
+from .api import choose_mode, make_runner, tune
 from .records import JsonlSink, make_record, open_sink
 from .shapes import ShapeError, parse_shape, parse_shapes, preset
 from .space import SearchSpace, build_space, seed_configs
@@ -8,5 +8,5 @@ from .study import Settings, TuneResult, bucket, study_name, tune_problem
 
 __all__ = ["JsonlSink", "SearchSpace", "Settings", "ShapeError", "TuneResult", "bucket",
            "build_space", "choose_mode", "make_record", "make_runner", "open_sink", "parse_shape",
-           "parse_shapes", "preset", "seed_configs", "settings_for", "study_name", "tune",
+           "parse_shapes", "preset", "seed_configs", "study_name", "tune",
            "tune_problem"]

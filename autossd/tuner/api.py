@@ -28,14 +28,6 @@ def choose_mode(arch: str, mode: str = "auto", local: str | None = "detect") -> 
     return mode
 
 
-def settings_for(mode: str, settings: Settings) -> Settings:
-    """Static mode cannot run the correctness gate, so knobs that trade accuracy for speed are
-    pinned to their exact setting there (state_dtype=fp32) unless fixed explicitly."""
-    if mode == "static" and "state_dtype" not in settings.fixed:
-        return dataclasses.replace(settings, fixed={**settings.fixed, "state_dtype": "fp32"})
-    return settings
-
-
 def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2,
                 timeout: float = 60.0, **kw: Any):
     if mode == "static":
@@ -74,7 +66,6 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
     mode) share each study through its storage."""
     arch = get_arch(arch).name
     runner_kw = dict(runner_kw or {})
-    settings = settings_for(mode, settings)
     results = []
     for prob in problems:
         runner = make_runner(mode, arch, prob, **runner_kw)

@@ -22,7 +22,7 @@ Per stage s (the five launches of `ops.ssd.chunk.plan`, grids taken from the pla
                     mma_eff = sqrt(min(bm,128)/128 x min(bn,128)/128) x sqrt(min(bk,32)/32)
     wave quantization over the grid G on S SMs/CUs: the busiest SM runs k = ceil(G/S) blocks;
         one SM draws at most 2/S of the bandwidth and exactly 1/S of the matmul rate, so
-        t_mem  = bytes/BW  x max(k S / G, S / (2 G)) / mem_eff
+        t_mem  = bytes/BW  x k x max(S / (2 G), min(G, S) / G) / mem_eff
         t_comp = flops/peak x (k S / G) / comp_eff
     t_s = max(t_mem, t_comp) + T_LAUNCH
     state passing is a dependent chain over chunks: t_s >= waves x nchunks x T_DEP.
@@ -176,7 +176,7 @@ def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport |
     bw = arch.hbm_gbps * 1e9
     peak = arch.matmul_tflops * 1e12 / (FP32_DIV if problem.dtype == "fp32" else 1.0)
     t_bytes = cost.unique_bytes / cost.sector_eff / bw + cost.reread_bytes / (L2_RATIO * bw)
-    t_mem = t_bytes * max(k * sms / g, sms / (2 * g)) / mem_eff
+    t_mem = t_bytes * k * max(sms / (2 * g), min(g, sms) / g) / mem_eff
     t_comp = cost.flops / peak * (k * sms / g) / comp_eff
     t = max(t_mem, t_comp)
     waves = _cdiv(g, int(bps * sms))

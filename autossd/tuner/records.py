@@ -1,8 +1,9 @@
 """Tuning records and the storage seam the tuner writes them through.
 
-The tuner only needs `Sink.save(record: dict)`. `JsonlSink` (append-only JSON lines, one record a
-line, fsynced) is the fallback store; `open_sink` adapts the tuning database in `autossd.db`
-when that layer is installed (see `_db_sink`).
+The tuner only needs `Sink.save(record: dict)`. `DbSink` adapts it to the tuning database
+(`autossd.db`: make_record + add_records, the store `autossd.runtime.get_kernel` reads);
+`JsonlSink` (append-only JSON lines, one record a line, fsynced) is the plain-file store for
+`--db x.jsonl` and the fallback when the database layer is not installed.
 
 A record: arch, device, op, problem (Problem fields), config (every knob), time_ms, provenance
 ("measured" | "static"), triton_version, template_hash, date (UTC ISO), host, plus
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import socket
 from collections.abc import Iterable
 from pathlib import Path
@@ -112,41 +114,72 @@ def default_records_path() -> Path:
 
 
 def db_layer():
-    """The tuning-database module when it is installed, else None."""
+    """The tuning-database package (autossd.db) when it is importable, else None."""
     try:
-        from .. import db  # noqa: F401  (being built in parallel: autossd/db/)
+        from .. import db
     except ImportError:
         return None
     return db
 
 
-def _db_sink(db_url: str):
-    """Adapter to autossd.db when it offers a record writer; None otherwise."""
-    db = db_layer()
-    if db is None:
-        return None
-    for name in ("save_record", "add_record", "put_record"):
-        fn = getattr(db, name, None)
-        if callable(fn):
-            class _DbSink:
-                def save(self, record: dict, _fn=fn, _url=db_url) -> None:
-                    _fn(_url, record)
-
-                def __repr__(self) -> str:
-                    return f"DbSink({db_url!r} via autossd.db.{name})"
-            return _DbSink()
-    return None
+_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:/+@%,=-]")
 
 
-def open_sink(db: str | None) -> Sink:
-    """`db`: a .jsonl path (JSON-lines store), a database path/URL (needs autossd.db), or None
-    (the default JSON-lines file in the user data dir)."""
+class DbSink:
+    """Writes records into the tuning database (autossd.db), the store the runtime reads.
+    Static records keep their prediction in predicted_ms and leave time_ms empty."""
+
+    def __init__(self, db: str | None) -> None:
+        layer = db_layer()
+        if layer is None:
+            raise RuntimeError("the tuning database layer (autossd.db) is not available")
+        self.layer = layer
+        self.url = layer.user_db_url(db)
+
+    def save(self, record: dict) -> None:
+        static = record["provenance"] == "static"
+        notes = f"study {record.get('study', '')} sampler {record.get('sampler', '')} " \
+                f"trials {record.get('trials', '')}"
+        rec = self.layer.make_record(
+            Problem(**record["problem"]), Config(record["config"]), record["arch"],
+            provenance=record["provenance"], time_ms=None if static else record["time_ms"],
+            predicted_ms=record["time_ms"] if static else None,
+            device=_UNSAFE.sub("-", record.get("device", ""))[:128],
+            notes=_UNSAFE.sub("-", notes)[:256])
+        self.layer.add_records(self.url, [rec])
+
+    def load(self, arch: str | None = None) -> list[dict]:
+        recs = self.layer.read_records(self.url, arch, strict=False) if _exists(self.url) else []
+        return [db_record_dict(r) for r in recs]
+
+    def __repr__(self) -> str:
+        return f"DbSink({self.url!r})"
+
+
+def _exists(url: str) -> bool:
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///")).exists()
+    return True
+
+
+def db_record_dict(r) -> dict:
+    """An autossd.db Record in the tuner's record shape (time_ms = the prediction when static)."""
+    t = r.time_ms if r.time_ms is not None else r.predicted_ms
+    return {"arch": r.arch, "device": r.device, "op": r.op, "problem": r.problem.key(),
+            "config": r.config.as_dict(), "time_ms": t, "provenance": r.provenance,
+            "triton_version": r.triton_version, "template_hash": r.template_hash,
+            "date": r.created_at, "host": r.host, "origin": r.origin}
+
+
+def open_sink(db: str | None):
+    """`db`: a .jsonl path (JSON-lines store), a database path/URL, or None: the user tuning
+    database that the runtime reads (`autossd.db.user_db_url`), or the default JSON-lines file
+    when the database layer is not installed."""
+    if db is not None and db.endswith(".jsonl"):
+        return JsonlSink(db)
+    if db_layer() is not None:
+        return DbSink(db)
     if db is None:
         return JsonlSink(default_records_path())
-    if db.endswith(".jsonl"):
-        return JsonlSink(db)
-    sink = _db_sink(db)
-    if sink is None:
-        raise RuntimeError(f"--db {db}: the tuning database layer (autossd.db) is not available; "
-                           "use a .jsonl path")
-    return sink
+    raise RuntimeError(f"--db {db}: the tuning database layer (autossd.db) is not available; "
+                       "use a .jsonl path")

@@ -117,9 +117,10 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     problem) and its variants at each chunk size. Only those inside the space and feasible."""
     base = default_config(arch, problem)
     base = base.replace(**{k: v for k, v in space.pinned.items() if base[k] != v})
-    out = []
-    for q in KNOB_BY_NAME["chunk_size"].values:
-        cand = fit(base.replace(chunk_size=q), problem) if "chunk_size" not in space.pinned else base
+    cands = [base] + [fit(base.replace(chunk_size=q), problem)
+                      for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
+    out: list[Config] = []
+    for cand in cands:   # the default first: the study's baseline
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
             out.append(cand)
     return out

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+# A journal write holds the file lock for milliseconds; a process SIGKILLed while holding it
+# leaves the lock behind, and the next opener waits this long before breaking it (Optuna's
+# default is 30 s). AUTOSSD_JOURNAL_LOCK_GRACE overrides it (e.g. slow network filesystems).
+LOCK_GRACE_S = 10
 
 
 def default_journal_path() -> Path:
@@ -20,8 +25,10 @@ def default_journal_path() -> Path:
 
 
 def describe(spec: str | None) -> str:
+    """The storage in words, without a password."""
     if spec and "://" in spec:
-        return spec.split("://", 1)[0] + "://…" if "@" in spec else spec
+        scheme, rest = spec.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else spec
     return f"journal:{spec.removeprefix('journal:') if spec else default_journal_path()}"
 
 
@@ -31,4 +38,6 @@ def open_storage(spec: str | None) -> optuna.storages.BaseStorage:
         return optuna.storages.RDBStorage(spec)
     path = Path(spec.removeprefix("journal:")) if spec else default_journal_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    grace = int(os.environ.get("AUTOSSD_JOURNAL_LOCK_GRACE", LOCK_GRACE_S))
+    lock = JournalFileSymlinkLock(str(path), grace_period=grace)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))

@@ -102,13 +102,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reap_stale(study: optuna.Study) -> int:
+def reap_stale(study: optuna.Study, grace_s: float = 120.0) -> int:
     """Fail the RUNNING trials whose process (on this host) is gone, and enqueue their params
-    again once, so that a killed run loses no candidate."""
+    again once, so that a killed run loses no candidate. A trial killed between its creation
+    and its first attribute write names no process: it is reaped once older than `grace_s`."""
+    import datetime as _dt
     host = socket.gethostname()
+    now = _dt.datetime.now()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("host") != host or _pid_alive(int(t.user_attrs.get("pid", -1))):
+        if "host" in t.user_attrs:
+            if t.user_attrs["host"] != host or _pid_alive(int(t.user_attrs.get("pid", -1))):
+                continue
+        elif t.datetime_start is None or (now - t.datetime_start).total_seconds() < grace_s:
             continue
         study.tell(t.number, state=TrialState.FAIL)
         study.set_user_attr(f"reaped_{t.number}", "process gone (killed?)")

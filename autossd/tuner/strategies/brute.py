@@ -7,9 +7,17 @@ from ..space import SearchSpace
 MAX_POINTS = 50_000
 
 
+class BruteSampler(optuna.samplers.GridSampler):
+    """GridSampler for an ask/tell loop: its after_trial calls study.stop(), which is only legal
+    inside optimize(); our loop checks is_exhausted() itself."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
 def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
     n = space.size()
     if n > MAX_POINTS:
         raise ValueError(f"sampler brute: the space has {n} points (> {MAX_POINTS}); "
                          "pin knobs with --fix name=value to shrink it")
-    return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    return BruteSampler(space.grid(), seed=seed)

@@ -1,0 +1,253 @@
+"""autossd.tuner: search space, samplers, pruning before compile, failures never win, the
+performance model, replay + brute force, and SIGKILL/resume of a journal-backed study."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autossd.problem import Problem
+from autossd.space import KNOB_BY_NAME, Config, default_config, violations
+from autossd.tuner import Settings, build_space, parse_shape, seed_configs, tune_problem
+from autossd.tuner.model import floor_ms, predict, stage_costs
+from autossd.tuner.runners.base import Outcome
+from autossd.tuner.runners.simulated import SimulatedRunner
+from autossd.tuner.shapes import ShapeError, parse_shapes, preset
+from autossd.tuner.storage import open_storage
+from autossd.tuner.strategies import SamplerError, make_sampler
+from autossd.tuner.study import bucket, study_name
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = Problem(1, 2048, 8, 64, 128, 1, "fp16", has_D=True, has_dt_bias=True, dt_softplus=True)
+
+
+class FakeRunner:
+    """Times from a formula; remembers every config it was asked to prepare."""
+    mode = "measured"
+    provenance = "measured"
+    device = "fake"
+
+    def __init__(self, fail=lambda c: False):
+        self.prepared: list[Config] = []
+        self.fail = fail
+
+    def prepare(self, configs):
+        self.prepared += configs
+        return [None] * len(configs)
+
+    def evaluate(self, config, prepared):
+        if self.fail(config):
+            return Outcome(False, why="gate: wrong answer")
+        return Outcome(True, 1.0 + config.scan_block_m / 64 + config.bmm_warps / 8)
+
+    def close(self):
+        pass
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+def test_parse_shape_and_presets():
+    p = parse_shape("b=1,l=16384,h=80,p=64,n=128,g=1", "bf16")
+    assert (p.batch, p.seqlen, p.nheads, p.headdim, p.dstate, p.ngroups, p.dtype) == (1, 16384, 80, 64, 128, 1, "bf16")
+    assert p.has_D and p.dt_softplus and not p.has_z
+    q = parse_shape("mamba2-2.7b:b=4,l=16k,z=1")
+    assert (q.batch, q.seqlen, q.nheads, q.has_z) == (4, 16384, 80, True)
+    assert len(parse_shapes(["b=1,l=64,h=2,p=16,n=16,g=1; codestral-7b:l=1k"])) == 2
+    assert [(x.batch, x.seqlen) for x in preset("mamba2-2.7b")] == [(1, 2048), (8, 2048), (4, 16384), (1, 131072)]
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("b=1,l=2048,h=80,p=64,n=128", "missing g"),
+    ("b=1,l=x,h=80,p=64,n=128,g=1", "not an integer"),
+    ("b=1,l=2048,h=80,p=64,n=128,g=3", "not divisible"),
+    ("b=1,l=2048,h=80,p=64,n=128,g=1,w=3", "unknown key"),
+    ("b=1;", "missing"),
+    ("gpt-9:b=1", "unknown model"),
+    ("b=1,l", "not key=value"),
+    ("b=0,l=2048,h=80,p=64,n=128,g=1", "positive int"),
+])
+def test_parse_shape_errors(text, msg):
+    with pytest.raises(ShapeError, match=msg):
+        parse_shapes([text])
+
+
+# --- space ------------------------------------------------------------------------------------
+
+def test_space_drops_values_over_the_problem_and_pins_single_values():
+    tiny = Problem(1, 128, 2, 16, 16, 1, "fp16")
+    space = build_space("sm90", tiny)
+    dims = {d.name: d.values for d in space.dims}
+    assert "state_block_m" not in dims and space.pinned["state_block_m"] == 16   # headdim 16
+    assert "waves_per_eu" not in dims and space.pinned["waves_per_eu"] == 0     # AMD-only knob
+    assert dims["chunk_size"] == (64, 128, 256)
+    amd = {d.name for d in build_space("gfx942", SMALL).dims}
+    assert {"waves_per_eu", "matrix_instr_nonkdim", "kpack"} <= amd
+
+
+def test_space_params_round_trip_and_fix():
+    space = build_space("gfx942", SMALL, fixed={"chunk_size": 128})
+    cfg = default_config("gfx942", SMALL).replace(chunk_size=128, scan_block_m=32)
+    params = space.params(cfg)
+    assert params["scan_block_m"] == KNOB_BY_NAME["scan_block_m"].values.index(32)  # ordinal index
+    assert space.config_from_params(params) == cfg
+    assert space.params(cfg.replace(chunk_size=64)) is None     # outside the pinned value
+    assert "chunk_size" not in {d.name for d in space.dims}
+
+
+def test_seeds_hold_the_default_and_are_feasible():
+    space = build_space("sm90", SMALL)
+    seeds = seed_configs("sm90", SMALL, space)
+    assert seeds[0] == default_config("sm90", SMALL)
+    assert {c.chunk_size for c in seeds} == {64, 128, 256}
+    assert all(not violations(c, "sm90", SMALL) for c in seeds)
+
+
+# --- samplers ---------------------------------------------------------------------------------
+
+def test_sampler_selection():
+    space = build_space("sm90", SMALL)
+    assert isinstance(make_sampler("tpe", space, 0), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler("random", space, 0), optuna.samplers.RandomSampler)
+    with pytest.raises(SamplerError, match="unknown 'annealing'"):
+        make_sampler("annealing", space)
+    with pytest.raises(ValueError, match="pin knobs with --fix"):
+        make_sampler("brute", space)          # ~10^10 points
+    small = build_space("sm90", SMALL, fixed={k.name: k.default for k in KNOB_BY_NAME.values()
+                                              if k.name not in ("scan_warps", "bmm_warps")})
+    assert isinstance(make_sampler("brute", small), optuna.samplers.GridSampler)
+    pytest.importorskip("scipy")
+    assert isinstance(make_sampler("gp", space, 0), optuna.samplers.GPSampler)
+    pytest.importorskip("cmaes")
+    assert isinstance(make_sampler("cmaes", space, 0), optuna.samplers.CmaEsSampler)
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+def test_infeasible_configs_are_pruned_before_compile(tmp_path):
+    runner = FakeRunner()
+    # chunk 64 with tiles up to 128: every tile > 64 violates `tile <= chunk_size`
+    st = Settings(trials=12, sampler="random", seed=3, storage=str(tmp_path / "j.journal"),
+                  fixed={"chunk_size": 64}, progress=False)
+    res = tune_problem("sm90", SMALL, runner, st)
+    study = optuna.load_study(study_name=res.study_name, storage=open_storage(st.storage))
+    pruned = study.get_trials(states=(TrialState.PRUNED,))
+    assert pruned, "the random sampler should have hit infeasible points"
+    assert all(t.user_attrs["pruned"] for t in pruned)
+    assert runner.prepared and all(not violations(c, "sm90", SMALL) for c in runner.prepared)
+    assert res.complete == 12
+
+
+def test_failed_candidates_never_win(tmp_path):
+    runner = FakeRunner(fail=lambda c: c.scan_block_m == 16)   # the formula's fastest tile
+    st = Settings(trials=15, sampler="tpe", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
+    res = tune_problem("sm90", SMALL, runner, st)
+    assert res.failed >= 1 and res.best_config.scan_block_m != 16
+    assert all("gate" in why for _, why in res.failures)
+    assert res.default_ms is not None     # the default was seeded and evaluated
+
+
+def test_study_naming_separates_modes_devices_and_buckets():
+    a = study_name("sm90", SMALL, "measured", "NVIDIA H100")
+    assert a != study_name("sm90", SMALL, "static", "H100 model")
+    assert a != study_name("sm90", SMALL, "measured", "NVIDIA H200")
+    assert bucket(SMALL) == bucket(SMALL.replace(seqlen=1500))      # same power-of-two bucket
+    assert bucket(SMALL) != bucket(SMALL.replace(seqlen=4096))
+
+
+# --- model ------------------------------------------------------------------------------------
+
+def test_model_charges_bytes_occupancy_and_quantization():
+    base = default_config("gfx942", SMALL).replace(state_dtype="fp32")
+    t32, stages = predict("gfx942", SMALL, base)
+    assert [s.stage for s in stages] == ["cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"]
+    assert predict("gfx942", SMALL, base.replace(state_dtype="fp16"))[0] < t32   # fewer state bytes
+    costs = {c.stage: c for c in stage_costs(SMALL, base)}
+    assert costs["state_passing"].chain == SMALL.seqlen // base.chunk_size
+    big = SMALL.replace(seqlen=131072, nheads=80)
+    dflt = default_config("sm90", big)
+    assert predict("sm90", big, dflt)[0] > floor_ms("sm90", big)
+    cum = lambda c: predict("sm90", big, c)[1][0].seconds  # noqa: E731
+    assert cum(dflt.replace(cumsum_block_h=1)) > cum(dflt)         # strided dt: 4 of 32 bytes used
+    # wave quantization: 133 blocks on 132 SMs take two rounds, 132 blocks one
+    from autossd.tuner.model import StageCost, stage_time
+    from autossd.arch import get_arch
+    t = lambda g: stage_time(get_arch("sm90"), big, StageCost("x", g, 1e9 * g / 132, 0, 0), None).t_mem  # noqa: E731
+    assert t(133) > 1.9 * t(132) * 133 / 132 / 1.05
+
+
+# --- replay + brute force ---------------------------------------------------------------------
+
+def test_brute_force_over_a_replayed_grid_finds_the_table_minimum(tmp_path):
+    fixed = {k.name: k.default for k in KNOB_BY_NAME.values()
+             if k.name not in ("scan_warps", "bmm_warps", "scan_block_m")}
+    space = build_space("sm90", SMALL, fixed)
+    table = {}
+    for i, c in enumerate(space.enumerate()):
+        table[c.key()] = None if i == 5 else 1.0 + ((i * 7) % 11) / 10
+    st = Settings(trials=len(table), sampler="brute", storage=str(tmp_path / "j.journal"),
+                  fixed=fixed, progress=False)
+    res = tune_problem("sm90", SMALL, SimulatedRunner(table), st)
+    assert res.complete + res.failed == len(table) == space.size()
+    assert res.best_ms == min(v for v in table.values() if v is not None)
+
+
+# --- kill and resume --------------------------------------------------------------------------
+
+def test_sigkill_mid_study_then_resume_keeps_finished_trials(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_JOURNAL_LOCK_GRACE", "2")   # a lock left by the kill: broken after 2 s
+    journal = tmp_path / "j.journal"
+    script = textwrap.dedent(f"""
+        from autossd.problem import Problem
+        from autossd.tuner import Settings, tune_problem
+        from autossd.tuner.runners.static import StaticRunner
+        if __name__ == "__main__":
+            p = Problem(1, 256, 2, 32, 32, 1, "fp16")
+            st = Settings(trials=40, sampler="random", seed=0, storage={str(journal)!r}, progress=False)
+            tune_problem("gfx942", p, StaticRunner("gfx942", p, compile_workers=0), st)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSSD_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    storage = None
+    done = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if journal.exists():
+            storage = storage or open_storage(str(journal))
+            names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+            if names:
+                study = optuna.load_study(study_name=names[0], storage=storage)
+                done = study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL))
+                if len(done) >= 3:
+                    break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(done) >= 3, "the study did not get going"
+    study = optuna.load_study(study_name=names[0], storage=open_storage(str(journal)))
+    before = {t.number: (t.state, t.value) for t in study.trials
+              if t.state in (TrialState.COMPLETE, TrialState.FAIL)}
+    # in flight at the kill (a trial killed before its first attribute write names no process
+    # and is reaped only after a grace period)
+    running = [t.number for t in study.trials if t.state == TrialState.RUNNING and "host" in t.user_attrs]
+
+    from autossd.tuner.runners.static import StaticRunner
+    p = Problem(1, 256, 2, 32, 32, 1, "fp16")
+    target = len([t for t in study.trials if t.user_attrs.get("evaluated")]) + 2
+    st = Settings(trials=target, sampler="random", seed=0, storage=str(journal), progress=False)
+    res = tune_problem("gfx942", p, StaticRunner("gfx942", p, compile_workers=0), st)
+    study = optuna.load_study(study_name=names[0], storage=open_storage(str(journal)))
+    after = {t.number: (t.state, t.value) for t in study.trials}
+    assert all(after[n] == v for n, v in before.items())            # nothing finished was lost
+    assert all(after[n][0] == TrialState.FAIL for n in running)     # the one in flight is reaped...
+    retried = [t for t in study.trials if "retry_of" in t.user_attrs]
+    with_params = {n for n in running if study.trials[n].params}
+    assert {t.user_attrs["retry_of"] for t in retried} == with_params   # ...and re-run
+    assert res.complete + res.failed >= target
