@@ -54,9 +54,8 @@ def make_record(arch: str, device: str, problem: Problem, config: Config, time_m
 
 
 def record_key(rec: dict) -> str:
-    """What a record answers: one (arch, device for measured records, op, problem)."""
-    dev = rec["device"] if rec["provenance"] == "measured" else ""
-    return json.dumps([rec["arch"], dev, rec["op"], rec["problem"], rec["template_hash"]], sort_keys=True)
+    """What a record answers, as the tuning database keys it: (arch, op, problem)."""
+    return json.dumps([rec["arch"], rec["op"], rec["problem"]], sort_keys=True)
 
 
 def better(a: dict, b: dict) -> dict:

@@ -258,7 +258,8 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     best = min(complete, key=lambda t: t.value) if complete else None
     dflt = default_config(arch, problem).key()
-    default_ms = next((t.value for t in complete if Config(t.user_attrs["config"]).key() == dflt), None)
+    default_ms = next((t.value for t in complete if t.user_attrs.get("seed") == "default"),
+                      next((t.value for t in complete if Config(t.user_attrs["config"]).key() == dflt), None))
     return TuneResult(
         study_name=study.study_name, arch=arch, problem=problem, mode=mode, device=device,
         best_config=Config(best.user_attrs["config"]) if best else None,

@@ -1,0 +1,111 @@
+"""The `autossd` command: a static-mode tune end to end into a temporary database that the
+runtime then resolves from; argument errors; show / export / merge / plot / doctor / bench."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from autossd.cli import main
+from autossd.tuner import parse_shape
+
+SHAPE = "b=1,l=512,h=4,p=32,n=32,g=1"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("AUTOSSD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("AUTOSSD_DB", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    return tmp_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
+    db, journal, plots = env / "tuning.sqlite", env / "studies.journal", env / "plots"
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 6, "--seed", 0,
+               "--db", db, "--storage", journal, "--compile-workers", 2, "--no-progress",
+               "--plot-dir", plots)
+    assert r.exit_code == 0, r.output
+    assert "STATIC tuning for gfx942" in r.output and "PREDICTIONS" in r.output
+    assert "predicted ms" in r.output and "b=1,l=512,h=4,p=32,n=32,g=1 fp16" in r.output
+    assert sorted(p.name.split("_")[0] for p in plots.iterdir()) == ["history", "roofline.png"]
+
+    shown = invoke("show", "--db", db, "--json")
+    recs = json.loads(shown.output)
+    assert len(recs) == 1 and recs[0]["provenance"] == "static" and recs[0]["arch"] == "gfx942"
+    assert "(pred.)" in invoke("show", "--db", db).output
+
+    from autossd.runtime import get_kernel
+    kernel = get_kernel(parse_shape(SHAPE), arch="gfx942", db=str(db))
+    assert kernel.provenance == "static"
+    assert kernel.config.as_dict() == recs[0]["config"]
+
+    # the study resumes: asking for 7 evaluations adds one
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 7, "--seed", 0,
+               "--db", db, "--storage", journal, "--compile-workers", 0, "--no-progress")
+    assert r.exit_code == 0, r.output
+    row = [ln for ln in r.output.splitlines() if ln.startswith("b=1,l=512")][0].split()
+    assert int(row[2]) + int(row[3]) == 7      # ok + failed across both runs
+
+    out = env / "gfx942.sqlite"
+    assert invoke("export", "--db", db, "--out", out, "--arch", "gfx942").exit_code == 0
+    merged = env / "merged.sqlite"
+    assert invoke("merge", out, db, "--into", merged).exit_code == 0
+    assert len(json.loads(invoke("show", "--db", merged, "--json").output)) == 1
+
+
+@pytest.mark.parametrize("args, option, msg", [
+    (["--arch", "gfx9", "--shapes", SHAPE], "'--arch'", "unknown architecture 'gfx9'"),
+    (["--arch", "gfx942", "--shapes", "b=1,l=abc,h=4,p=32,n=32,g=1"], "'--shapes'", "not an integer"),
+    (["--arch", "gfx942", "--shapes", "b=1,l=512"], "'--shapes'", "missing h, p, n, g"),
+    (["--arch", "gfx942", "--preset", "mamba3"], "'--preset'", "mamba3"),
+    (["--arch", "gfx942", "--shapes", SHAPE, "--sampler", "annealing"], "'--sampler'", "annealing"),
+    (["--arch", "gfx942", "--shapes", SHAPE, "--fix", "scan_block_m=7"], "'--fix'", "scan_block_m=7"),
+    (["--arch", "gfx942", "--shapes", SHAPE, "--fix", "tile=64"], "'--fix'", "knob=value"),
+    (["--arch", "gfx942", "--shapes", SHAPE, "--mode", "measured"], "'--mode'", "needs a local gfx942"),
+])
+def test_bad_arguments_name_the_option(env, args, option, msg):
+    r = invoke("tune", *args)
+    assert r.exit_code == 2
+    assert option in r.output and msg in r.output
+
+
+def test_brute_force_on_a_huge_space_says_how_to_shrink_it(env):
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--sampler", "brute",
+               "--db", env / "x.jsonl", "--storage", env / "j.journal", "--no-progress")
+    assert r.exit_code == 1 and "--fix" in r.output
+
+
+def test_jsonl_store_show_export_merge_and_plot(env):
+    from autossd.problem import Problem
+    from autossd.space import default_config
+    from autossd.tuner.records import JsonlSink, make_record
+    p = parse_shape(SHAPE)
+    a, b = env / "a.jsonl", env / "b.jsonl"
+    cfg = default_config("sm90", p)
+    JsonlSink(a).save(make_record("sm90", "H100 model", p, cfg, 0.5, "static"))
+    JsonlSink(b).save(make_record("sm90", "NVIDIA H100", p, cfg.replace(scan_warps=8), 0.7, "measured"))
+    JsonlSink(b).save(make_record("sm90", "NVIDIA H100", Problem(**{**p.key(), "seqlen": 1024}),
+                                  cfg, 0.9, "measured"))
+    assert invoke("merge", a, b, "--into", env / "m.jsonl").exit_code == 0
+    recs = json.loads(invoke("show", "--db", env / "m.jsonl", "--json").output)
+    assert len(recs) == 2
+    mine = [r for r in recs if r["problem"]["seqlen"] == 512][0]
+    assert mine["provenance"] == "measured"           # measured beats a faster static prediction
+    r = invoke("export", "--db", env / "m.jsonl", "--out", env / "e.jsonl", "--arch", "sm90")
+    assert r.exit_code == 0 and "2 records" in r.output
+    r = invoke("plot", "--db", env / "m.jsonl", "--storage", env / "none.journal", "--out-dir", env / "p")
+    assert r.exit_code == 0 and (env / "p" / "roofline.png").stat().st_size > 1000
+
+
+def test_doctor_and_bench_without_gpu(env):
+    r = invoke("doctor")
+    assert r.exit_code == 0 and "triton" in r.output and "local arch" in r.output
+    r = invoke("bench", "--shapes", SHAPE)
+    assert r.exit_code == 1 and "needs a GPU" in r.output

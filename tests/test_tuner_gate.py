@@ -1,0 +1,90 @@
+"""The tuner's correctness gate in Triton's interpreter (CPU): a correct candidate passes, wrong
+ones (one corrupted element, a small bias, NaN, an exception) are rejected; and in measured
+mode, candidates that hang, crash their process or answer wrong are recorded as failed while
+the run goes on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autossd.problem import Problem
+from autossd.space import default_config
+from autossd.tuner import Settings, tune_problem
+from autossd.tuner.gate import check, default_run, make_inputs, reference
+from autossd.tuner.runners import faults
+from autossd.tuner.runners.measured import MeasuredRunner
+
+TINY = Problem(1, 128, 2, 16, 16, 1, "fp16", has_D=True, has_dt_bias=True, dt_softplus=True)
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def case(interpret):
+    cfg = default_config("sm90", TINY).replace(chunk_size=64)
+    t = make_inputs(TINY, "cpu")
+    return cfg, t, reference(TINY, t)
+
+
+def test_correct_candidate_passes(case):
+    cfg, t, ref = case
+    res = check(TINY, cfg, t, ref)
+    assert res.ok, res.why
+    assert res.rel_l2 < 3e-3
+
+
+def _perturbed(how):
+    def run(problem, config, t):
+        return how(default_run(problem, config, t))
+    return run
+
+
+def _one_element(y):
+    y = y.clone()
+    y.view(-1)[7] += 5 * y.abs().max()
+    return y
+
+
+@pytest.mark.parametrize("name, run", [
+    ("one corrupted element", _perturbed(_one_element)),
+    ("2% bias", _perturbed(lambda y: y * 1.02)),
+    ("a NaN", _perturbed(lambda y: y.index_fill(0, torch.tensor([0]), float("nan")))),
+    ("injected wrong answer", faults.wrap(default_run, "wrong")),
+])
+def test_wrong_candidate_is_rejected(case, name, run):
+    cfg, t, ref = case
+    res = check(TINY, cfg, t, ref, run)
+    assert not res.ok, name
+    assert res.why
+
+
+def test_candidate_that_raises_is_a_failed_gate_not_a_crash(case):
+    cfg, t, ref = case
+
+    def boom(problem, config, t):
+        raise RuntimeError("illegal memory access (simulated)")
+    res = check(TINY, cfg, t, ref, boom)
+    assert not res.ok and "illegal memory access" in res.why
+
+
+def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
+    base = default_config("sm90", TINY).replace(chunk_size=64)
+    bad = {"hang": base.replace(scan_warps=2), "crash": base.replace(scan_warps=8),
+           "wrong": base.replace(bmm_warps=2)}
+    runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=8.0,
+                            inject={c.key(): kind for kind, c in bad.items()}, precompile=False)
+    st = Settings(trials=5, sampler="random", seed=0, storage=str(tmp_path / "j.journal"),
+                  fixed={"chunk_size": 64}, extra_seeds=[c.as_dict() for c in bad.values()],
+                  progress=False)
+    try:
+        res = tune_problem("sm90", TINY, runner, st)
+    finally:
+        runner.close()
+    why = {kind: next(w for c, w in res.failures if c == bad[kind].as_dict()) for kind in bad}
+    assert why["hang"].startswith("hang") and why["crash"].startswith("crash")
+    assert why["wrong"].startswith("gate")
+    assert res.complete >= 2 and res.best_config not in bad.values()   # the run went on
+    assert res.default_ms is not None and runner.worker.restarts >= 2
