@@ -158,8 +158,35 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
     return rep
 
 
-def compile_config(config: Config, arch: Arch | str, problem: Problem) -> CompileReport:
-    """Compile every stage of `config` for `arch` at `problem`'s signature and report."""
+_pool = None
+
+
+def _compile_pool():
+    """One spawned worker with the interpreter off. Triton decides at import whether its own
+    helpers are interpreted, so a process running kernels under TRITON_INTERPRET=1 cannot also
+    compile; it sends the work here."""
+    global _pool
+    if _pool is None:
+        import multiprocessing as mp
+        old = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "0"
+        try:
+            _pool = mp.get_context("spawn").Pool(1)
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_INTERPRET")
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+    return _pool
+
+
+def compile_config(config: Config, arch: Arch | str, problem: Problem,
+                   stages: tuple[str, ...] | None = None) -> CompileReport:
+    """Compile the stages of `config` (all five by default) for `arch` at `problem`'s signature
+    and report."""
+    from .render import interpreting
+    if interpreting():
+        return _compile_pool().apply(compile_config, (config, arch, problem, stages))
     import triton
     from triton.compiler import ASTSource
 
@@ -173,8 +200,10 @@ def compile_config(config: Config, arch: Arch | str, problem: Problem) -> Compil
     buf = allocate(problem, config, "meta")
     launches = plan(problem, config, tensors, buf, arch.backend)
     module = load(config, arch.backend, interpret=False)
-    stages = []
+    reports = []
     for ln in launches:
+        if stages is not None and ln.stage not in stages:
+            continue
         sig, consts, attrs = _signature(ln)
         fn = getattr(module, ln.kernel)
         src = ASTSource(fn, sig, consts, attrs)
@@ -182,8 +211,8 @@ def compile_config(config: Config, arch: Arch | str, problem: Problem) -> Compil
             compiled = triton.compile(src, target=arch.gpu_target(), options=dict(ln.options))
         except Exception as e:  # a compiler error is a verdict on the config, not a crash
             msg = str(e).strip().splitlines()
-            stages.append(StageReport(ln.stage, ln.options["num_warps"],
+            reports.append(StageReport(ln.stage, ln.options["num_warps"],
                                       reasons=[f"compile error: {msg[-1] if msg else type(e).__name__}"]))
             continue
-        stages.append(_report_stage(arch, ln, compiled))
-    return CompileReport(arch.name, config, stages, [])
+        reports.append(_report_stage(arch, ln, compiled))
+    return CompileReport(arch.name, config, reports, [])

@@ -94,7 +94,8 @@ def _check_tensor(name: str, t, ndim: int, shape: tuple | None = None) -> None:
 
 
 def _fmt(shape) -> str:
-    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+    inner = ", ".join("*" if s is None else str(s) for s in shape)
+    return f"({inner},)" if len(shape) == 1 else f"({inner})"
 
 
 def _check_float(name: str, t) -> None:

@@ -122,6 +122,9 @@ class Config(Mapping):
         diff = {k: v for k, v in self._values.items() if v != KNOB_BY_NAME[k].default}
         return f"Config({diff})"
 
+    def __reduce__(self):  # pickles through validation, like any other construction
+        return (Config, (self._values,))
+
     def replace(self, **kw: Any) -> "Config":
         return Config({**self._values, **kw})
 

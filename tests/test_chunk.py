@@ -1,0 +1,119 @@
+"""The generated five-stage kernels against the float64 reference, in Triton's interpreter on the
+CPU (on a GPU when there is one): every contract feature, every state dtype, fp32/bf16/fp16 inputs,
+several configs. Fresh random inputs per case, outputs poisoned with NaN before each run."""
+import random
+
+import pytest
+import torch
+
+from autossd.ops.ssd.chunk import ssd_forward
+from autossd.ops.ssd.naive import ssd_chunked
+from autossd.problem import Problem
+from autossd.space import KNOBS, Config, fit, violations
+from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Small tiles keep the interpreter quick; the GPU suite (scripts/gpu_validate.py) runs defaults.
+SMALL = Config(chunk_size=64, cumsum_block_h=2, bmm_block_m=16, bmm_block_n=32, bmm_block_k=16,
+               state_block_m=16, state_block_n=16, state_block_k=32, pass_block=64,
+               scan_block_m=32, scan_block_n=16, scan_block_k=16, scan_block_d=16)
+FULL = dict(has_D=True, D_has_hdim=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+            has_dt_limit=True, has_initial_states=True, has_seq_idx=True, return_final_states=True)
+_seed = iter(range(10_000, 20_000))
+
+
+def check(prob: Problem, cfg: Config):
+    """Run the kernels and the reference on fresh inputs; assert every output is within the
+    dtype-aware tolerance."""
+    assert not violations(cfg, "sm90", prob), violations(cfg, "sm90", prob)
+    t = make_inputs(prob, DEV, seed=next(_seed))
+    kw = call_kwargs(prob, t)
+    out = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg, poison=True,
+                      state_dtype=TORCH[cfg.state_dtype], **kw)
+    out = out if isinstance(out, tuple) else (out,)
+    ref_kw = {k: v for k, v in kw.items() if not k.startswith("return_")}
+    y_ref, f_ref, v_ref = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, **ref_kw)
+    tol = tolerance(prob.dtype, cfg.state_dtype)
+    assert out[0].dtype == TORCH[prob.dtype] and out[0].shape == t["x"].shape
+    errs = {"y": rel_err(out[0], y_ref)}
+    i = 1
+    if prob.return_final_states:
+        assert out[i].dtype == torch.float32
+        errs["final"] = rel_err(out[i], f_ref)
+        i += 1
+    if prob.return_varlen_states:
+        errs["varlen"] = rel_err(out[i], v_ref)
+    assert all(e <= tol for e in errs.values()), (errs, tol)
+    return errs
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("state_dtype", ["fp32", "fp16", "bf16"])
+def test_every_feature_every_dtype(dtype, state_dtype):
+    prob = Problem(batch=2, seqlen=150, nheads=4, headdim=16, dstate=16, ngroups=2, dtype=dtype, **FULL)
+    check(prob, SMALL.replace(state_dtype=state_dtype))
+
+
+@pytest.mark.parametrize("chunk", [64, 128, 256])
+def test_chunk_sizes_with_ragged_length(chunk):
+    prob = Problem(batch=1, seqlen=2 * chunk + 37, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",
+                   has_D=True, dt_softplus=True, has_initial_states=True, return_final_states=True)
+    cfg = SMALL.replace(chunk_size=chunk, scan_block_m=64, bmm_block_m=64, bmm_block_n=64, state_block_k=64,
+                        scan_block_k=64)
+    check(prob, cfg)
+
+
+@pytest.mark.parametrize("ngroups", [1, 4])
+def test_ngroups_one_and_equal_to_nheads(ngroups):
+    prob = Problem(batch=1, seqlen=100, nheads=4, headdim=16, dstate=32, ngroups=ngroups, dtype="fp32",
+                   has_D=True, has_z=True, dt_softplus=True, return_final_states=True)
+    check(prob, SMALL)
+
+
+@pytest.mark.parametrize("seqlen", [1, 64])
+def test_single_token_and_exact_chunk(seqlen):
+    prob = Problem(batch=2, seqlen=seqlen, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                   has_D=True, has_initial_states=True, has_seq_idx=True, return_final_states=True)
+    check(prob, SMALL)
+
+
+def test_no_optional_inputs():
+    prob = Problem(batch=1, seqlen=90, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="bf16")
+    check(prob, SMALL)
+
+
+def test_varlen_states():
+    prob = Problem(batch=1, seqlen=200, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",
+                   has_seq_idx=True, return_varlen_states=True, return_final_states=True, dt_softplus=True,
+                   has_initial_states=True)
+    check(prob, SMALL)
+
+
+def test_headdim_and_dstate_not_multiples_of_tiles():
+    prob = Problem(batch=1, seqlen=80, nheads=2, headdim=24, dstate=40, ngroups=1, dtype="fp32",
+                   has_D=True, D_has_hdim=True, has_z=True, return_final_states=True)
+    check(prob, SMALL)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_configs(seed):
+    """Several tile/warp/stage choices drawn from the declared space: all compute the same function."""
+    rng = random.Random(seed)
+    prob = Problem(batch=1, seqlen=130, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
+                   has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
+    over = {k.name: rng.choice([v for v in k.values if not isinstance(v, int) or v >= 32 or "warps" in k.name
+                                 or "stages" in k.name or k.name == "cumsum_block_h"])
+            for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches")}
+    cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small
+    check(prob, cfg)
+
+
+def test_poison_is_caught():
+    """The NaN poisoning is live: an output left unwritten fails the error check."""
+    prob = Problem(batch=1, seqlen=64, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32")
+    y = torch.full((1, 64, 2, 16), float("nan"))
+    assert rel_err(y, torch.ones(1, 64, 2, 16, dtype=torch.float64)) == float("inf")
+    t = make_inputs(prob, DEV, seed=1)
+    y = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, config=SMALL, poison=True)
+    assert torch.isfinite(y).all()

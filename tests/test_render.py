@@ -1,0 +1,50 @@
+"""Rendering: strict templates, only validated configs in, content-hashed cache out."""
+import jinja2
+import pytest
+
+from autossd import render
+from autossd.space import Config
+
+
+def test_source_carries_config_values():
+    src = render.render(Config(chunk_size=128, scan_block_m=32, state_dtype="bf16"))
+    assert "CHUNK = tl.constexpr(128)" in src
+    assert "SCAN_BLOCK_M = tl.constexpr(32)" in src
+    assert "STATE_DTYPE = tl.bfloat16" in src
+    compile(src, "<rendered>", "exec")  # valid Python
+
+
+def test_amd_options_rendered_only_for_hip():
+    cfg = Config(waves_per_eu=2, kpack=2, matrix_instr_nonkdim=16)
+    launch = lambda src: src[src.index("LAUNCH = {"):src.index("\n}\n", src.index("LAUNCH = {"))]  # noqa: E731
+    assert "waves_per_eu" not in launch(render.render(cfg, "cuda"))
+    hip = launch(render.render(cfg, "hip"))
+    assert "'waves_per_eu': 2" in hip and "'kpack': 2" in hip and "'matrix_instr_nonkdim': 16" in hip
+
+
+def test_only_configs_and_known_backends_render():
+    with pytest.raises(TypeError, match="config"):
+        render.render({"chunk_size": 64})
+    with pytest.raises(ValueError, match="backend"):
+        render.render(Config(), "opencl")
+
+
+def test_templates_are_strict():
+    with pytest.raises(jinja2.UndefinedError):
+        render._env().get_template("module.py.jinja").render(cfg=Config(), backend="cuda")
+
+
+def test_cache_by_content_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_CACHE_DIR", str(tmp_path))
+    a = render.source_path(render.render(Config()))
+    b = render.source_path(render.render(Config()))
+    c = render.source_path(render.render(Config(scan_warps=8)))
+    assert a == b != c
+    assert a.parent == tmp_path / "kernels" and a.read_text() == render.render(Config())
+    mod = render.load(Config(scan_warps=8), interpret=False)
+    assert mod.SOURCE_PATH == c and mod.LAUNCH["chunk_scan"]["num_warps"] == 8
+    assert render.load(Config(scan_warps=8), interpret=False) is mod
+
+
+def test_template_hash_is_stable_and_short():
+    assert render.template_hash() == render.template_hash() and len(render.template_hash()) == 16

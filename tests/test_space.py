@@ -1,0 +1,74 @@
+"""The knob space: a Config holds only declared values, so it is safe to render."""
+import pytest
+
+from autossd.arch import ARCHS
+from autossd.problem import Problem
+from autossd.space import KNOB_BY_NAME, KNOBS, Config, ConfigError, default_config, fit, violations
+
+PROB = Problem(batch=1, seqlen=2048, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16")
+
+
+def test_every_knob_declared_once_with_its_default_allowed():
+    names = [k.name for k in KNOBS]
+    assert len(names) == len(set(names))
+    for k in KNOBS:
+        assert k.default in k.values, k.name
+
+
+@pytest.mark.parametrize("bad", [
+    {"chunk_size": 96}, {"chunk_size": "64"}, {"chunk_size": 64.0}, {"chunk_size": True},
+    {"state_dtype": "fp64"}, {"state_dtype": "fp32'); import os; os.system('x"},
+    {"scan_block_m": 48}, {"kpack": 3}, {"no_such_knob": 1}, {"bmm_warps": None},
+])
+def test_config_rejects_undeclared_values(bad):
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        Config(bad)
+
+
+def test_config_is_immutable_hashable_and_round_trips():
+    c = Config(chunk_size=128, scan_block_m=32)
+    assert c.chunk_size == 128 and c["scan_block_m"] == 32
+    with pytest.raises(AttributeError):
+        c.chunk_size = 64
+    assert Config.from_json(c.key()) == c and hash(Config.from_json(c.key())) == hash(c)
+    assert c.replace(chunk_size=64) != c
+    with pytest.raises(ConfigError, match="JSON"):
+        Config.from_json("{not json")
+    with pytest.raises(ConfigError, match="object"):
+        Config.from_json("[1, 2]")
+
+
+def test_amd_knobs_pinned_on_nvidia_and_offered_on_amd():
+    for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
+        k = KNOB_BY_NAME[name]
+        assert not k.offered_on(ARCHS["sm90"]) and k.offered_on(ARCHS["gfx942"])
+    why = violations(Config(kpack=2), "sm90")
+    assert any("kpack=2 is not offered on sm90" in w for w in why)
+    assert not violations(Config(kpack=2), "gfx942")
+
+
+def test_violations_catch_tiles_larger_than_chunk_or_problem():
+    why = violations(Config(chunk_size=64, scan_block_m=128), "sm90", PROB)
+    assert any("scan_block_m=128 exceeds chunk_size=64" in w for w in why)
+    small = PROB.replace(headdim=16)
+    assert any("scan_block_n=64 exceeds" in w for w in violations(Config(), "sm90", small))
+    assert not violations(Config(scan_warps=8, bmm_stages=1), "gfx942")  # 8 x 64 lanes = 512 threads
+
+
+def test_defaults_are_feasible_on_every_arch():
+    for arch in ARCHS:
+        for prob in (PROB, PROB.replace(headdim=16, dstate=16, nheads=4, chunk_size=64)):
+            cfg = default_config(arch, prob)
+            assert violations(cfg, arch, prob) == [], (arch, prob)
+
+
+def test_default_follows_requested_chunk_and_input_dtype():
+    assert default_config("sm90", PROB.replace(chunk_size=128)).chunk_size == 128
+    assert default_config("sm90", PROB).state_dtype == "fp16"
+    assert default_config("sm90", PROB.replace(dtype="fp32")).state_dtype == "fp32"
+
+
+def test_fit_shrinks_to_problem():
+    small = PROB.replace(headdim=16, dstate=32)
+    f = fit(Config(), small)
+    assert f.scan_block_n == 16 and f.state_block_n == 32 and not violations(f, "sm90", small)
