@@ -31,6 +31,7 @@ STAGE_LAUNCH = {
 AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 _lock = threading.Lock()
 _modules: dict[tuple[str, bool], ModuleType] = {}
+_by_config: dict[tuple[Config, str, bool], ModuleType] = {}
 
 
 def templates_dir() -> Path:
@@ -119,6 +120,9 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
     (default: TRITON_INTERPRET); the two flavours are cached apart because @triton.jit decides
     at import time."""
     interpret = interpreting() if interpret is None else interpret
+    hit = _by_config.get((config, backend, interpret))
+    if hit is not None:  # the hot path: no rendering, no file access
+        return hit
     source = render(config, backend)
     path = source_path(source)
     key = (str(path), interpret)
@@ -136,4 +140,5 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
                 spec.loader.exec_module(mod)
             mod.SOURCE_PATH = path
             _modules[key] = mod
+        _by_config[(config, backend, interpret)] = mod
     return mod

@@ -78,7 +78,7 @@ class Config(Mapping):
     """An immutable, validated assignment of every knob. Unknown names and values outside a
     knob's declared set raise ConfigError, so a Config is safe to render."""
 
-    __slots__ = ("_values",)
+    __slots__ = ("_values", "_key")
 
     def __init__(self, values: Mapping[str, Any] | None = None, **kw: Any) -> None:
         given = dict(values or {}, **kw)
@@ -93,6 +93,7 @@ class Config(Mapping):
                 raise ConfigError(f"config: {knob.name}={v!r} is not allowed; expected one of {list(knob.values)}")
             out[knob.name] = v
         object.__setattr__(self, "_values", out)
+        object.__setattr__(self, "_key", json.dumps(out, sort_keys=True))  # hashed on hot paths
 
     def __getitem__(self, k: str) -> Any:
         return self._values[k]
@@ -113,10 +114,10 @@ class Config(Mapping):
         raise AttributeError("Config is immutable; use replace()")
 
     def __hash__(self) -> int:
-        return hash(self.key())
+        return hash(self._key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Config) and other._values == self._values
+        return isinstance(other, Config) and other._key == self._key
 
     def __repr__(self) -> str:
         diff = {k: v for k, v in self._values.items() if v != KNOB_BY_NAME[k].default}
@@ -132,7 +133,7 @@ class Config(Mapping):
         return dict(self._values)
 
     def key(self) -> str:
-        return json.dumps(self._values, sort_keys=True)
+        return self._key
 
     @classmethod
     def from_json(cls, text: str) -> "Config":
@@ -202,6 +203,10 @@ def default_config(arch: Arch | str, problem=None) -> Config:
     if arch.is_amd:
         # 64 KB of LDS: keep pipelining shallow.
         base = base.replace(bmm_stages=1, state_stages=1, scan_stages=1)
+    elif arch.name == "sm90":
+        # per-stage sweeps on an H100 (BENCHMARKS.md): 2 warps won for chunk state at every shape
+        # swept and for state passing at mamba2-2.7b sizes
+        base = base.replace(state_warps=2, pass_warps=2)
     if problem is not None:
         # states in the input dtype, as mamba_ssm does: y's error stays that of the input dtype
         # (measured on the H100, BENCHMARKS.md) and the state traffic halves.

@@ -22,7 +22,8 @@ def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
                     "--target", str(target), str(src)], check=True, capture_output=True)
-    for rel in ("autossd/tuning_db/sm90.sqlite", "autossd/db/migrations/env.py",
+    for rel in ("autossd/templates/ssd_fwd/module.py.jinja", "autossd/templates/ssd_fwd/chunk_scan.jinja",
+                "autossd/tuning_db/sm90.sqlite", "autossd/db/migrations/env.py",
                 "autossd/db/migrations/versions/0001_initial.py",
                 "autossd/db/migrations/versions/0002_derived_figures.py"):
         assert (target / rel).is_file(), rel
@@ -36,6 +37,9 @@ def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
         shipped = [r for r in db.load_records("sm90") if r.origin == "shipped"]
         k = autossd.get_kernel(shipped[0].problem, "sm90")
         assert k.source == "exact" and k.record.origin == "shipped", k.reason
+        from autossd import render
+        assert str(render.templates_dir()).startswith({str(target)!r}), render.templates_dir()
+        assert "def ssd_chunk_scan" in render.render(autossd.Config())
         print("OK", len(shipped))
     """)
     env = {**os.environ, "PYTHONPATH": str(target), "AUTOSSD_CACHE_DIR": str(tmp_path / "cache")}
