@@ -109,3 +109,13 @@ def test_doctor_and_bench_without_gpu(env):
     assert r.exit_code == 0 and "triton" in r.output and "local arch" in r.output
     r = invoke("bench", "--shapes", SHAPE)
     assert r.exit_code == 1 and "needs a GPU" in r.output
+
+
+def test_two_workers_share_one_study_and_budget(env):
+    r = invoke("tune", "--arch", "sm80", "--shapes", SHAPE, "--trials", 4, "--workers", 2,
+               "--compile-workers", 0, "--db", env / "w.jsonl", "--storage", env / "w.journal",
+               "--no-progress")
+    assert r.exit_code == 0, r.output
+    row = [ln for ln in r.output.splitlines() if ln.startswith("b=1,l=512")][0].split()
+    assert 4 <= int(row[2]) + int(row[3]) <= 5     # one shared budget (a last concurrent one may land)
+    assert len(json.loads(invoke("show", "--db", env / "w.jsonl", "--json").output)) == 1

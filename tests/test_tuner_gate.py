@@ -19,7 +19,10 @@ TINY = Problem(1, 128, 2, 16, 16, 1, "fp16", has_D=True, has_dt_bias=True, dt_so
 
 @pytest.fixture
 def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton
+    monkeypatch.setenv("TRITON_INTERPRET", "1")   # for the spawned evaluation workers
+    # and for this process: an earlier in-process compile may have pinned the knob to False
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
 
 
 @pytest.fixture

@@ -33,7 +33,10 @@ def describe(spec: str | None) -> str:
 
 
 def open_storage(spec: str | None) -> optuna.storages.BaseStorage:
-    """`spec`: None (default journal file), a path or "journal:PATH" (journal file), or an RDB URL."""
+    """`spec`: None (default journal file), a path or "journal:PATH" (journal file), an RDB URL,
+    or ":memory:" (in-process only: replays and tests)."""
+    if spec == ":memory:":
+        return optuna.storages.InMemoryStorage()
     if spec and "://" in spec:
         return optuna.storages.RDBStorage(spec)
     path = Path(spec.removeprefix("journal:")) if spec else default_journal_path()

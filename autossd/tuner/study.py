@@ -283,10 +283,11 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
 
 
 def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
-                 sink: Sink | None = None) -> TuneResult:
-    """Open (or resume) the study, seed it, run the loop, save the best as a record."""
+                 sink: Sink | None = None, space: SearchSpace | None = None) -> TuneResult:
+    """Open (or resume) the study, seed it, run the loop, save the best as a record. `space`
+    overrides the knob space (e.g. a reduced grid); by default it is `build_space(...)`."""
     arch = get_arch(arch).name
-    study, space = open_study(arch, problem, runner.mode, runner.device, settings)
+    study, space = open_study(arch, problem, runner.mode, runner.device, settings, space)
     reap_stale(study)
     seed(study, arch, problem, space, settings.extra_seeds)
     run_trials(study, space, arch, problem, runner, settings)

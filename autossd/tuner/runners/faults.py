@@ -7,29 +7,22 @@ import os
 import time
 from collections.abc import Callable
 
+import triton
+import triton.language as tl
+
 KINDS = ("hang", "fault", "crash", "wrong")
 
 
-def _spin_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def spin(flag_ptr):
-        # waits for a flag nobody sets: a real GPU hang
-        while tl.load(flag_ptr, volatile=True) == 0:
-            pass
-    return spin
+@triton.jit
+def spin_kernel(flag_ptr):
+    # waits for a flag nobody sets: a real GPU hang
+    while tl.load(flag_ptr, volatile=True) == 0:
+        pass
 
 
-def _wild_store_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def wild(ptr):
-        tl.store(ptr + 0x10000000000, 1.0)   # 4 TiB past the allocation: illegal address
-    return wild
+@triton.jit
+def wild_store_kernel(ptr):
+    tl.store(ptr + 0x10000000000, 1.0)   # 4 TiB past the allocation: an illegal address
 
 
 def hang(device: str) -> None:
@@ -37,7 +30,7 @@ def hang(device: str) -> None:
     if device == "cpu":
         time.sleep(10**6)
     flag = torch.zeros(1, dtype=torch.int32, device=device)
-    _spin_kernel()[(1,)](flag)
+    spin_kernel[(1,)](flag)
     torch.cuda.synchronize()
 
 
@@ -46,7 +39,7 @@ def fault(device: str) -> None:
     if device == "cpu":
         os.abort()
     buf = torch.zeros(1, dtype=torch.float32, device=device)
-    _wild_store_kernel()[(1,)](buf)
+    wild_store_kernel[(1,)](buf)
     torch.cuda.synchronize()
 
 
