@@ -1,5 +1,6 @@
 """autossd against its peer (mamba_ssm, when importable) and the floor, for one shape, on the
-local GPU. Times are medians of CUDA-event timings (triton.testing.do_bench)."""
+local GPU. Times are medians of CUDA-event timings (triton.testing.do_bench). The floor uses the
+arch's datasheet ceilings; scripts/bench_ssd.py measures the ceilings in the run instead."""
 from __future__ import annotations
 
 from .problem import Problem
@@ -10,23 +11,16 @@ class NoGPU(RuntimeError):
     pass
 
 
-def _peer():
-    try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception:  # noqa: BLE001 - absent or broken install: no peer column
-        return None
-    return mamba_chunk_scan_combined
-
-
 def bench(problem: Problem, config: Config | None = None, arch: str | None = None) -> dict:
     """{'autossd_ms', 'peer_ms' (or None), 'floor_ms', 'config'}; raises NoGPU without a GPU."""
     import torch
     import triton.testing
 
     from .arch import local_arch
-    from .ops.ssd.chunk import execute
+    from .peer import load_mamba_ssm
     from .space import default_config
-    from .tuner.gate import make_inputs
+    from .testing import call_kwargs, make_inputs
+    from .tuner.gate import default_run
     from .tuner.model import floor_ms
 
     arch = arch or local_arch()
@@ -37,12 +31,12 @@ def bench(problem: Problem, config: Config | None = None, arch: str | None = Non
     backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
     out = {"arch": arch, "device": torch.cuda.get_device_name(0), "config": config.as_dict(),
            "floor_ms": floor_ms(arch, problem)}
-    out["autossd_ms"] = triton.testing.do_bench(lambda: execute(problem, config, t, backend=backend),
+    out["autossd_ms"] = triton.testing.do_bench(lambda: default_run(problem, config, t, backend),
                                                 return_mode="median")
-    peer = _peer()
+    peer = load_mamba_ssm()
     out["peer_ms"] = None
     if peer is not None:
-        kw = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], dt_softplus=problem.dt_softplus)
+        kw = call_kwargs(problem, t)
         out["peer_ms"] = triton.testing.do_bench(
             lambda: peer(t["x"], t["dt"], t["A"], t["B"], t["C"], config.chunk_size, **kw),
             return_mode="median")
