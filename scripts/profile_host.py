@@ -1,0 +1,96 @@
+"""Host time per call of the drop-in, phase by phase, on the local GPU (where the small-shape
+time goes), and `--once` for running one forward under a profiler (ncu).
+
+    python scripts/profile_host.py --out DIR [--shape 2.7b:1x2048] [--dtype bf16]
+    ncu --clock-control none -k regex:ssd_chunk_scan -c 1 python scripts/profile_host.py --once --shape 2.7b:1x131072
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import autossd  # noqa: E402
+from autossd import runtime  # noqa: E402
+from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
+from autossd.problem import Problem, from_args  # noqa: E402
+from autossd.testing import make_inputs  # noqa: E402
+
+MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
+
+
+def per_call_us(fn, n=300):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--shape", default="2.7b:1x2048")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--once", action="store_true")
+    a = ap.parse_args()
+    model, bl = a.shape.split(":")
+    b, l = (int(v) for v in bl.split("x"))
+    h, p, n, g = MODELS[model]
+    prob = Problem(batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=a.dtype,
+                   chunk_size=256, has_D=True, has_dt_bias=True, dt_softplus=True)
+    t = make_inputs(prob, "cuda", seed=1)
+    args = (t["x"], t["dt"], t["A"], t["B"], t["C"], 256)
+    kw = dict(D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True)
+    if a.once:
+        autossd.mamba_chunk_scan_combined(*args, **kw)
+        torch.cuda.synchronize()
+        return
+    prob = from_args(*args, **kw)
+    kern = autossd.get_kernel(prob, runtime.arch_of_device(t["x"].device))
+    cfg = kern.config
+    tensors = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
+    mod = kern.module()
+    buf = ssd_chunk.allocate(prob, cfg, "cuda")
+    launches = ssd_chunk.plan(prob, cfg, tensors, buf)
+    res = {
+        "drop_in": per_call_us(lambda: autossd.mamba_chunk_scan_combined(*args, **kw)),
+        "custom_op_body (no dispatcher)": per_call_us(lambda: runtime.ssd_fwd._init_fn(
+            *args, kw["D"], None, kw["dt_bias"], None, None, None, True, 0.0, float("inf"), False, False, None)),
+        "from_args": per_call_us(lambda: from_args(*args, **kw)),
+        "arch_of_device": per_call_us(lambda: runtime.arch_of_device(t["x"].device)),
+        "get_kernel": per_call_us(lambda: autossd.get_kernel(prob, "sm90")),
+        "allocate": per_call_us(lambda: ssd_chunk.allocate(prob, cfg, "cuda")),
+        "plan": per_call_us(lambda: ssd_chunk.plan(prob, cfg, tensors, buf)),
+        "5 launches": per_call_us(lambda: ssd_chunk.run(launches, mod)),
+        "1 launch (cumsum)": per_call_us(lambda: ssd_chunk.run(launches[:1], mod)),
+        "execute": per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod)),
+    }
+    g_ = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_):
+        ssd_chunk.run(launches, mod)
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g_.replay()
+    st.record()
+    for _ in range(100):
+        g_.replay()
+    en.record()
+    torch.cuda.synchronize()
+    res["gpu_time_graph_replay"] = st.elapsed_time(en) / 100 * 1e3
+    for k, v in res.items():
+        print(f"{k:32s} {v:8.1f} us", flush=True)
+    with open(os.path.join(a.out, "profile_host.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
+                   "shape": a.shape, "dtype": a.dtype, "host_us": res}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
