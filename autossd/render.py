@@ -102,12 +102,22 @@ def source_path(source: str) -> Path:
 @contextlib.contextmanager
 def _interpret(flag: bool):
     import triton
-    old = triton.knobs.runtime.interpret
-    triton.knobs.runtime.interpret = flag
+    rt = triton.knobs.runtime
+    explicit = "interpret" in rt.__dict__  # set by code, not read from TRITON_INTERPRET
+    old = rt.__dict__.get("interpret")
+    env = os.environ.get("TRITON_INTERPRET")  # triton's setter writes the variable too
+    rt.interpret = flag
     try:
         yield
     finally:
-        triton.knobs.runtime.interpret = old
+        if explicit:
+            rt.interpret = old
+        else:
+            del rt.interpret  # back to following the environment variable
+        if env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = env
 
 
 def interpreting() -> bool:

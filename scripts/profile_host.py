@@ -63,7 +63,7 @@ def main():
     launches = ssd_chunk.plan(prob, cfg, tensors, buf)
     res = {
         "drop_in": per_call_us(lambda: autossd.mamba_chunk_scan_combined(*args, **kw)),
-        "custom_op_body (no dispatcher)": per_call_us(lambda: runtime.ssd_fwd._init_fn(
+        "custom_op_body (no dispatcher)": per_call_us(lambda: runtime._ssd_fwd_eager(
             *args, kw["D"], None, kw["dt_bias"], None, None, None, True, 0.0, float("inf"), False, False, None)),
         "from_args": per_call_us(lambda: from_args(*args, **kw)),
         "arch_of_device": per_call_us(lambda: runtime.arch_of_device(t["x"].device)),
