@@ -117,7 +117,8 @@ def drill_resume(out: Path, arch: str, args) -> dict:
     cmd = [sys.executable, "-m", "autossd.cli", "tune", "--arch", arch, "--shapes", SMALL_SHAPE,
            "--trials", "30", "--storage", str(journal), "--db", str(out / "resume.jsonl"),
            "--sampler", "random", "--seed", "1", "--compile-workers", "2", "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # keep the caller's PYTHONPATH (carried wheels live there on the device)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
                             stdout=open(out / "resume_child.log", "w"), stderr=subprocess.STDOUT)
     name, n = None, 0
@@ -127,7 +128,10 @@ def drill_resume(out: Path, arch: str, args) -> dict:
         name, n = _evaluated(journal)
         if n >= 3:
             break
-    os.killpg(proc.pid, signal.SIGKILL)   # the CLI, its compile pool and its evaluation worker
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)   # the CLI, its compile pool and its evaluation worker
+    else:
+        log(f"resume: the child exited by itself (code {proc.returncode}); see resume_child.log")
     proc.wait()
     log(f"resume: killed after {n} evaluated candidates")
     if name is None:

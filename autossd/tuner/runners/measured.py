@@ -105,8 +105,10 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                 res = {"ok": True, "time_ms": ms, "gate": gate.as_dict(), "sets": len(sets)}
             except Exception as e:  # noqa: BLE001 - a failure while timing fails the candidate
                 res = {"ok": False, "why": f"timing: {type(e).__name__}: {e}"}
+        poisoned = device == "cuda" and not res["ok"] and not _cuda_alive()
+        res["worker_exits"] = poisoned  # said before exiting, so the parent never writes to a dead pipe
         conn.send(res)
-        if device == "cuda" and not res["ok"] and not _cuda_alive():
+        if poisoned:
             os._exit(3)   # the context is poisoned: the parent starts a fresh worker
 
 
@@ -153,13 +155,23 @@ class EvalWorker:
             self.kill()
             self._start()
         assert self.conn is not None
-        self.conn.send({"config": config.as_dict(), "inject": inject})
+        try:
+            self.conn.send({"config": config.as_dict(), "inject": inject})
+        except (BrokenPipeError, OSError):  # it died after its last answer: start afresh, once
+            self.kill()
+            self.restarts += 1
+            self._start()
+            self.conn.send({"config": config.as_dict(), "inject": inject})
         if not self.conn.poll(timeout):
             self.kill()
             self.restarts += 1
             return {"ok": False, "why": f"hang: no result within {timeout:.0f}s; worker killed"}
         try:
-            return self.conn.recv()
+            res = self.conn.recv()
+            if res.pop("worker_exits", False):
+                self.kill()
+                self.restarts += 1
+            return res
         except EOFError:
             self.proc.join(5)
             code = self.proc.exitcode
