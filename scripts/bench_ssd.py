@@ -20,6 +20,7 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import autossd  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.peer import load_mamba_ssm  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
@@ -103,6 +104,12 @@ def main():
             cfg = default_config("sm90", prob)
             row["autossd"] = bench_autossd(prob, t, cfg, a.stages)
             row["autossd_config"] = cfg.as_dict()
+            # the user's path: validation, lookup in the tuned databases, launch
+            k = autossd.get_kernel(prob.replace(chunk_size=256), "sm90")
+            row["dropin_ms"] = do_bench(lambda: autossd.mamba_chunk_scan_combined(
+                t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True),
+                warmup=25, rep=200, return_mode="median")
+            row["dropin_choice"] = {"source": k.source, "provenance": k.provenance, "config": k.config.as_dict()}
             for i, over in enumerate(sweep):
                 try:
                     c = default_config("sm90", prob).replace(**over)
@@ -125,7 +132,8 @@ def main():
             ms = row["autossd"]["ms"]
             pm = row.get("peer_ms")
             extra = " ".join(f"s{i}={row[f'sweep_{i}'].get('ms', float('nan')):.3f}" for i in range(len(sweep)))
-            print(f"{dtype} {model:13s} {b}x{l:<7d} autossd {ms:8.3f} ms  mamba_ssm "
+            print(f"{dtype} {model:13s} {b}x{l:<7d} autossd {ms:8.3f} ms  drop-in "
+                  f"{row['dropin_ms']:8.3f} ms ({row['dropin_choice']['provenance']})  mamba_ssm "
                   f"{pm if pm is None else round(pm, 3)} ms  floor {row['floor_ms']:.3f} ms  "
                   f"{100 * row['floor_ms'] / ms:5.1f}% of floor  "
                   f"{'' if pm is None else f'{pm / ms:.2f}x peer'} {extra}", flush=True)

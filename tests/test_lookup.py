@@ -162,3 +162,13 @@ def test_static_records_rank_by_their_predicted_time():
     slow = replace(R("a", provenance="static"), predicted_ms=2.0)
     fast = replace(R("b", provenance="static"), predicted_ms=1.0)
     assert L.pick(P, [slow, fast], "sm90").config == CFG["b"]
+
+
+def test_record_tuned_with_free_chunk_answers_any_requested_chunk():
+    from autossd.db.lookup import distance
+    q = Problem(batch=4, seqlen=16384, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16",
+                chunk_size=256, has_D=True)
+    free = q.replace(chunk_size=None)
+    assert distance(q, free) == 0.0
+    assert distance(q, q.replace(chunk_size=128)) == float("inf")  # a pinned chunk is a different key
+    assert distance(free, q) == float("inf")  # a pinned record does not answer an unpinned query

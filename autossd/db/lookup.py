@@ -12,7 +12,9 @@ Sources and precedence
     tuning_db/ folder of a source checkout), opened read-only.
 
 Match tiers, in order
-    1. exact: a record whose Problem equals the query in every field.
+    1. exact: a record whose Problem equals the query in every field (a record tuned with the
+       chunk size free, chunk_size None, matches any requested chunk_size: the caller's
+       chunk_size is a request, the tuned config's chunk size computes the same function).
     2. nearest: a record with the same dtype, chunk_size, flags, headdim and dstate, at a
        log2-ratio distance  d = sum |log2(a/b)| over (batch, seqlen, nheads, ngroups)  of at most
        `max_distance` (default MAX_DISTANCE = 2.0: e.g. 4x the sequence length, or 2x batch and
@@ -175,8 +177,12 @@ def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = 
 
 # --- picking -------------------------------------------------------------------------------
 def distance(a: Problem, b: Problem) -> float:
-    """sum |log2(a/b)| over DISTANCE_DIMS; infinite when any other field differs."""
+    """sum |log2(a/b)| over DISTANCE_DIMS; infinite when any other field differs. `a` is the
+    query, `b` the record: a record tuned with the chunk size free (chunk_size None) answers any
+    requested chunk size, since every chunk size computes the same function."""
     for f in EXACT_FIELDS:
+        if f == "chunk_size" and b.chunk_size is None:
+            continue
         if getattr(a, f) != getattr(b, f):
             return math.inf
     return sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in DISTANCE_DIMS)
