@@ -1,6 +1,7 @@
-"""autossd against its peer (mamba_ssm, when importable) and the floor, for one shape, on the
-local GPU. Times are medians of CUDA-event timings (triton.testing.do_bench). The floor uses the
-arch's datasheet ceilings; scripts/bench_ssd.py measures the ceilings in the run instead."""
+"""autossd against its peer (mamba_ssm, when importable) and the speed-of-light floor, for one
+shape, on the local GPU. Times are medians of CUDA-event timings (triton.testing.do_bench). The
+floor uses ceilings measured in the same run: a device-to-device copy (bytes read + written) and
+a bf16 matmul; scripts/bench_ssd.py uses the same two functions."""
 from __future__ import annotations
 
 from .problem import Problem
@@ -11,8 +12,35 @@ class NoGPU(RuntimeError):
     pass
 
 
-def bench(problem: Problem, config: Config | None = None, arch: str | None = None) -> dict:
-    """{'autossd_ms', 'peer_ms' (or None), 'floor_ms', 'config'}; raises NoGPU without a GPU."""
+def measure_ceilings() -> dict:
+    """{'copy_GBps', 'bf16_matmul_TFLOPs'} measured on the current GPU."""
+    import torch
+    from triton.testing import do_bench
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    copy_gbps = 2 * n / ms / 1e6
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: m @ k, warmup=50, rep=300, return_mode="median")
+    tflops = 2 * 8192 ** 3 / ms / 1e9
+    del a, b, m, k
+    torch.cuda.empty_cache()
+    return {"copy_GBps": copy_gbps, "bf16_matmul_TFLOPs": tflops}
+
+
+def floor_ms(problem: Problem, ceilings: dict, chunk_size: int = 256) -> float:
+    """max(min HBM bytes / copy rate, causal FLOPs / matmul rate)."""
+    return max(problem.min_bytes() / ceilings["copy_GBps"] / 1e6,
+               problem.flops(chunk_size) / ceilings["bf16_matmul_TFLOPs"] / 1e9)
+
+
+def bench(problem: Problem, config: Config | None = None, arch: str | None = None,
+          ceilings: dict | None = None) -> dict:
+    """{'autossd_ms', 'peer_ms' (or None), 'floor_ms', 'ceilings', 'config'}; raises NoGPU without
+    a GPU. Pass `ceilings` to measure them once for several shapes."""
     import torch
     import triton.testing
 
@@ -21,7 +49,6 @@ def bench(problem: Problem, config: Config | None = None, arch: str | None = Non
     from .space import default_config
     from .testing import call_kwargs, make_inputs
     from .tuner.gate import default_run
-    from .tuner.model import floor_ms
 
     arch = arch or local_arch()
     if arch is None or not torch.cuda.is_available():
@@ -29,8 +56,9 @@ def bench(problem: Problem, config: Config | None = None, arch: str | None = Non
     config = config or default_config(arch, problem)
     t = make_inputs(problem, "cuda")
     backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    ceilings = ceilings or measure_ceilings()
     out = {"arch": arch, "device": torch.cuda.get_device_name(0), "config": config.as_dict(),
-           "floor_ms": floor_ms(arch, problem)}
+           "ceilings": ceilings, "floor_ms": floor_ms(problem, ceilings, config.chunk_size)}
     out["autossd_ms"] = triton.testing.do_bench(lambda: default_run(problem, config, t, backend),
                                                 return_mode="median")
     peer = load_mamba_ssm()

@@ -243,7 +243,7 @@ def show(db, arch, show_all, shipped, as_json) -> None:
 @click.pass_context
 def bench(ctx, shapes, preset, dtype, db) -> None:
     """autossd vs mamba_ssm (if importable) vs the floor, on the local GPU."""
-    from .bench import NoGPU, bench as run_bench
+    from .bench import NoGPU, bench as run_bench, measure_ceilings
     from .space import Config
     probs = _problems(ctx, shapes, preset, dtype)
     arch = local_arch()
@@ -251,11 +251,14 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
         raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
     recs = {json.dumps(r["problem"], sort_keys=True): r for r in _load_records(db)
             if r["arch"] == arch} if db else {}
+    ceil = measure_ceilings()  # once, in this run: the floor is against this GPU as it is now
+    click.echo(f"ceilings measured: copy {ceil['copy_GBps']:.0f} GB/s, "
+               f"bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
     rows = []
     for p in probs:
         rec = recs.get(json.dumps(p.key(), sort_keys=True))
         try:
-            out = run_bench(p, Config(rec["config"]) if rec else None, arch)
+            out = run_bench(p, Config(rec["config"]) if rec else None, arch, ceilings=ceil)
         except NoGPU as e:
             raise click.ClickException(str(e)) from None
         rows.append([_shape_str(p), _ms(out["autossd_ms"]), _ms(out["peer_ms"]), _ms(out["floor_ms"]),

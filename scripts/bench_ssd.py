@@ -21,6 +21,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
+from autossd.bench import floor_ms, measure_ceilings  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.peer import load_mamba_ssm  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
@@ -35,31 +36,10 @@ DESIGN_SHAPES = [("mamba2-130m", 1, 2048), ("mamba2-130m", 1, 131072), ("mamba2-
                  ("codestral-7b", 1, 131072)]
 
 
-def ceilings() -> dict:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    a.random_(0, 255)
-    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
-    copy_gbps = 2 * n / ms / 1e6
-    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = do_bench(lambda: m @ k, warmup=50, rep=300, return_mode="median")
-    tflops = 2 * 8192 ** 3 / ms / 1e9
-    del a, b, m, k
-    torch.cuda.empty_cache()
-    return {"copy_GBps": copy_gbps, "bf16_matmul_TFLOPs": tflops}
-
-
 def problem_for(model, b, l, dtype):
     h, p, n, g = MODELS[model]
     return Problem(batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=dtype,
                    chunk_size=256, has_D=True, has_dt_bias=True, dt_softplus=True)
-
-
-def floor_ms(prob: Problem, ceil: dict) -> float:
-    return max(prob.min_bytes() / ceil["copy_GBps"] / 1e6,
-               prob.flops(256) / ceil["bf16_matmul_TFLOPs"] / 1e9)
 
 
 def bench_autossd(prob, t, cfg: Config, stages: bool):
@@ -90,7 +70,7 @@ def main():
     ap.add_argument("--sweep", default="", help="JSON list of config overrides to time too")
     ap.add_argument("--no-peer", action="store_true")
     a = ap.parse_args()
-    ceil = ceilings()
+    ceil = measure_ceilings()
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s",
           flush=True)
     peer = None if a.no_peer else load_mamba_ssm()
