@@ -117,3 +117,48 @@ def test_poison_is_caught():
     t = make_inputs(prob, DEV, seed=1)
     y = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, config=SMALL, poison=True)
     assert torch.isfinite(y).all()
+
+
+def test_launch_cache_replays_what_a_fresh_plan_would_launch():
+    """The replay of a recorded call passes, for new inputs and buffers, exactly the arguments a
+    fresh plan makes (compiled kernels stubbed: the interpreter has none)."""
+    from autossd.ops.ssd import chunk
+    from autossd.render import load
+
+    prob = Problem(batch=2, seqlen=100, nheads=4, headdim=16, dstate=16, ngroups=2, dtype="fp16", **FULL)
+    t1, t2 = make_inputs(prob, seed=1), make_inputs(prob, seed=2)
+    mod = load(SMALL)
+
+    class Stub:
+        def __init__(self):
+            self.calls = []
+
+        def __getitem__(self, grid):
+            return lambda *args: self.calls.append((grid, args))
+
+    def planned(t):
+        buf = chunk.allocate(prob, SMALL, "cpu")
+        return buf, chunk.plan(prob, SMALL, t, buf, "cuda", (0.001, 0.1))
+
+    buf1, launches1 = planned(t1)
+    stubs = [Stub() for _ in launches1]
+    rec = chunk._record(launches1, stubs, t1, buf1, mod)
+    buf2, launches2 = planned(t2)
+    chunk._replay(rec, t2, buf2)
+    for ln, stub in zip(launches2, stubs):
+        (grid, args), = stub.calls
+        want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
+        assert grid == ln.grid and len(args) == len(want)
+        for a, w in zip(args, want):
+            assert a is w if isinstance(w, torch.Tensor) else a == w
+
+
+def test_launch_cache_key_sees_aliasing_and_strides():
+    from autossd.ops.ssd.chunk import _input_sig
+    prob = Problem(batch=1, seqlen=64, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16")
+    t = make_inputs(prob, seed=3)
+    aliased = dict(t, C=t["B"])
+    assert _input_sig(t) != _input_sig(aliased)
+    wide = dict(t, x=torch.randn(1, 64, 2, 32, dtype=torch.float16)[..., :16])
+    assert _input_sig(t) != _input_sig(wide)
+    assert _input_sig(t) == _input_sig(make_inputs(prob, seed=4))

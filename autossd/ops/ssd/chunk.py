@@ -6,6 +6,7 @@ meta tensors (`autossd.compile`), so the launched and the compiled code cannot d
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -136,9 +137,10 @@ def _named(prefix, dims, t):
     return {f"{prefix}_{d}": s for d, s in zip(dims, st)}
 
 
-def run(launches: list[Launch], module) -> None:
-    for ln in launches:
-        getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+def run(launches: list[Launch], module) -> list:
+    """Launch through triton's JIT; returns what it returns (the compiled kernels)."""
+    return [getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+            for ln in launches]
 
 
 def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
@@ -185,13 +187,64 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
                    poison=poison)
 
 
+# --- launch cache -------------------------------------------------------------------------
+# A call's launches depend only on the problem, the config and the inputs' dtypes, strides and
+# 16-byte alignment (what triton specializes on); buffers are fresh allocations, always aligned.
+# The first call of such a key goes through triton's JIT (which compiles and returns the compiled
+# kernels) and records, per launch, the compiled kernel and where each argument comes from; later
+# calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
+# and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
+_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final")
+_launch_cache: dict[tuple, list] = {}
+_fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
+
+
+def _input_sig(t: dict) -> tuple:
+    vals = [t.get(k) for k in _INPUTS]
+    # the aliasing pattern too: a record made when B is C must not serve a call where they differ
+    return tuple(None if v is None else (v.dtype, v.stride(), v.data_ptr() % 16 == 0,
+                                         next(j for j, w in enumerate(vals) if w is v))
+                 for v in vals)
+
+
+def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, module) -> list:
+    """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order)."""
+    ids = {id(v): ("in", k) for k in _INPUTS if (v := t.get(k)) is not None}
+    ids.update({id(v): ("buf", k) for k in _BUFFERS if (v := getattr(buf, k)) is not None})
+    out = []
+    for ln, ck in zip(launches, compiled):
+        values = {**ln.args, **ln.constexprs}
+        srcs = []
+        for name in getattr(module, ln.kernel).arg_names:
+            v = values[name]
+            srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
+        out.append((ck, ln.grid, srcs))
+    return out
+
+
+def _replay(cached: list, t: dict, buf: Buffers) -> None:
+    for ck, grid, srcs in cached:
+        ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k
+                   for kind, k in srcs])
+
+
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
             backend="cuda", module=None, poison=False):
     prob_final = prob.return_final_states or prob.return_varlen_states
     buf = allocate(prob.replace(return_final_states=prob_final), config, t["x"].device, state_dtype,
                    poison)
     module = module or load(config, backend)
-    run(plan(prob, config, t, buf, backend, dt_limit), module)
+    fast = _fast and t["x"].device.type != "cpu"  # the interpreter has no compiled kernels
+    key = (prob, config, backend, tuple(dt_limit), state_dtype, t["x"].device, _input_sig(t)) if fast else None
+    cached = _launch_cache.get(key) if fast else None
+    if cached is not None:
+        _replay(cached, t, buf)
+    else:
+        launches = plan(prob, config, t, buf, backend, dt_limit)
+        compiled = run(launches, module)
+        if fast and all(c is not None for c in compiled):
+            _launch_cache[key] = _record(launches, compiled, t, buf, module)
     if not (prob.return_final_states or prob.return_varlen_states):
         return buf.y
     out = (buf.y,)
