@@ -2,8 +2,14 @@
 must be set before triton is first imported (triton.language's own @jit helpers, e.g. tl.sigmoid,
 are built at import and cannot be called from an interpreted kernel otherwise)."""
 import os
+import tempfile
 
 import torch
+
+# Tests never read or write the user's tuning database or kernel cache (the README's main job
+# fills those on the same machine CI runs on): one private cache per test process.
+os.environ["AUTOSSD_CACHE_DIR"] = tempfile.mkdtemp(prefix="autossd-tests-")
+os.environ.pop("AUTOSSD_DB", None)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
