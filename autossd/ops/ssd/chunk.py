@@ -219,7 +219,7 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
         for name in getattr(module, ln.kernel).arg_names:
             v = values[name]
             srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
-        out.append((ck, ln.grid, srcs))
+        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), srcs))  # the runner wants 3-D
     return out
 
 
