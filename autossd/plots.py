@@ -42,12 +42,7 @@ def history_plot(study, path: str | Path) -> Path:
     ax.set_ylabel("time (ms)" + (" — predicted" if study.user_attrs.get("mode") == "static" else ""))
     ax.set_title(study.study_name, fontsize=7)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def roofline_plot(records: Iterable[dict], path: str | Path) -> Path:
@@ -76,12 +71,7 @@ def roofline_plot(records: Iterable[dict], path: str | Path) -> Path:
     ax.set_ylabel("TFLOP/s")
     ax.set_title("SSD forward records (filled: measured, hollow: static prediction)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_all(storage_spec: str | None, records: list[dict], out_dir: str | Path,
@@ -102,3 +92,12 @@ def plot_all(storage_spec: str | None, records: list[dict], out_dir: str | Path,
         paths.append(roofline_plot([r for r in records if not arch or r["arch"] == arch],
                                    out / "roofline.png"))
     return paths
+
+
+def _save(fig, path: str | Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

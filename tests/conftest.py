@@ -4,6 +4,7 @@ are built at import and cannot be called from an interpreted kernel otherwise)."
 import os
 import tempfile
 
+import pytest
 import torch
 
 # Tests never read or write the user's tuning database or kernel cache (the README's main job
@@ -13,3 +14,14 @@ os.environ.pop("AUTOSSD_DB", None)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def isolated_db(tmp_path, monkeypatch):
+    """A fresh user tuning DB for one test, with the lookup's caches and engines reset."""
+    from autossd.db import engine, lookup
+    monkeypatch.setenv("AUTOSSD_DB", str(tmp_path / "user.sqlite"))
+    lookup.clear_cache()
+    yield tmp_path / "user.sqlite"
+    lookup.clear_cache()
+    engine.dispose_engines()

@@ -33,13 +33,7 @@ def rec(problem=PROB, config=None, arch="sm90", provenance="measured", time_ms=0
                        time_ms=time_ms if provenance == "measured" else None, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOSSD_DB", str(tmp_path / "user.sqlite"))
-    dblookup.clear_cache()
-    yield
-    dblookup.clear_cache()
-    dbengine.dispose_engines()
+pytestmark = pytest.mark.usefixtures("isolated_db")  # conftest: a fresh user DB per test
 
 
 # --- schema --------------------------------------------------------------------------------

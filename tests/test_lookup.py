@@ -28,13 +28,7 @@ def R(cfg="a", problem=P, provenance="measured", time_ms=1.0, origin="user", sta
     return replace(r, triton_version="0.0.1") if stale else r
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOSSD_DB", str(tmp_path / "user.sqlite"))
-    L.clear_cache()
-    yield
-    L.clear_cache()
-    dbengine.dispose_engines()
+pytestmark = pytest.mark.usefixtures("isolated_db")  # conftest: a fresh user DB per test
 
 
 def test_db_filename_per_arch():
