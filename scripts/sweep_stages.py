@@ -25,9 +25,6 @@ from autossd.space import KNOBS, default_config, violations  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
 MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
-STAGE_OF_KNOB = {"cumsum": "cumsum", "bmm": "bmm", "chunk_state": "chunk_state",
-                 "state_passing": "state_passing", "chunk_scan": "chunk_scan"}
-
 
 def candidates(stage, base, prob, n, rng):
     """The default, then every one-knob change from it (a coordinate neighbourhood), then random
