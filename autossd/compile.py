@@ -189,6 +189,7 @@ def compile_config(config: Config, arch: Arch | str, problem: Problem,
         return _compile_pool().apply(compile_config, (config, arch, problem, stages))
     import triton
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     from .ops.ssd.chunk import allocate, plan
 
@@ -206,7 +207,8 @@ def compile_config(config: Config, arch: Arch | str, problem: Problem,
             continue
         sig, consts, attrs = _signature(ln)
         fn = getattr(module, ln.kernel)
-        src = ASTSource(fn, sig, consts, attrs)
+        # a Gluon kernel (smem_pad > 0) is lowered from its own source object, as its JIT does
+        src = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, consts, attrs)
         try:
             compiled = triton.compile(src, target=arch.gpu_target(), options=dict(ln.options))
         except Exception as e:  # a compiler error is a verdict on the config, not a crash

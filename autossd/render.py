@@ -27,6 +27,8 @@ STAGE_LAUNCH = {
     "chunk_state": ("state_warps", "state_stages"),
     "state_passing": ("pass_warps", None),
     "chunk_scan": ("scan_warps", "scan_stages"),
+    "state_fused": ("state_warps", "state_stages"),
+    "fused": ("scan_warps", "scan_stages"),
 }
 AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 _lock = threading.Lock()
@@ -130,6 +132,11 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
     (default: TRITON_INTERPRET); the two flavours are cached apart because @triton.jit decides
     at import time."""
     interpret = interpreting() if interpret is None else interpret
+    if interpret and config.smem_pad:
+        # Triton 3.6's gluon.jit ignores TRITON_INTERPRET and compiles for the active GPU
+        raise RuntimeError(f"autossd: smem_pad={config.smem_pad} selects the Gluon chunk-state "
+                           "kernel, which Triton's CPU interpreter cannot run; it needs a GPU "
+                           "(autossd.compile.compile_config cross-compiles it without one)")
     hit = _by_config.get((config, backend, interpret))
     if hit is not None:  # the hot path: no rendering, no file access
         return hit

@@ -25,6 +25,7 @@ class Knob:
     doc: str
     stage: str = "all"            # which kernel stage it shapes
     backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
+    depths: tuple = (5, 3, 1)     # fusion depths (launches) whose kernels it shapes
 
     def offered_on(self, arch: Arch) -> bool:
         return arch.backend in self.backends and len(self.values) > 1
@@ -34,28 +35,35 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("launches", (5,), 5, "fusion depth: number of kernel launches for the forward"),
+    # 5: cumsum | bmm | chunk state | state passing | chunk scan;
+    # 3: bmm | cumsum + chunk state + ordered state passing | chunk scan;
+    # 1: everything in one launch, state passing ordered across programs (see fused.jinja)
+    Knob("launches", (5, 3, 1), 5, "fusion depth: number of kernel launches for the forward"),
     Knob("chunk_size", (64, 128, 256), 256, "tokens per chunk"),
     Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
          "storage dtype of the inter-chunk states (local chunk states and passed states)"),
-    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum"),
-    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm"),
-    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm"),
-    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm"),
-    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm"),
-    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm"),
+    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum", depths=(5,)),
+    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=(5, 3)),
+    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=(5, 3)),
+    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm", depths=(5, 3)),
+    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=(5, 3)),
+    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm", depths=(5, 3)),
     Knob("state_block_m", TILES, 64, "headdim per program", "chunk_state"),
     Knob("state_block_n", TILES, 64, "dstate per program", "chunk_state"),
     Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
-    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
-    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state"),
+    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state", depths=(5, 3)),
+    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state", depths=(5, 3)),
+    # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many
+    # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
+    Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
+         "chunk_state", depths=(5,)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
-         "state_passing"),
-    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
+         "state_passing", depths=(5,)),
+    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
-    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan"),
+    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
-    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan"),
+    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan", depths=(5, 3)),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
@@ -66,7 +74,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("kpack", (1, 2), 1, "MFMA k-packing", backends=("hip",)),
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
-STAGES = ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan")
+# the launches of each fusion depth, in order (names of `ops.ssd.chunk.plan`'s stages)
+STAGES_BY_DEPTH = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
+                   3: ("bmm", "state_fused", "chunk_scan"),
+                   1: ("fused",)}
+STAGES = STAGES_BY_DEPTH[5]
 STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -92,6 +104,9 @@ class Config(Mapping):
             if type(v) is not type(knob.default) or v not in knob.values:
                 raise ConfigError(f"config: {knob.name}={v!r} is not allowed; expected one of {list(knob.values)}")
             out[knob.name] = v
+        for knob in KNOBS:  # a knob the chosen depth does not use takes its default: one
+            if out["launches"] not in knob.depths:   # config per distinct set of kernels
+                out[knob.name] = knob.default
         object.__setattr__(self, "_values", out)
         object.__setattr__(self, "_key", json.dumps(out, sort_keys=True))  # hashed on hot paths
 
@@ -172,13 +187,35 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
     for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
         if config[name] > q:
             why.append(f"{name}={config[name]} exceeds chunk_size={q}")
+    if config.launches == 1 and problem is not None and config.state_block_n < caps(problem)["state_block_n"]:
+        # the single launch keeps a program's whole state row in registers for the scan
+        why.append(f"state_block_n={config.state_block_n} must cover dstate "
+                   f"({caps(problem)['state_block_n']}) at launches=1")
+    if config.smem_pad:
+        why += _gluon_state_violations(config, arch, problem)
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
     if problem is not None:
         for name, cap in caps(problem).items():
-            if config[name] > cap:
+            if config[name] > cap and config.launches in KNOB_BY_NAME[name].depths:
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
+    return why
+
+
+def _gluon_state_violations(config: Config, arch: Arch, problem) -> list[str]:
+    """What the Gluon chunk-state kernel (smem_pad > 0, chunk_state_gluon.jinja) cannot do."""
+    why = []
+    if config.launches != 5:
+        why.append(f"smem_pad={config.smem_pad} needs launches=5 (the Gluon kernel is the five-launch "
+                   f"family's chunk state), got launches={config.launches}")
+    if problem is not None and problem.dtype not in ("fp16", "bf16"):
+        why.append(f"smem_pad={config.smem_pad} needs fp16/bf16 inputs (its MMA takes 16-bit operands), "
+                   f"got {problem.dtype}")
+    if arch.is_amd and config.matrix_instr_nonkdim == 32 and min(config.state_block_m, config.state_block_n) < 32:
+        # the kernel's MFMA layout is 32x32 then; tl.dot would not pick it for a smaller tile either
+        why.append(f"smem_pad={config.smem_pad} with matrix_instr_nonkdim=32 needs state_block_m and "
+                   f"state_block_n >= 32")
     return why
 
 
@@ -192,6 +229,8 @@ def fit(config: Config, problem) -> Config:
     for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
         if config[name] > q:
             changes[name] = q if q in KNOB_BY_NAME[name].values else max(KNOB_BY_NAME[name].values)
+    if config.launches == 1:
+        changes["state_block_n"] = caps(problem)["state_block_n"]
     return config.replace(**changes) if changes else config
 
 

@@ -1,12 +1,13 @@
 """GPU correctness at production shapes: the generated five-stage kernels against the float64
 chunked reference (itself checked against the token recurrence in the tests).
 
-    python scripts/gpu_validate.py --out DIR [--quick]
+    python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
 tokens) checks the whole output for NaN/Inf and a head subset against the reference (heads are
-independent, so a subset is an exact check of those heads).
+independent, so a subset is an exact check of those heads). The smem_pad cases run the Gluon
+chunk-state kernel, which the CPU interpreter cannot run: this is where it is checked.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.ops.ssd.chunk import execute  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
-from autossd.space import default_config  # noqa: E402
+from autossd.space import KNOB_BY_NAME, default_config  # noqa: E402
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance  # noqa: E402
 
 M27 = dict(nheads=80, headdim=64, dstate=128, ngroups=1)
@@ -50,8 +51,29 @@ def cases(quick: bool):
     return out
 
 
-def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None = None):
-    cfg = default_config("sm90", prob).replace(state_dtype=state_dtype)
+def smem_pad_cases(pads):
+    """The Gluon chunk state at production shapes: both input dtypes, the 2.7b shape with many
+    chunks, ngroups > 1 (codestral), and every contract feature at a ragged length (a partial last
+    chunk, seq_idx) with the tiles and warps that split the MMA differently."""
+    out = []
+    for pad in pads:
+        for dtype in ("fp16", "bf16"):
+            out.append((Problem(batch=4, seqlen=16384, dtype=dtype, **M27, **FULL), "fp32",
+                        {"smem_pad": pad}))
+        out.append((Problem(batch=1, seqlen=32768, dtype="bf16", **CODESTRAL, **FULL), "bf16",
+                    {"smem_pad": pad}))
+        for tiles in ({}, {"state_block_m": 32, "state_block_n": 128, "state_block_k": 32, "state_warps": 8},
+                      {"state_block_m": 16, "state_block_n": 32, "state_block_k": 128, "state_warps": 2}):
+            out.append((Problem(batch=2, seqlen=16383, dtype="fp16", **M27, has_D=True, has_z=True,
+                                has_dt_bias=True, dt_softplus=True, has_initial_states=True,
+                                has_seq_idx=True, return_final_states=True), "fp32",
+                        {"smem_pad": pad, **tiles}))
+    return out
+
+
+def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None = None,
+             overrides: dict | None = None):
+    cfg = default_config("sm90", prob).replace(state_dtype=state_dtype, **(overrides or {}))
     t = make_inputs(prob, "cuda", seed=seed)
     kw = call_kwargs(prob, t)
     tensors = {k: t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
@@ -107,20 +129,25 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--long", type=int, default=524288, help="tokens of the long case (0: skip)")
+    ap.add_argument("--smem-pad", default=",".join(str(v) for v in KNOB_BY_NAME["smem_pad"].values if v),
+                    help="smem_pad values to validate the Gluon chunk state with ('': none)")
     a = ap.parse_args()
     results = []
-    todo = [(p, sd, None) for p, sd in cases(a.quick)]
+    todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
     if a.long:
-        todo.append((Problem(batch=1, seqlen=a.long, dtype="bf16", **M27, **FULL), "fp32", 8))
-    for i, (prob, sd, heads) in enumerate(todo):
+        todo.append((Problem(batch=1, seqlen=a.long, dtype="bf16", **M27, **FULL), "fp32", 8, None))
+    todo += [(p, sd, None, over) for p, sd, over in
+             smem_pad_cases([int(v) for v in a.smem_pad.split(",") if v])]
+    for i, (prob, sd, heads, over) in enumerate(todo):
         try:
-            r = run_case(prob, sd, seed=1000 + i, heads_ref=heads)
+            r = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over)
         except Exception as e:  # record and go on: one failure must not hide the others
-            r = {"problem": prob.key(), "state_dtype": sd, "pass": False, "error": repr(e)[:500]}
+            r = {"problem": prob.key(), "state_dtype": sd, "overrides": over, "pass": False,
+                 "error": repr(e)[:500]}
         results.append(r)
         errs = " ".join(f"{k}={v:.2e}" for k, v in r.items() if k.endswith("_err"))
         print(f"{'PASS' if r['pass'] else 'FAIL'} {prob.dtype} b={prob.batch} L={prob.seqlen} "
-              f"h={prob.nheads} g={prob.ngroups} state={sd} {errs} tol={r.get('tol')} "
+              f"h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} {errs} tol={r.get('tol')} "
               f"{r.get('error', '')}", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -1,6 +1,7 @@
-"""The generated five-stage kernels against the float64 reference, in Triton's interpreter on the
-CPU (on a GPU when there is one): every contract feature, every state dtype, fp32/bf16/fp16 inputs,
-several configs. Fresh random inputs per case, outputs poisoned with NaN before each run."""
+"""The generated kernels of every fusion depth (5, 3, 1 launches) against the float64 reference,
+in Triton's interpreter on the CPU (on a GPU when there is one): every contract feature, every
+state dtype, fp32/bf16/fp16 inputs, several configs. Fresh random inputs per case, outputs
+poisoned with NaN before each run."""
 import random
 
 import pytest
@@ -23,9 +24,15 @@ FULL = dict(has_D=True, D_has_hdim=True, has_z=True, has_dt_bias=True, dt_softpl
 _seed = iter(range(10_000, 20_000))
 
 
-def check(prob: Problem, cfg: Config):
-    """Run the kernels and the reference on fresh inputs; assert every output is within the
-    dtype-aware tolerance."""
+@pytest.fixture(params=[5, 3, 1], ids=lambda d: f"launches{d}")
+def depth(request):
+    return request.param
+
+
+def check(prob: Problem, cfg: Config, depth: int = 5):
+    """Run the kernels of `depth` and the reference on fresh inputs; assert every output is
+    within the dtype-aware tolerance."""
+    cfg = fit(cfg.replace(launches=depth), prob)
     assert not violations(cfg, "sm90", prob), violations(cfg, "sm90", prob)
     t = make_inputs(prob, DEV, seed=next(_seed))
     kw = call_kwargs(prob, t)
@@ -50,63 +57,63 @@ def check(prob: Problem, cfg: Config):
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("state_dtype", ["fp32", "fp16", "bf16"])
-def test_every_feature_every_dtype(dtype, state_dtype):
+def test_every_feature_every_dtype(dtype, state_dtype, depth):
     prob = Problem(batch=2, seqlen=150, nheads=4, headdim=16, dstate=16, ngroups=2, dtype=dtype, **FULL)
-    check(prob, SMALL.replace(state_dtype=state_dtype))
+    check(prob, SMALL.replace(state_dtype=state_dtype), depth)
 
 
 @pytest.mark.parametrize("chunk", [64, 128, 256])
-def test_chunk_sizes_with_ragged_length(chunk):
+def test_chunk_sizes_with_ragged_length(chunk, depth):
     prob = Problem(batch=1, seqlen=2 * chunk + 37, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",
                    has_D=True, dt_softplus=True, has_initial_states=True, return_final_states=True)
     cfg = SMALL.replace(chunk_size=chunk, scan_block_m=64, bmm_block_m=64, bmm_block_n=64, state_block_k=64,
                         scan_block_k=64)
-    check(prob, cfg)
+    check(prob, cfg, depth)
 
 
 @pytest.mark.parametrize("ngroups", [1, 4])
-def test_ngroups_one_and_equal_to_nheads(ngroups):
+def test_ngroups_one_and_equal_to_nheads(ngroups, depth):
     prob = Problem(batch=1, seqlen=100, nheads=4, headdim=16, dstate=32, ngroups=ngroups, dtype="fp32",
                    has_D=True, has_z=True, dt_softplus=True, return_final_states=True)
-    check(prob, SMALL)
+    check(prob, SMALL, depth)
 
 
 @pytest.mark.parametrize("seqlen", [1, 64])
-def test_single_token_and_exact_chunk(seqlen):
+def test_single_token_and_exact_chunk(seqlen, depth):
     prob = Problem(batch=2, seqlen=seqlen, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
                    has_D=True, has_initial_states=True, has_seq_idx=True, return_final_states=True)
-    check(prob, SMALL)
+    check(prob, SMALL, depth)
 
 
-def test_no_optional_inputs():
+def test_no_optional_inputs(depth):
     prob = Problem(batch=1, seqlen=90, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="bf16")
-    check(prob, SMALL)
+    check(prob, SMALL, depth)
 
 
-def test_varlen_states():
+def test_varlen_states(depth):
     prob = Problem(batch=1, seqlen=200, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",
                    has_seq_idx=True, return_varlen_states=True, return_final_states=True, dt_softplus=True,
                    has_initial_states=True)
-    check(prob, SMALL)
+    check(prob, SMALL, depth)
 
 
-def test_headdim_and_dstate_not_multiples_of_tiles():
+def test_headdim_and_dstate_not_multiples_of_tiles(depth):
     prob = Problem(batch=1, seqlen=80, nheads=2, headdim=24, dstate=40, ngroups=1, dtype="fp32",
                    has_D=True, D_has_hdim=True, has_z=True, return_final_states=True)
-    check(prob, SMALL)
+    check(prob, SMALL, depth)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_configs(seed):
+def test_random_configs(seed, depth):
     """Several tile/warp/stage choices drawn from the declared space: all compute the same function."""
     rng = random.Random(seed)
     prob = Problem(batch=1, seqlen=130, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
                    has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
     over = {k.name: rng.choice([v for v in k.values if not isinstance(v, int) or v >= 32 or "warps" in k.name
                                  or "stages" in k.name or k.name == "cumsum_block_h"])
-            for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches")}
+            for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches", "smem_pad")}
     cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small
-    check(prob, cfg)
+    check(prob, cfg, depth)
 
 
 def test_poison_is_caught():
@@ -162,3 +169,53 @@ def test_launch_cache_key_sees_aliasing_and_strides():
     wide = dict(t, x=torch.randn(1, 64, 2, 32, dtype=torch.float16)[..., :16])
     assert _input_sig(t) != _input_sig(wide)
     assert _input_sig(t) == _input_sig(make_inputs(prob, seed=4))
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="reorders the interpreter's programs")
+@pytest.mark.parametrize("depth_", [3, 1])
+def test_fused_depths_ignore_program_start_order(depth_, monkeypatch):
+    """The fused depths take their work from an atomic ticket, so programs may start in any
+    order: run the interpreter's programs in a shuffled order over many chunks. A program that
+    waited on a later one would spin for ever in the (sequential) interpreter; an alarm fails it."""
+    import signal
+    import threading
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    order, seen = {}, []
+    real_dim, real_idx = builder.set_grid_dim, builder.set_grid_idx
+
+    def set_grid_dim(x, y, z):
+        perm = list(range(x * y * z))
+        random.Random(x).shuffle(perm)
+        order["perm"] = perm
+        order["n"] = 0
+        order["dims"] = (y, z)
+        real_dim(x, y, z)
+
+    def set_grid_idx(x, y, z):
+        i = order["perm"][order["n"]]
+        order["n"] += 1
+        seen.append(i)
+        y, z = order["dims"]
+        real_idx(i // (y * z), (i // z) % y, i % z)
+
+    monkeypatch.setattr(builder, "set_grid_dim", set_grid_dim)
+    monkeypatch.setattr(builder, "set_grid_idx", set_grid_idx)
+    guard = threading.current_thread() is threading.main_thread()
+    if guard:
+        def timeout(*_):
+            raise TimeoutError("a fused program waited on one that had not started")
+        old = signal.signal(signal.SIGALRM, timeout)
+        signal.alarm(120)
+    try:
+        prob = Problem(batch=2, seqlen=64 * 12 + 5, nheads=2, headdim=32, dstate=16, ngroups=1, dtype="fp32",
+                       has_initial_states=True, has_seq_idx=True, return_final_states=True, dt_softplus=True)
+        cfg = SMALL.replace(state_block_m=16, state_block_n=16)
+        check(prob, cfg, depth_)
+    finally:
+        if guard:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    assert len(seen) > 24 and seen != sorted(seen)  # the reordering was live

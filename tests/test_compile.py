@@ -5,7 +5,8 @@ import pytest
 from autossd.arch import ARCHS
 from autossd.compile import compile_config
 from autossd.problem import Problem
-from autossd.space import KNOBS, Config, default_config
+from autossd.render import render
+from autossd.space import KNOB_BY_NAME, KNOBS, STAGES_BY_DEPTH, Config, default_config, fit
 
 PROB = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="bf16",
                has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
@@ -23,9 +24,22 @@ def test_default_compiles_with_resource_report(arch):
         assert any(s.agprs > 0 for s in rep.stages)  # MFMA accumulators are reported
 
 
-# Which stage to compile to see a knob: its own, or chunk_scan (it has both matmuls) for the rest.
-def _stage(knob):
-    return knob.stage if knob.stage != "all" else "chunk_scan"
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("depth", [3, 1])
+def test_fused_depths_compile_with_resource_report(arch, depth):
+    rep = compile_config(fit(default_config(arch, PROB).replace(launches=depth), PROB), arch, PROB)
+    assert rep.ok, rep.why()
+    assert [s.stage for s in rep.stages] == list(STAGES_BY_DEPTH[depth])
+    for s in rep.stages:
+        assert s.registers > 0 and s.occupancy >= 1 and s.spill_bytes == 0 and s.artifact_sha
+
+
+# Which stages to compile to see a knob: its own, chunk_scan (it has both matmuls) for the rest,
+# and all of them for the fusion depth (each depth launches other kernels).
+def _stages(knob):
+    if knob.name == "launches":
+        return None
+    return (knob.stage if knob.stage != "all" else "chunk_scan",)
 
 
 def _offered(arch):
@@ -39,10 +53,10 @@ def test_every_offered_knob_changes_the_artifact(arch, name):
     shas = set()
     for v in knob.values:
         cfg = base.replace(**{name: v})
-        rep = compile_config(cfg, arch, PROB, stages=(_stage(knob),))
+        rep = compile_config(cfg, arch, PROB, stages=_stages(knob))
         if not rep.ok:
             continue
-        shas.add(rep.stages[0].artifact_sha)
+        shas.add(tuple(s.artifact_sha for s in rep.stages))
         if len(shas) > 1:
             return
     pytest.fail(f"{name} offered on {arch} but no two of its values compile differently")
@@ -57,3 +71,37 @@ def test_config_over_limits_is_rejected_with_reason():
                for w in rep.why()), rep.why()
     rep = compile_config(Config(kpack=2), "sm90", PROB)
     assert not rep.ok and "kpack=2 is not offered on sm90" in rep.why()[0]
+
+
+# smem_pad > 0 swaps in the Gluon chunk state (chunk_state_gluon.jinja). The CPU interpreter
+# cannot run Gluon (tests/test_render.py), so these cross-compiles are its CI coverage; the GPU
+# check is scripts/gpu_validate.py's smem_pad cases.
+def _pad_arches():
+    return [a for a in sorted(ARCHS) if KNOB_BY_NAME["smem_pad"].offered_on(ARCHS[a])]
+
+
+@pytest.mark.parametrize("arch", _pad_arches())
+def test_smem_pad_is_the_gluon_kernel_and_its_shared_bytes_grow_with_the_pad(arch):
+    base = default_config(arch, PROB)
+    sizes = []
+    for pad in sorted(v for v in KNOB_BY_NAME["smem_pad"].values if v):
+        cfg = base.replace(smem_pad=pad)
+        assert "@gluon.jit\ndef ssd_chunk_state(" in render(cfg, ARCHS[arch].backend)
+        rep = compile_config(cfg, arch, PROB, stages=("chunk_state",))
+        assert rep.ok, rep.why()
+        sizes.append(rep.stages[0].shared_bytes)
+    # x (64 x 64) and B (64 x 64) tiles, 2 bytes per element, each row followed by the pad
+    assert sizes == sorted(set(sizes)) and sizes[0] > 2 * 64 * 64 * 2, sizes
+
+
+SEQ_PROB = PROB.replace(dtype="fp16", ngroups=2, has_seq_idx=True, has_initial_states=True)
+
+
+@pytest.mark.parametrize("arch", _pad_arches())
+def test_smem_pad_compiles_every_stage_with_other_tiles_and_seq_idx(arch):
+    # tiles that split the MMA's warps differently from the default, and the HAS_SEQ branch
+    cfg = default_config(arch, SEQ_PROB).replace(smem_pad=2, state_block_m=32, state_block_n=128,
+                                                 state_block_k=32, state_warps=8)
+    rep = compile_config(cfg, arch, SEQ_PROB)
+    assert rep.ok, rep.why()
+    assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"]

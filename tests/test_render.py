@@ -48,3 +48,27 @@ def test_cache_by_content_hash(tmp_path, monkeypatch):
 
 def test_template_hash_is_stable_and_short():
     assert render.template_hash() == render.template_hash() and len(render.template_hash()) == 16
+
+
+def test_gluon_chunk_state_is_refused_by_the_interpreter_not_run_in_its_place():
+    # Triton 3.6's gluon.jit ignores TRITON_INTERPRET (it compiles for the active GPU), so a
+    # padded config must fail loudly in the interpreter rather than silently run the tl kernel
+    with pytest.raises(RuntimeError, match="smem_pad=4 selects the Gluon chunk-state kernel.*needs a GPU"):
+        render.load(Config(smem_pad=4), interpret=True)
+    # the rendered source switches kernels (tests/test_compile.py imports and compiles it)
+    assert "@gluon.jit\ndef ssd_chunk_state(" in render.render(Config(smem_pad=4))
+    assert "@triton.jit\ndef ssd_chunk_state(" in render.render(Config())
+
+
+def test_ssd_forward_with_smem_pad_raises_the_gpu_error_in_the_interpreter():
+    import torch
+
+    from autossd.ops.ssd.chunk import ssd_forward
+    if not render.interpreting():
+        pytest.skip("runs only under the CPU interpreter")
+    x = torch.randn(1, 64, 2, 16, dtype=torch.float16)
+    B = torch.randn(1, 64, 1, 16, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        ssd_forward(x, torch.rand(1, 64, 2), -torch.rand(2), B, B, chunk_size=64,
+                    config=Config(chunk_size=64, smem_pad=2, state_block_m=16, state_block_n=16,
+                                  state_block_k=64))

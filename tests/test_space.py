@@ -72,3 +72,23 @@ def test_fit_shrinks_to_problem():
     small = PROB.replace(headdim=16, dstate=32)
     f = fit(Config(), small)
     assert f.scan_block_n == 16 and f.state_block_n == 32 and not violations(f, "sm90", small)
+
+
+def test_smem_pad_only_at_five_launches_with_16_bit_inputs():
+    pad = KNOB_BY_NAME["smem_pad"]
+    assert pad.default == 0 and pad.stage == "chunk_state" and all(pad.offered_on(a) for a in ARCHS.values())
+    assert not violations(Config(smem_pad=4), "sm90", PROB)
+    for depth in (d for d in KNOB_BY_NAME["launches"].values if d != 5):
+        # a fused depth never runs the Gluon kernel: the pad is dropped by Config or refused here
+        cfg = Config(launches=depth, smem_pad=4)
+        assert cfg.smem_pad == 0 or any("needs launches=5" in w for w in violations(cfg, "sm90", PROB))
+    why = violations(Config(smem_pad=2), "gfx942", PROB.replace(dtype="fp32"))
+    assert any("smem_pad=2 needs fp16/bf16 inputs" in w for w in why)
+    assert not violations(Config(smem_pad=2), "gfx942", PROB)
+
+
+def test_smem_pad_with_32_wide_mfma_needs_32_wide_tiles():
+    cfg = Config(smem_pad=8, matrix_instr_nonkdim=32, state_block_m=16)
+    assert any("needs state_block_m and state_block_n >= 32" in w for w in violations(cfg, "gfx90a"))
+    assert not violations(cfg.replace(state_block_m=32), "gfx90a")
+    assert not violations(cfg.replace(matrix_instr_nonkdim=16), "gfx90a")

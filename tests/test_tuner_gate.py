@@ -79,7 +79,7 @@ def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
            "wrong": base.replace(bmm_warps=2)}
     runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=8.0,
                             inject={c.key(): kind for kind, c in bad.items()}, precompile=False)
-    st = Settings(trials=5, sampler="random", seed=0, storage=str(tmp_path / "j.journal"),
+    st = Settings(trials=8, sampler="random", seed=0, storage=str(tmp_path / "j.journal"),
                   fixed={"chunk_size": 64}, extra_seeds=[c.as_dict() for c in bad.values()],
                   progress=False)
     try:

@@ -52,6 +52,7 @@ W_MEM = 32         # resident warps (waves) per SM/CU that saturate memory laten
 W_MMA = 8          # resident warps that keep the matrix units busy
 T_LAUNCH = 3e-6    # s per launch: launch + ramp-up + tail of one kernel
 T_DEP = 0.8e-6     # s per dependent global round trip (state passing, chunk to chunk)
+T_HANDOFF = 1.5e-6  # s per chunk of the fused depths' ordered hand-off (flag acquire, carry, release)
 FP32_DIV = 15.0    # dense fp16 matmul rate over fp32 FMA rate
 SECTOR = 32        # bytes per DRAM sector
 
@@ -67,6 +68,7 @@ class StageCost:
     stages: int = 1
     sector_eff: float = 1.0
     chain: int = 0                                # dependent steps per program (state passing)
+    ordered: bool = False                         # chain crosses programs (fused depths' hand-off)
 
 
 @dataclass
@@ -153,7 +155,32 @@ def stage_costs(problem: Problem, config: Config) -> list[StageCost]:
     flops = 2.0 * nc * b * h * tp * (tm * bm * n * bn + k_tokens * bm * bn)
     out.append(StageCost("chunk_scan", progs, unique_in + x_bytes, max(0.0, reads - unique_in),
                          flops, (bm, bn, min(bk, bd)), config.scan_stages))
-    return out
+    if config.launches == 5:
+        return out
+    cum, bmm_c, state, _, scan = out
+    chains = b * h * _cdiv(p, config.state_block_m) * (_cdiv(n, config.state_block_n)
+                                                       if config.launches == 3 else 1)
+    carry = 2 * nc * chains // (b * h) * b * h * config.state_block_m * config.state_block_n * f4
+    if config.launches == 3:
+        # cumsum folded in (dt read, dt'/dA written), local states never stored: the passed
+        # states are written once; the running state goes through L2 (carry)
+        fused = StageCost("state_fused", nc * chains, state.unique_bytes - states - ddA + cum.unique_bytes
+                          + states, state.reread_bytes + carry, state.flops, state.block, state.stages,
+                          chain=nc, ordered=True)
+        return [bmm_c, fused, scan]
+    # one launch: no CB, no states in HBM; CB = C·Bᵀ recomputed per head and headdim tile
+    tp = _cdiv(p, config.state_block_m)
+    bm, bk = config.scan_block_m, config.scan_block_k
+    tm = _cdiv(q, bm)
+    k_tokens = sum(min(q, (i + 1) * bm) for i in range(tm))
+    cb_flops = 2.0 * nc * b * h * tp * k_tokens * bm * n
+    z_bytes = x_bytes if problem.has_z else 0
+    unique = x_bytes * 2 + 2 * bc_bytes + b * l * h * f4 + ddA + z_bytes
+    rereads = (state.reread_bytes + scan.reread_bytes - b * nc * g * q * q * e // 2 + carry
+               + nc * b * h * tp * k_tokens * n * e)            # B rows re-read per m block
+    return [StageCost("fused", nc * chains, unique, max(0.0, rereads),
+                      state.flops + scan.flops + cb_flops, (bm, config.state_block_m, bk),
+                      config.scan_stages, chain=nc, ordered=True)]
 
 
 def _blocks_per_sm(arch: Arch, rep: StageReport) -> float:
@@ -186,7 +213,9 @@ def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport |
     t_comp = cost.flops / peak * (k * sms / g) / comp_eff
     t = max(t_mem, t_comp)
     waves = _cdiv(g, int(bps * sms))
-    if cost.chain:
+    if cost.ordered:   # chunk after chunk across programs; the sequences of a batch overlap
+        t = max(t, cost.chain * T_HANDOFF)
+    elif cost.chain:
         t = max(t, waves * cost.chain * T_DEP)
     return StageTime(cost.stage, t + T_LAUNCH, t_mem, t_comp, bps, waves)
 

@@ -57,10 +57,18 @@ class SearchSpace:
     def size(self) -> int:
         return math.prod(len(d.values) for d in self.dims)
 
+    def _used(self, name: str, launches: int) -> bool:
+        return launches in KNOB_BY_NAME[name].depths
+
     def suggest(self, trial: optuna.Trial) -> Config:
-        """Sample a Config through Optuna's define-by-run API."""
+        """Sample a Config through Optuna's define-by-run API. The fusion depth is drawn first
+        and only the knobs its kernels use are drawn after it (a conditional space), so the
+        samplers never model a knob that cannot change the result."""
         values = dict(self.pinned)
-        for d in self.dims:
+        dims = sorted(self.dims, key=lambda d: d.name != "launches")
+        for d in dims:
+            if d.name != "launches" and not self._used(d.name, values.get("launches", 5)):
+                continue
             if d.ordinal:
                 values[d.name] = d.decode(trial.suggest_int(d.name, 0, len(d.values) - 1))
             else:
@@ -68,14 +76,18 @@ class SearchSpace:
         return Config(values)
 
     def config_from_params(self, params: Mapping[str, Any]) -> Config:
-        return Config({**self.pinned, **{d.name: d.decode(params[d.name]) for d in self.dims}})
+        return Config({**self.pinned, **{d.name: d.decode(params[d.name]) for d in self.dims
+                                         if d.name in params}})
 
     def params(self, config: Config) -> dict[str, Any] | None:
-        """The Optuna params of a config, or None when it lies outside this space."""
-        if any(config[k] != v for k, v in self.pinned.items()):
+        """The Optuna params of a config (the knobs its depth uses), or None when it lies
+        outside this space."""
+        if any(config[k] != v for k, v in self.pinned.items()
+               if self._used(k, config.launches) or k == "launches"):
             return None
         try:
-            return {d.name: d.encode(config[d.name]) for d in self.dims}
+            return {d.name: d.encode(config[d.name]) for d in self.dims
+                    if d.name == "launches" or self._used(d.name, config.launches)}
         except ValueError:
             return None
 
@@ -114,13 +126,17 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
 
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
     """Known-good starting points enqueued before sampling: the arch default (fitted to the
-    problem) and its variants at each chunk size. Only those inside the space and feasible."""
+    problem), the default at every other fusion depth, and the default at each chunk size. Only
+    those inside the space and feasible."""
     base = default_config(arch, problem)
     base = base.replace(**{k: v for k, v in space.pinned.items() if base[k] != v})
-    cands = [base] + [fit(base.replace(chunk_size=q), problem)
-                      for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
+    depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
+                                if "launches" not in space.pinned and d != base.launches]
+    cands = [fit(base.replace(launches=d), problem) for d in depths]
+    cands += [fit(base.replace(chunk_size=q), problem)
+              for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
     out: list[Config] = []
-    for cand in cands:   # the default first: the study's baseline
+    for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
             out.append(cand)
     return out

@@ -34,13 +34,22 @@ class Buffers:
     y: torch.Tensor
     dt: torch.Tensor        # (b, h, c, q) fp32, processed dt
     dA: torch.Tensor        # (b, h, c, q) fp32, within-chunk cumsum of dt * A
-    cb: torch.Tensor        # (b, c, g, q, q)
-    states: torch.Tensor    # (b, c, h, p, n) state dtype: local states, then passed states
-    final: torch.Tensor | None
+    cb: torch.Tensor | None      # (b, c, g, q, q), launches 5 and 3
+    states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
+    final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
+    sync: torch.Tensor | None = None  # int32 zeros: ticket counter, then one flag per chain
 
 
 def _strides(t, n):
     return tuple(t.stride()) if t is not None else (0,) * n
+
+
+def chains(prob: _problem.Problem, config: Config) -> int:
+    """Ordered state chains of the fused depths: one per (batch, head, state tile)."""
+    tiles = triton.cdiv(prob.headdim, config.state_block_m)
+    if config.launches == 3:
+        tiles *= triton.cdiv(prob.dstate, config.state_block_n)
+    return prob.batch * prob.nheads * tiles
 
 
 def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
@@ -51,13 +60,19 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
     xdt = _problem.TORCH_DTYPES[prob.dtype]
     sdt = state_dtype or _TORCH_STATE[config.state_dtype]
     f32 = torch.float32
+    depth = config.launches
+    # the single launch keeps entering states in registers; it writes them only for varlen states
+    need_states = depth != 1 or prob.return_varlen_states
+    need_final = prob.return_final_states or depth != 5
     buf = Buffers(
         y=torch.empty(b, l, h, p, dtype=xdt, device=device),
         dt=torch.empty(b, h, nc, q, dtype=f32, device=device),
         dA=torch.empty(b, h, nc, q, dtype=f32, device=device),
-        cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device),
-        states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device),
-        final=torch.empty(b, h, p, n, dtype=f32, device=device) if prob.return_final_states else None)
+        cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
+        states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
+        final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
+        sync=torch.zeros(1 + chains(prob, config), dtype=torch.int32, device=device)
+        if depth != 5 else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
             if t is not None:
@@ -82,53 +97,76 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
         s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
     lo, hi = (float(v) for v in dt_limit)
     hpg = h // g
+    depth = config.launches
+    flags = dict(HAS_BIAS=bias is not None, SOFTPLUS=prob.dt_softplus, HAS_LIMIT=prob.has_dt_limit)
+    dt_in = dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias)
+    dt_strides = dict(s_dt_b=dt.stride(0), s_dt_l=dt.stride(1), s_dt_h=dt.stride(2), s_A_h=A.stride(0),
+                      s_bias_h=bias.stride(0) if bias is not None else 0)
+    dt_out = dict(s_o_b=s_dt[0], s_o_h=s_dt[1], s_o_c=s_dt[2])
+    st_strides = _named("s_st", ("b", "c", "h", "p", "n"), buf.states)
+    fin = dict(s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
+               s_fin_h=buf.final.stride(1) if buf.final is not None else 0)
+    init_strides = _named("s_init", ("b", "h", "p", "n"), init)
+    seq_strides = dict(s_seq_b=s_seq[0], s_seq_l=s_seq[1])
+    scan_io = dict(**_named("s_x", "blhp", x), **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y))
+    epilogue = dict(HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None)
+    bmm = Launch("bmm", "ssd_bmm",
+                 (triton.cdiv(q, config.bmm_block_m) * triton.cdiv(q, config.bmm_block_n) * g, nc, b),
+                 dict(C_ptr=C, B_ptr=B, cb_ptr=buf.cb, L=l, G=g, N=n,
+                      **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
+                      **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
+                 {}, opts["bmm"])
+    scan = Launch("chunk_scan", "ssd_chunk_scan",
+                  (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
+                  dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
+                       st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
+                       L=l, H=h, P=p, N=n, heads_per_group=hpg, **scan_io,
+                       **_named("s_C", "blgn", C), **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb),
+                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **st_strides,
+                       s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides),
+                  dict(**epilogue, HAS_SEQ=seq is not None), opts["chunk_scan"])
+    # the fused kernels take a 1-D grid: a program's work comes from its ticket, not its id
+    grid = (nc * chains(prob, config),)
+    if depth == 3:
+        return [bmm, Launch(
+            "state_fused", "ssd_state_fused", grid,
+            dict(x_ptr=x, **dt_in, B_ptr=B, seq_ptr=seq, init_ptr=init, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
+                 st_ptr=buf.states, carry_ptr=buf.final, sync_ptr=buf.sync,
+                 L=l, H=h, P=p, N=n, NB=b, heads_per_group=hpg, dt_lo=lo, dt_hi=hi,
+                 **_named("s_x", "blhp", x), **dt_strides, **_named("s_B", "blgn", B), **seq_strides,
+                 **init_strides, **dt_out, **st_strides, **fin),
+            dict(**flags, HAS_INIT=init is not None, HAS_SEQ=seq is not None), opts["state_fused"]), scan]
+    if depth == 1:
+        return [Launch(
+            "fused", "ssd_fused", grid,
+            dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, **dt_in, B_ptr=B, C_ptr=C, D_ptr=D, seq_ptr=seq,
+                 init_ptr=init, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, st_ptr=buf.states,
+                 carry_ptr=buf.final, sync_ptr=buf.sync,
+                 L=l, H=h, P=p, N=n, NB=b, heads_per_group=hpg, dt_lo=lo, dt_hi=hi, **scan_io,
+                 **dt_strides, **_named("s_B", "blgn", B), **_named("s_C", "blgn", C),
+                 s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides, **init_strides, **dt_out, **st_strides, **fin),
+            dict(**flags, HAS_INIT=init is not None, HAS_SEQ=seq is not None,
+                 HAS_STATES=buf.states is not None, **epilogue), opts["fused"])]
     return [
         Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
-               dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
-                    L=l, H=h, dt_lo=lo, dt_hi=hi,
-                    s_dt_b=dt.stride(0), s_dt_l=dt.stride(1), s_dt_h=dt.stride(2), s_A_h=A.stride(0),
-                    s_bias_h=bias.stride(0) if bias is not None else 0,
-                    s_o_b=s_dt[0], s_o_h=s_dt[1], s_o_c=s_dt[2]),
-               dict(HAS_BIAS=bias is not None, SOFTPLUS=prob.dt_softplus, HAS_LIMIT=prob.has_dt_limit),
-               opts["cumsum"]),
-        Launch("bmm", "ssd_bmm",
-               (triton.cdiv(q, config.bmm_block_m) * triton.cdiv(q, config.bmm_block_n) * g, nc, b),
-               dict(C_ptr=C, B_ptr=B, cb_ptr=buf.cb, L=l, G=g, N=n,
-                    **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
-                    **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
-               {}, opts["bmm"]),
+               dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
+                    **dt_strides, **dt_out), flags, opts["cumsum"]),
+        bmm,
         Launch("chunk_state", "ssd_chunk_state",
                (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b),
                dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
                     L=l, H=h, P=p, N=n, heads_per_group=hpg,
                     **_named("s_x", "blhp", x), **_named("s_B", "blgn", B),
-                    s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], s_seq_b=s_seq[0], s_seq_l=s_seq[1],
-                    **_named("s_st", ("b", "c", "h", "p", "n"), buf.states)),
+                    s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **seq_strides, **st_strides),
                dict(HAS_SEQ=seq is not None), opts["chunk_state"]),
         Launch("state_passing", "ssd_state_passing", (triton.cdiv(p * n, config.pass_block), b * h),
                dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final, seq_ptr=seq,
                     L=l, H=h, N=n, PN=p * n, nchunks=nc,
                     s_st_b=buf.states.stride(0), s_st_c=buf.states.stride(1), s_st_h=buf.states.stride(2),
-                    s_dA_b=s_dt[0], s_dA_h=s_dt[1], s_dA_c=s_dt[2],
-                    **_named("s_init", ("b", "h", "p", "n"), init),
-                    s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
-                    s_fin_h=buf.final.stride(1) if buf.final is not None else 0,
-                    s_seq_b=s_seq[0], s_seq_l=s_seq[1]),
+                    s_dA_b=s_dt[0], s_dA_h=s_dt[1], s_dA_c=s_dt[2], **init_strides, **fin, **seq_strides),
                dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
                opts["state_passing"]),
-        Launch("chunk_scan", "ssd_chunk_scan",
-               (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
-               dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
-                    st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
-                    L=l, H=h, P=p, N=n, heads_per_group=hpg,
-                    **_named("s_x", "blhp", x), **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
-                    **_named("s_C", "blgn", C), **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb),
-                    s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
-                    **_named("s_st", ("b", "c", "h", "p", "n"), buf.states),
-                    s_D_h=s_D[0], s_D_p=s_D[1], s_seq_b=s_seq[0], s_seq_l=s_seq[1]),
-               dict(HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None,
-                    HAS_SEQ=seq is not None),
-               opts["chunk_scan"]),
+        scan,
     ]
 
 
@@ -195,7 +233,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
 _INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-_BUFFERS = ("y", "dt", "dA", "cb", "states", "final")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync")
 _launch_cache: dict[tuple, list] = {}
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
 
