@@ -64,6 +64,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
     Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan", depths=(5, 3)),
+    Knob("decay_split", (False, True), False,
+         "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
+         "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.

@@ -1,7 +1,7 @@
-"""GPU correctness at production shapes: the generated five-stage kernels against the float64
-chunked reference (itself checked against the token recurrence in the tests).
+"""GPU correctness at production shapes: the generated kernels of every fusion depth against the
+float64 chunked reference (itself checked against the token recurrence in the tests).
 
-    python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8]
+    python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.ops.ssd.chunk import execute  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
-from autossd.space import KNOB_BY_NAME, default_config  # noqa: E402
+from autossd.space import KNOB_BY_NAME, default_config, fit  # noqa: E402
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance  # noqa: E402
 
 M27 = dict(nheads=80, headdim=64, dstate=128, ngroups=1)
@@ -72,24 +72,12 @@ def smem_pad_cases(pads):
 
 
 def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None = None,
-             overrides: dict | None = None):
-    cfg = default_config("sm90", prob).replace(state_dtype=state_dtype, **(overrides or {}))
+             overrides: dict | None = None, depths=(5,)) -> list[dict]:
+    """One case at each fusion depth, on the same inputs against one float64 reference."""
     t = make_inputs(prob, "cuda", seed=seed)
     kw = call_kwargs(prob, t)
     tensors = {k: t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
     lim = kw.get("dt_limit", (0.0, float("inf")))
-    first = execute(prob, cfg, tensors, cu_seqlens=t["cu_seqlens"], dt_limit=lim, poison=True)
-    torch.cuda.synchronize()
-    run_s = time.perf_counter() - t0
-    # the second call replays the recorded launches (chunk.py's launch cache): it is the one checked
-    out = execute(prob, cfg, tensors, cu_seqlens=t["cu_seqlens"], dt_limit=lim, poison=True)
-    first = first if isinstance(first, tuple) else (first,)
-    out = out if isinstance(out, tuple) else (out,)
-    y = out[0]
-    replay_bitwise = all(torch.equal(a, b) for a, b in zip(first, out))
-    finite = bool(torch.isfinite(y).all())
     h_sl = slice(0, heads_ref) if heads_ref else slice(None)
     ref_kw = dict(kw)
     ref_kw.pop("return_final_states"), ref_kw.pop("return_varlen_states")
@@ -106,22 +94,38 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         args = (t["x"][:, :, h_sl], t["dt"][:, :, h_sl], t["A"][h_sl], t["B"], t["C"])
     else:
         args = (t["x"], t["dt"], t["A"], t["B"], t["C"])
-    yr, fr, vr = ssd_chunked(*args, chunk_size=cfg.chunk_size, **ref_kw)
-    res = {"problem": prob.key(), "state_dtype": state_dtype, "config": cfg.as_dict(),
-           "tol": tolerance(prob.dtype, state_dtype), "finite": finite, "first_call_s": round(run_s, 3),
-           "y_err": rel_err(y[:, :, h_sl], yr)}
-    i = 1
-    if prob.return_final_states:
-        res["final_err"] = rel_err(out[i][:, h_sl], fr)
-        i += 1
-    if prob.return_varlen_states:
-        res["varlen_err"] = rel_err(out[i][:, h_sl], vr)
-    errs = [v for k, v in res.items() if k.endswith("_err")]
-    res["replay_bitwise"] = replay_bitwise
-    res["pass"] = finite and replay_bitwise and all(e <= res["tol"] for e in errs)
-    del yr, fr, vr, out, first, t
+    yr, fr, vr = ssd_chunked(*args, chunk_size=256, **ref_kw)
+    results = []
+    for depth in depths:
+        cfg = fit(default_config("sm90", prob).replace(state_dtype=state_dtype, launches=depth,
+                                                       **(overrides or {})), prob)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        first = execute(prob, cfg, tensors, cu_seqlens=t["cu_seqlens"], dt_limit=lim, poison=True)
+        torch.cuda.synchronize()
+        run_s = time.perf_counter() - t0
+        # the second call replays the recorded launches (chunk.py's launch cache): it is the one checked
+        out = execute(prob, cfg, tensors, cu_seqlens=t["cu_seqlens"], dt_limit=lim, poison=True)
+        first = first if isinstance(first, tuple) else (first,)
+        out = out if isinstance(out, tuple) else (out,)
+        y = out[0]
+        res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
+               "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
+               "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}
+        i = 1
+        if prob.return_final_states:
+            res["final_err"] = rel_err(out[i][:, h_sl], fr)
+            i += 1
+        if prob.return_varlen_states:
+            res["varlen_err"] = rel_err(out[i][:, h_sl], vr)
+        errs = [v for k, v in res.items() if k.endswith("_err")]
+        res["replay_bitwise"] = all(torch.equal(a, b) for a, b in zip(first, out))
+        res["pass"] = res["finite"] and res["replay_bitwise"] and all(e <= res["tol"] for e in errs)
+        results.append(res)
+        del out, first
+    del yr, fr, vr, t
     torch.cuda.empty_cache()
-    return res
+    return results
 
 
 def main():
@@ -131,6 +135,7 @@ def main():
     ap.add_argument("--long", type=int, default=524288, help="tokens of the long case (0: skip)")
     ap.add_argument("--smem-pad", default=",".join(str(v) for v in KNOB_BY_NAME["smem_pad"].values if v),
                     help="smem_pad values to validate the Gluon chunk state with ('': none)")
+    ap.add_argument("--depths", default="5,3,1", help="fusion depths to run every case at")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -138,17 +143,21 @@ def main():
         todo.append((Problem(batch=1, seqlen=a.long, dtype="bf16", **M27, **FULL), "fp32", 8, None))
     todo += [(p, sd, None, over) for p, sd, over in
              smem_pad_cases([int(v) for v in a.smem_pad.split(",") if v])]
+    depths = [int(d) for d in a.depths.split(",")]
     for i, (prob, sd, heads, over) in enumerate(todo):
+        # the Gluon chunk state exists only in the five-launch family
+        ds = [5] if over and over.get("smem_pad") else depths
         try:
-            r = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over)
+            rs = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over, depths=ds)
         except Exception as e:  # record and go on: one failure must not hide the others
-            r = {"problem": prob.key(), "state_dtype": sd, "overrides": over, "pass": False,
-                 "error": repr(e)[:500]}
-        results.append(r)
-        errs = " ".join(f"{k}={v:.2e}" for k, v in r.items() if k.endswith("_err"))
-        print(f"{'PASS' if r['pass'] else 'FAIL'} {prob.dtype} b={prob.batch} L={prob.seqlen} "
-              f"h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} {errs} tol={r.get('tol')} "
-              f"{r.get('error', '')}", flush=True)
+            rs = [{"problem": prob.key(), "state_dtype": sd, "overrides": over, "pass": False,
+                   "error": repr(e)[:500]}]
+        for r in rs:
+            results.append(r)
+            errs = " ".join(f"{k}={v:.2e}" for k, v in r.items() if k.endswith("_err"))
+            print(f"{'PASS' if r['pass'] else 'FAIL'} launches={r.get('launches')} {prob.dtype} b={prob.batch} "
+                  f"L={prob.seqlen} h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} {errs} "
+                  f"tol={r.get('tol')} {r.get('error', '')}", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
             "command": " ".join(sys.argv)}

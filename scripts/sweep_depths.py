@@ -20,7 +20,9 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.bench import floor_ms, measure_ceilings  # noqa: E402
+from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.ops.ssd.chunk import execute  # noqa: E402
+from autossd.render import load  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.space import default_config, fit, violations  # noqa: E402
 from autossd.testing import make_inputs, rel_err, tolerance  # noqa: E402
@@ -51,12 +53,32 @@ def problem(model, b, l, dtype):
                    has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
 
 
+def stage_times(prob, cfg, tensors) -> dict:
+    """Each launch of the config timed alone, after one full run has made its inputs. The fused
+    kernels' ticket counter and flags are zeroed before each launch (inside the timing: a memset)."""
+    mod = load(cfg, "cuda")
+    buf = ssd_chunk.allocate(prob, cfg, "cuda")
+    launches = ssd_chunk.plan(prob, cfg, tensors, buf)
+    ssd_chunk.run(launches, mod)
+    out = {}
+    for ln in launches:
+        k = getattr(mod, ln.kernel)
+
+        def one(ln=ln, k=k):
+            if buf.sync is not None:
+                buf.sync.zero_()
+            k[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+        out[ln.stage] = do_bench(one, warmup=10, rep=100, return_mode="median")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--shapes", default="design", help="'design' or model:BxL,...")
     ap.add_argument("--variants", default="", help="JSON list of config overrides")
+    ap.add_argument("--stages", action="store_true", help="also time each launch alone")
     a = ap.parse_args()
     variants = json.loads(a.variants) if a.variants else VARIANTS
     shapes = DESIGN if a.shapes == "design" else [
@@ -96,13 +118,16 @@ def main():
                             execute(prob, cfg, tensors)
                         row["graph_ms"] = do_bench(g.replay, warmup=10, rep=100, return_mode="median")
                         del g
+                        if a.stages:
+                            row["stages_ms"] = stage_times(prob, cfg, tensors)
                     except Exception as e:  # record and go on
                         row["error"] = repr(e)[:300]
                 rows.append(row)
                 if "ms" in row:
                     print(f"  {json.dumps(over):70s} {row['ms']:8.3f} ms  graph {row['graph_ms']:8.3f} ms "
                           f"{100 * fl / row['graph_ms']:5.1f}% floor  err y {row['y_err']:.1e} "
-                          f"fin {row['final_err']:.1e} {'ok' if row['ok'] else 'WRONG'}", flush=True)
+                          f"fin {row['final_err']:.1e} {'ok' if row['ok'] else 'WRONG'} "
+                          f"{json.dumps({k: round(v, 3) for k, v in row.get('stages_ms', {}).items()})}", flush=True)
                 else:
                     print(f"  {json.dumps(over):70s} error {row['error']}", flush=True)
             del t, tensors, ref

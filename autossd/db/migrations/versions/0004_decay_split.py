@@ -1,0 +1,43 @@
+"""Schema 4: the decay_split knob (chunk scan: factored decay on the blocks before the diagonal).
+
+Rows written before it ran the unfactored chunk scan, i.e. decay_split = false: the column
+defaults to false and each row's canonical config_json gains "decay_split": false, so it still
+matches its knob columns.
+
+Revision ID: 0004
+Revises: 0003
+"""
+import json
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def _rewrite_config_json(edit) -> None:
+    conn = op.get_bind()
+    rows = conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall()
+    for rid, text in rows:
+        cfg = json.loads(text)
+        edit(cfg)
+        conn.execute(sa.text("UPDATE tuned_records SET config_json = :j WHERE id = :i"),
+                     {"j": json.dumps(cfg, sort_keys=True), "i": rid})  # as Config.key() writes it
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("tuned_records") as batch:
+        batch.add_column(sa.Column("cfg_decay_split", sa.Boolean(), nullable=False, server_default=sa.false()))
+    _rewrite_config_json(lambda cfg: cfg.setdefault("decay_split", False))
+
+
+def downgrade() -> None:
+    # a factored-decay record cannot be expressed without the knob: dropping it would relabel
+    # one kernel's time as another's
+    op.execute("DELETE FROM tuned_records WHERE cfg_decay_split")
+    _rewrite_config_json(lambda cfg: cfg.pop("decay_split", None))
+    with op.batch_alter_table("tuned_records") as batch:
+        batch.drop_column("cfg_decay_split")
