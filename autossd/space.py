@@ -249,6 +249,9 @@ def default_config(arch: Arch | str, problem=None) -> Config:
         # per-stage sweeps on an H100 (BENCHMARKS.md): 2 warps won for chunk state at every shape
         # swept and for state passing at mamba2-2.7b sizes
         base = base.replace(state_warps=2, pass_warps=2)
+        # sweep 3 (BENCHMARKS.md): the factored decay with 32-token k blocks took the chunk scan
+        # from 4.13 to 3.38 ms at mamba2-2.7b 1x131072 (124 registers instead of 161)
+        base = base.replace(decay_split=True, scan_block_k=32)
     if problem is not None:
         # states in the input dtype, as mamba_ssm does: y's error stays that of the input dtype
         # (measured on the H100, BENCHMARKS.md) and the state traffic halves.

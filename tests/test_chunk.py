@@ -109,7 +109,7 @@ def test_random_configs(seed, depth):
     rng = random.Random(seed)
     prob = Problem(batch=1, seqlen=130, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
                    has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
-    over = {k.name: rng.choice([v for v in k.values if not isinstance(v, int) or v >= 32 or "warps" in k.name
+    over = {k.name: rng.choice([v for v in k.values if isinstance(v, bool) or not isinstance(v, int) or v >= 32 or "warps" in k.name
                                  or "stages" in k.name or k.name == "cumsum_block_h"])
             for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches", "smem_pad")}
     cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small

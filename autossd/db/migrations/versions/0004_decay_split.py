@@ -32,6 +32,11 @@ def upgrade() -> None:
     with op.batch_alter_table("tuned_records") as batch:
         batch.add_column(sa.Column("cfg_decay_split", sa.Boolean(), nullable=False, server_default=sa.false()))
     _rewrite_config_json(lambda cfg: cfg.setdefault("decay_split", False))
+    # the column follows the JSON, so a row whose JSON already names the knob stays consistent
+    conn = op.get_bind()
+    for rid, text in conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall():
+        conn.execute(sa.text("UPDATE tuned_records SET cfg_decay_split = :v WHERE id = :i"),
+                     {"v": bool(json.loads(text)["decay_split"]), "i": rid})
 
 
 def downgrade() -> None:
