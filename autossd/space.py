@@ -237,21 +237,25 @@ def fit(config: Config, problem) -> Config:
     return config.replace(**changes) if changes else config
 
 
-def default_config(arch: Arch | str, problem=None) -> Config:
-    """The per-arch default, used when no tuned record applies. Hand-picked starting points:
-    64-wide tiles everywhere suit headdim 64 / dstate 128; AMD starts from its compiler's choices."""
+def default_config(arch: Arch | str, problem=None, launches: int | None = None) -> Config:
+    """The per-arch default (five launches unless `launches` names another depth), used when no
+    tuned record applies. Hand-picked starting points: 64-wide tiles everywhere suit headdim 64 /
+    dstate 128; AMD starts from its compiler's choices."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    base = Config()
+    base = Config(launches=launches or KNOB_BY_NAME["launches"].default)
     if arch.is_amd:
         # 64 KB of LDS: keep pipelining shallow.
         base = base.replace(bmm_stages=1, state_stages=1, scan_stages=1)
     elif arch.name == "sm90":
-        # per-stage sweeps on an H100 (BENCHMARKS.md): 2 warps won for chunk state at every shape
-        # swept and for state passing at mamba2-2.7b sizes
-        base = base.replace(state_warps=2, pass_warps=2)
-        # sweep 3 (BENCHMARKS.md): the factored decay with 32-token k blocks took the chunk scan
-        # from 4.13 to 3.38 ms at mamba2-2.7b 1x131072 (124 registers instead of 161)
-        base = base.replace(decay_split=True, scan_block_k=32)
+        # H100 sweeps (BENCHMARKS.md): 2 warps won for chunk state at every shape swept and for
+        # state passing at mamba2-2.7b sizes; the factored decay with 32-token k blocks took the
+        # chunk scan from 4.13 to 3.38 ms at mamba2-2.7b 1x131072 (124 registers instead of 161),
+        # and no pipelining there to 3.00 ms; 3 stages took chunk state from 0.94 to 0.86 ms
+        base = base.replace(state_warps=2, pass_warps=2, decay_split=True, scan_block_k=32,
+                            scan_stages=1, state_stages=3)
+        if base.launches == 1:
+            # the single launch's best in sweep 3: 128-token chunks, 64-token k blocks, 4 warps
+            base = base.replace(chunk_size=128, scan_block_k=64, state_block_k=128)
     if problem is not None:
         # states in the input dtype, as mamba_ssm does: y's error stays that of the input dtype
         # (measured on the H100, BENCHMARKS.md) and the state traffic halves.

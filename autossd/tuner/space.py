@@ -132,7 +132,8 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     base = base.replace(**{k: v for k, v in space.pinned.items() if base[k] != v})
     depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
                                 if "launches" not in space.pinned and d != base.launches]
-    cands = [fit(base.replace(launches=d), problem) for d in depths]
+    cands = [base] + [default_config(arch, problem, launches=d).replace(
+        **{k: v for k, v in space.pinned.items() if k != "launches"}) for d in depths[1:]]
     cands += [fit(base.replace(chunk_size=q), problem)
               for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
     out: list[Config] = []
