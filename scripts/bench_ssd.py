@@ -1,11 +1,13 @@
 """Benchmark: autossd's SSD forward against mamba_ssm (optional peer) and the speed-of-light
 floor, in one run, on the local GPU.
 
-    python scripts/bench_ssd.py --out DIR [--dtypes fp16,bf16] [--shapes design] [--stages] [--sweep]
+    python scripts/bench_ssd.py --out DIR [--dtypes fp16,bf16] [--stages] [--sweep JSON] [--depths 3,1]
 
 Ceilings are measured in the same run: a device-to-device copy (bytes read + written) and a bf16
 matmul. floor = max(min HBM bytes / copy rate, causal FLOPs / matmul rate), min bytes = x + y +
-B + C + dt. The call is Mamba2's: D (h,), dt_bias, dt_softplus, chunk 256, no z.
+B + C + dt. The call is Mamba2's: D (h,), dt_bias, dt_softplus, chunk 256, no z. "default" is the
+five-launch default config; --depths also times each other fusion depth's default; "drop-in" is
+autossd.mamba_chunk_scan_combined choosing from the tuned databases.
 """
 from __future__ import annotations
 
@@ -56,9 +58,11 @@ def bench_autossd(prob, t, cfg: Config, stages: bool):
         ssd_chunk.run(launches, mod)
         for ln in launches:
             k = getattr(mod, ln.kernel)
-            res[f"stage_{ln.stage}_ms"] = do_bench(
-                lambda ln=ln, k=k: k[ln.grid](**ln.args, **ln.constexprs, **ln.options),
-                warmup=10, rep=100, return_mode="median")
+            def one(ln=ln, k=k):
+                if buf.sync is not None:  # the fused depths' tickets and flags start at zero
+                    buf.sync.zero_()
+                k[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+            res[f"stage_{ln.stage}_ms"] = do_bench(one, warmup=10, rep=100, return_mode="median")
     return res
 
 
@@ -69,6 +73,7 @@ def main():
     ap.add_argument("--stages", action="store_true", help="also time each stage alone")
     ap.add_argument("--sweep", default="", help="JSON list of config overrides to time too")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--depths", default="3,1", help="other fusion depths to time at their defaults ('': none)")
     a = ap.parse_args()
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s",
@@ -84,6 +89,9 @@ def main():
             cfg = default_config("sm90", prob)
             row["autossd"] = bench_autossd(prob, t, cfg, a.stages)
             row["autossd_config"] = cfg.as_dict()
+            for d in [int(v) for v in a.depths.split(",") if v]:
+                c = default_config("sm90", prob, launches=d)
+                row[f"launches{d}"] = {"config": c.as_dict(), **bench_autossd(prob, t, c, False)}
             # the user's path: validation, lookup in the tuned databases, launch
             k = autossd.get_kernel(prob.replace(chunk_size=256), "sm90")
             row["dropin_ms"] = do_bench(lambda: autossd.mamba_chunk_scan_combined(
@@ -112,6 +120,7 @@ def main():
             ms = row["autossd"]["ms"]
             pm = row.get("peer_ms")
             extra = " ".join(f"s{i}={row[f'sweep_{i}'].get('ms', float('nan')):.3f}" for i in range(len(sweep)))
+            extra += " " + " ".join(f"L{k[8:]}={v['ms']:.3f}" for k, v in row.items() if k.startswith("launches"))
             print(f"{dtype} {model:13s} {b}x{l:<7d} autossd {ms:8.3f} ms  drop-in "
                   f"{row['dropin_ms']:8.3f} ms ({row['dropin_choice']['provenance']})  mamba_ssm "
                   f"{pm if pm is None else round(pm, 3)} ms  floor {row['floor_ms']:.3f} ms  "
