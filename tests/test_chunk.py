@@ -219,3 +219,29 @@ def test_fused_depths_ignore_program_start_order(depth_, monkeypatch):
             signal.alarm(0)
             signal.signal(signal.SIGALRM, old)
     assert len(seen) > 24 and seen != sorted(seen)  # the reordering was live
+
+
+@pytest.mark.parametrize("depth_", [3, 1])
+def test_fused_launch_with_a_used_counter_touches_nothing(depth_):
+    """Relaunching fused kernels on a ticket counter that was not reset (execute always
+    allocates a zeroed one) must not write out of bounds: every ticket lies past the grid and its
+    program returns at once."""
+    from autossd.ops.ssd import chunk
+    from autossd.render import load
+
+    prob = Problem(batch=1, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                   has_D=True, return_final_states=True)
+    cfg = fit(SMALL.replace(launches=depth_), prob)
+    t = make_inputs(prob, DEV, seed=5)
+    buf = chunk.allocate(prob, cfg, DEV)
+    launches = chunk.plan(prob, cfg, t, buf)
+    mod = load(cfg)
+    chunk.run(launches, mod)
+    assert int(buf.sync[0]) == sum(ln.grid[0] for ln in launches if ln.stage in ("fused", "state_fused"))
+    fused = [ln for ln in launches if ln.stage in ("fused", "state_fused")]
+    before = buf.final.clone()
+    buf.y.fill_(float("nan"))
+    chunk.run(fused, mod)
+    assert torch.equal(buf.final, before)
+    if depth_ == 1:
+        assert torch.isnan(buf.y).all()   # the single launch wrote nothing the second time
