@@ -94,8 +94,8 @@ def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     assert dblookup.choose(PROB, "sm90").kind == "exact"
 
 
-def test_lookup_does_not_create_the_user_database(tmp_path):
-    assert dblookup.choose(PROB, "sm90").kind in ("exact", "default")
+def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):
+    assert dblookup.choose(PROB, "sm90").kind == "default"
     assert not (tmp_path / "user.sqlite").exists()
 
 
@@ -199,7 +199,8 @@ def _tamper(path: Path, column: str, value) -> None:
 
 
 @pytest.mark.parametrize("column,value,field", TAMPER, ids=[f"{c}={str(v)[:12]}" for c, v, _ in TAMPER])
-def test_tampered_record_is_rejected_and_lookup_falls_back(tmp_path, monkeypatch, caplog, column, value, field):
+def test_tampered_record_is_rejected_and_lookup_falls_back(tmp_path, monkeypatch, caplog, column, value, field,
+                                                         no_shipped_db):
     prob = PROB.replace(chunk_size=64)
     tuned = default_config("sm90", prob).replace(scan_block_m=32, bmm_warps=8)
     path = tmp_path / "user.sqlite"
@@ -222,14 +223,14 @@ def test_validate_row_accepts_what_make_record_writes():
     assert validate_row({**r.to_row(), "id": 5}).config == TUNED
 
 
-def test_corrupt_file_is_rejected_clearly_and_lookup_goes_on(tmp_path, caplog):
+def test_corrupt_file_is_rejected_clearly_and_lookup_goes_on(tmp_path, caplog, no_shipped_db):
     path = tmp_path / "user.sqlite"
     path.write_bytes(b"this is not an sqlite database, just some bytes" * 100)
     with pytest.raises(TuningDBError, match="cannot be read|not an autossd"):
         read_records(str(path))
     with caplog.at_level(logging.WARNING, logger="autossd.db"):
         m = dblookup.choose(PROB, "sm90")
-    assert m.kind in ("exact", "default")  # the shipped DB (or the default) still answers
+    assert m.kind == "default"  # the lookup still answers
     assert any("ignoring the user tuning database" in r.getMessage() for r in caplog.records)
 
 
