@@ -1,0 +1,70 @@
+"""Roofline of a benchmark run: autossd and mamba_ssm for every shape of bench_ssd.json, under the
+roofline of the ceilings measured in that run (copy bandwidth, bf16 matmul rate). A point's
+intensity is causal FLOPs / min HBM bytes, its rate FLOPs / measured time; the distance below the
+line is the gap to the floor.
+
+    python scripts/plot_bench.py scripts/results/<date>/bench_ssd.json --out roofline.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from autossd.problem import Problem  # noqa: E402
+
+MODELS = {"mamba2-130m": (24, 64, 128, 1), "mamba2-2.7b": (80, 64, 128, 1),
+          "codestral-7b": (128, 64, 128, 8)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench_json")
+    ap.add_argument("--out", default="roofline.png")
+    a = ap.parse_args()
+    data = json.load(open(a.bench_json))
+    ceil = data["meta"]["ceilings"]
+    bw, peak = ceil["copy_GBps"] * 1e9, ceil["bf16_matmul_TFLOPs"] * 1e12
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    xs = [2.0 ** (k / 8) for k in range(40, 81)]   # 32 .. 1024 FLOP/byte: where SSD shapes sit
+    ax.plot(xs, [min(peak, x * bw) / 1e12 for x in xs], color="k", lw=1,
+            label=f"roofline: {ceil['copy_GBps']:.0f} GB/s, {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
+    marks = {"fp16": "o", "bf16": "s"}
+    for i, r in enumerate(data["rows"]):
+        h, p, n, g = MODELS[r["model"]]
+        prob = Problem(batch=r["batch"], seqlen=r["seqlen"], nheads=h, headdim=p, dstate=n, ngroups=g,
+                       dtype=r["dtype"])
+        flops, ai = prob.flops(256), prob.flops(256) / prob.min_bytes()
+        ours = min(r["autossd"]["ms"], r["dropin_ms"])
+        label = f"{r['model']} {r['batch']}x{r['seqlen']}"
+        ax.scatter([ai], [flops / (ours * 1e-3) / 1e12], marker=marks[r["dtype"]], color="tab:blue",
+                   s=36, zorder=3)
+        if r.get("peer_ms"):
+            ax.scatter([ai], [flops / (r["peer_ms"] * 1e-3) / 1e12], marker=marks[r["dtype"]],
+                       facecolors="none", edgecolors="tab:red", s=36, zorder=3)
+        if r["dtype"] == "fp16":
+            ax.annotate(label, (ai, flops / (ours * 1e-3) / 1e12), fontsize=6, xytext=(8, 10 * (i % 4) - 12),
+                        textcoords="offset points", arrowprops=dict(arrowstyle="-", lw=0.3))
+    ax.scatter([], [], color="tab:blue", label="autossd (filled)")
+    ax.scatter([], [], facecolors="none", edgecolors="tab:red", label="mamba_ssm (hollow)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (causal FLOP / min HBM byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"SSD forward, {data['meta']['device']}, {data['meta']['date']} (o fp16, □ bf16)",
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=130)
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
