@@ -31,6 +31,41 @@ def measure_ceilings() -> dict:
     return {"copy_GBps": copy_gbps, "bf16_matmul_TFLOPs": tflops}
 
 
+def run_meta(**extra) -> dict:
+    """What every GPU result file records about its run: date, device, versions, command."""
+    import sys
+    import time
+
+    import torch
+    import triton
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
+            **extra}
+
+
+def stage_times(prob, cfg, tensors) -> dict:
+    """Each launch of the config timed alone, after one full run has made its inputs. The fused
+    kernels' ticket counter and flags are zeroed before each launch (inside the timing: a memset)."""
+    from triton.testing import do_bench
+
+    from .ops.ssd import chunk as ssd_chunk
+    from .render import load
+    mod = load(cfg, "cuda")
+    buf = ssd_chunk.allocate(prob, cfg, "cuda")
+    launches = ssd_chunk.plan(prob, cfg, tensors, buf)
+    ssd_chunk.run(launches, mod)
+    out = {}
+    for ln in launches:
+        k = getattr(mod, ln.kernel)
+
+        def one(ln=ln, k=k):
+            if buf.sync is not None:
+                buf.sync.zero_()
+            k[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+        out[ln.stage] = do_bench(one, warmup=10, rep=100, return_mode="median")
+    return out
+
+
 def floor_ms(problem: Problem, ceilings: dict, chunk_size: int = 256) -> float:
     """max(min HBM bytes / copy rate, causal FLOPs / matmul rate)."""
     return max(problem.min_bytes() / ceilings["copy_GBps"] / 1e6,

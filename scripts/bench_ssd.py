@@ -18,24 +18,19 @@ import sys
 import time
 
 import torch
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
-from autossd.bench import floor_ms, measure_ceilings  # noqa: E402
+from autossd.bench import floor_ms, measure_ceilings, run_meta, stage_times  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.peer import load_mamba_ssm  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
-from autossd.render import load  # noqa: E402
+from autossd.tuner.shapes import MODELS, PRESET_SHAPES  # noqa: E402
 from autossd.space import Config, default_config  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
-MODELS = {"mamba2-130m": (24, 64, 128, 1), "mamba2-2.7b": (80, 64, 128, 1),
-          "codestral-7b": (128, 64, 128, 8)}
-DESIGN_SHAPES = [("mamba2-130m", 1, 2048), ("mamba2-130m", 1, 131072), ("mamba2-2.7b", 1, 2048),
-                 ("mamba2-2.7b", 8, 2048), ("mamba2-2.7b", 4, 16384), ("mamba2-2.7b", 1, 131072),
-                 ("codestral-7b", 1, 131072)]
+DESIGN_SHAPES = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # DESIGN.md's table
 
 
 def problem_for(model, b, l, dtype):
@@ -45,24 +40,13 @@ def problem_for(model, b, l, dtype):
 
 
 def bench_autossd(prob, t, cfg: Config, stages: bool):
-    tensors = {k: t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
-    mod = load(cfg, "cuda")
-
     def call():
         return ssd_chunk.ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"],
                                      dt_bias=t["dt_bias"], dt_softplus=True, config=cfg)
     res = {"ms": do_bench(call, warmup=25, rep=200, return_mode="median")}
     if stages:
-        buf = ssd_chunk.allocate(prob, cfg, "cuda")
-        launches = ssd_chunk.plan(prob, cfg, tensors, buf)
-        ssd_chunk.run(launches, mod)
-        for ln in launches:
-            k = getattr(mod, ln.kernel)
-            def one(ln=ln, k=k):
-                if buf.sync is not None:  # the fused depths' tickets and flags start at zero
-                    buf.sync.zero_()
-                k[ln.grid](**ln.args, **ln.constexprs, **ln.options)
-            res[f"stage_{ln.stage}_ms"] = do_bench(one, warmup=10, rep=100, return_mode="median")
+        tensors = {k: t[k] for k in ssd_chunk.INPUTS}
+        res.update({f"stage_{k}_ms": v for k, v in stage_times(prob, cfg, tensors).items()})
     return res
 
 
@@ -128,11 +112,8 @@ def main():
                   f"{'' if pm is None else f'{pm / ms:.2f}x peer'} {extra}", flush=True)
             del t
             torch.cuda.empty_cache()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
-            "ceilings": ceil}
     with open(os.path.join(a.out, "bench_ssd.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.problem import Problem  # noqa: E402
+from autossd.tuner.shapes import MODELS  # noqa: E402
 
-MODELS = {"mamba2-130m": (24, 64, 128, 1), "mamba2-2.7b": (80, 64, 128, 1),
-          "codestral-7b": (128, 64, 128, 8)}
 
 
 def main():

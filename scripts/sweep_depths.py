@@ -12,26 +12,19 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from autossd.bench import floor_ms, measure_ceilings  # noqa: E402
-from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
+from autossd.bench import floor_ms, measure_ceilings, run_meta, stage_times  # noqa: E402
 from autossd.ops.ssd.chunk import execute  # noqa: E402
-from autossd.render import load  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
+from autossd.tuner.shapes import MODELS, PRESET_SHAPES  # noqa: E402
 from autossd.space import default_config, fit, violations  # noqa: E402
 from autossd.testing import make_inputs, rel_err, tolerance  # noqa: E402
 
-MODELS = {"mamba2-130m": (24, 64, 128, 1), "mamba2-2.7b": (80, 64, 128, 1),
-          "codestral-7b": (128, 64, 128, 8)}
-DESIGN = [("mamba2-130m", 1, 2048), ("mamba2-130m", 1, 131072), ("mamba2-2.7b", 1, 2048),
-          ("mamba2-2.7b", 8, 2048), ("mamba2-2.7b", 4, 16384), ("mamba2-2.7b", 1, 131072),
-          ("codestral-7b", 1, 131072)]
+DESIGN = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # DESIGN.md's table
 # overrides of the arch default; chunk sizes and warps of the fused kernels first
 VARIANTS = [
     {"launches": 5},
@@ -51,25 +44,6 @@ def problem(model, b, l, dtype):
     h, p, n, g = MODELS[model]
     return Problem(batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=dtype,
                    has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
-
-
-def stage_times(prob, cfg, tensors) -> dict:
-    """Each launch of the config timed alone, after one full run has made its inputs. The fused
-    kernels' ticket counter and flags are zeroed before each launch (inside the timing: a memset)."""
-    mod = load(cfg, "cuda")
-    buf = ssd_chunk.allocate(prob, cfg, "cuda")
-    launches = ssd_chunk.plan(prob, cfg, tensors, buf)
-    ssd_chunk.run(launches, mod)
-    out = {}
-    for ln in launches:
-        k = getattr(mod, ln.kernel)
-
-        def one(ln=ln, k=k):
-            if buf.sync is not None:
-                buf.sync.zero_()
-            k[ln.grid](**ln.args, **ln.constexprs, **ln.options)
-        out[ln.stage] = do_bench(one, warmup=10, rep=100, return_mode="median")
-    return out
 
 
 def main():
@@ -132,11 +106,8 @@ def main():
                     print(f"  {json.dumps(over):70s} error {row['error']}", flush=True)
             del t, tensors, ref
             torch.cuda.empty_cache()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
-            "ceilings": ceil}
     with open(os.path.join(a.out, "sweep_depths.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,11 @@ modelled). Constants are round numbers, not fitted: the model is a ranking heuri
 Sanity check against the H100 (BENCHMARKS.md, default config, fp16, sm90 compile reports):
 mamba2-2.7b 1x131072 predicted 6.0 ms vs 5.67 measured, 4x16384 3.0 vs 2.83; per stage
 cumsum 0.041/0.058, bmm 0.046/0.047, chunk_state 1.86/0.95, state_passing 0.42/0.51,
-chunk_scan 3.66/4.13 ms (predicted/measured at 1x131072).
+chunk_scan 3.66/4.13 ms (predicted/measured at 1x131072). Fusion depths (second H100 session,
+sm90 defaults with compile reports, 2.7b fp16): 1x131072 predicted 6.01 / 6.81 / 10.9 ms for
+5 / 3 / 1 launches vs 4.49 / 5.00 / 5.10 measured; 4x16384 3.01 / 3.41 / 5.46 vs 2.23 / 2.52 / 2.63:
+the ranking holds, the single launch is over-predicted ~2x (its in-place C·Bᵀ is charged at the
+small tiles' matmul efficiency).
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ W_MEM = 32         # resident warps (waves) per SM/CU that saturate memory laten
 W_MMA = 8          # resident warps that keep the matrix units busy
 T_LAUNCH = 3e-6    # s per launch: launch + ramp-up + tail of one kernel
 T_DEP = 0.8e-6     # s per dependent global round trip (state passing, chunk to chunk)
-T_HANDOFF = 1.5e-6  # s per chunk of the fused depths' ordered hand-off (flag acquire, carry, release)
+T_HANDOFF = 3.5e-6  # s per chunk of the ordered hand-off: H100, depth 3 state kernel 1.83 ms for 512 chunks
 FP32_DIV = 15.0    # dense fp16 matmul rate over fp32 FMA rate
 SECTOR = 32        # bytes per DRAM sector
 

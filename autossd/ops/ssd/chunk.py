@@ -232,14 +232,14 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # kernels) and records, per launch, the compiled kernel and where each argument comes from; later
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
-_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 _BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync")
 _launch_cache: dict[tuple, list] = {}
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
 
 
 def _input_sig(t: dict) -> tuple:
-    vals = [t.get(k) for k in _INPUTS]
+    vals = [t.get(k) for k in INPUTS]
     # the aliasing pattern too: a record made when B is C must not serve a call where they differ
     return tuple(None if v is None else (v.dtype, v.stride(), v.data_ptr() % 16 == 0,
                                          next(j for j, w in enumerate(vals) if w is v))
@@ -248,7 +248,7 @@ def _input_sig(t: dict) -> tuple:
 
 def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, module) -> list:
     """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order)."""
-    ids = {id(v): ("in", k) for k in _INPUTS if (v := t.get(k)) is not None}
+    ids = {id(v): ("in", k) for k in INPUTS if (v := t.get(k)) is not None}
     ids.update({id(v): ("buf", k) for k in _BUFFERS if (v := getattr(buf, k)) is not None})
     out = []
     for ln, ck in zip(launches, compiled):
