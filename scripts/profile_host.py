@@ -35,12 +35,35 @@ def per_call_us(fn, n=300):
     return host
 
 
+def compare(args, kw, cfg, out_dir):
+    """The same kernels through the drop-in and through ssd_forward, alternating, three rounds."""
+    from triton.testing import do_bench
+    calls = {"drop_in": lambda: autossd.mamba_chunk_scan_combined(*args, **kw),
+             "ssd_forward": lambda: ssd_chunk.ssd_forward(*args, **kw, config=cfg)}
+    res = {k: {"do_bench_ms": [], "graph_ms": []} for k in calls}
+    for _ in range(3):
+        for name, fn in calls.items():
+            res[name]["do_bench_ms"].append(do_bench(fn, warmup=10, rep=100, return_mode="median"))
+            g = torch.cuda.CUDAGraph()
+            fn()
+            with torch.cuda.graph(g):
+                fn()
+            res[name]["graph_ms"].append(do_bench(g.replay, warmup=5, rep=50, return_mode="median"))
+    for name, r in res.items():
+        print(f"{name:12s} do_bench {[round(v, 3) for v in r['do_bench_ms']]}  graph {[round(v, 3) for v in r['graph_ms']]}")
+    with open(os.path.join(out_dir, "compare_dropin.json"), "w") as f:
+        json.dump({"config": cfg.as_dict(), **res}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--shape", default="2.7b:1x2048")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--once", action="store_true")
+    ap.add_argument("--compare", action="store_true",
+                    help="GPU time of the drop-in vs ssd_forward with the same config, interleaved "
+                         "(do_bench and graph replay)")
     a = ap.parse_args()
     model, bl = a.shape.split(":")
     b, l = (int(v) for v in bl.split("x"))
@@ -56,6 +79,9 @@ def main():
         return
     prob = from_args(*args, **kw)
     kern = autossd.get_kernel(prob, runtime.arch_of_device(t["x"].device))
+    if a.compare:
+        compare(args, kw, kern.config, a.out)
+        return
     cfg = kern.config
     tensors = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
     mod = kern.module()
