@@ -18,6 +18,8 @@ branch_labels = None
 depends_on = None
 
 
+# A migration is a frozen snapshot: it carries its own copy of this helper (as 0003 does) rather
+# than importing code that later revisions may change.
 def _rewrite_config_json(edit) -> None:
     conn = op.get_bind()
     rows = conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall()
