@@ -232,8 +232,8 @@ def fit(config: Config, problem) -> Config:
     for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
         if config[name] > q:
             changes[name] = q if q in KNOB_BY_NAME[name].values else max(KNOB_BY_NAME[name].values)
-    if config.launches == 1:
-        changes["state_block_n"] = caps(problem)["state_block_n"]
+    if config.launches == 1:   # the whole dstate in one tile, where a tile can hold it
+        changes["state_block_n"] = min(caps(problem)["state_block_n"], max(KNOB_BY_NAME["state_block_n"].values))
     return config.replace(**changes) if changes else config
 
 

@@ -92,3 +92,12 @@ def test_smem_pad_with_32_wide_mfma_needs_32_wide_tiles():
     assert any("needs state_block_m and state_block_n >= 32" in w for w in violations(cfg, "gfx90a"))
     assert not violations(cfg.replace(state_block_m=32), "gfx90a")
     assert not violations(cfg.replace(matrix_instr_nonkdim=16), "gfx90a")
+
+
+def test_single_launch_is_infeasible_not_a_crash_when_dstate_exceeds_a_tile():
+    from autossd.problem import Problem
+    from autossd.space import default_config, violations
+    prob = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=256, ngroups=1, dtype="bf16")
+    cfg = default_config("sm90", prob, launches=1)
+    assert any("must cover dstate" in w for w in violations(cfg, "sm90", prob))
+    assert not violations(default_config("sm90", prob), "sm90", prob)

@@ -108,6 +108,22 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert seeds[0] == default_config("sm90", SMALL)
     assert {c.chunk_size for c in seeds} == {64, 128, 256}
     assert all(not violations(c, "sm90", SMALL) for c in seeds)
+    assert {c.launches for c in seeds} == {5, 3, 1}                # every fusion depth is seeded
+    assert default_config("sm90", SMALL, launches=1) in seeds
+
+
+def test_seeds_with_a_pinned_depth_start_from_that_depth_default():
+    for depth in (3, 1):
+        space = build_space("sm90", SMALL, fixed={"launches": depth})
+        seeds = seed_configs("sm90", SMALL, space)
+        assert seeds and seeds[0] == default_config("sm90", SMALL, launches=depth)
+        assert all(c.launches == depth for c in seeds)
+
+
+def test_seeding_survives_a_dstate_no_single_launch_tile_covers():
+    big_n = SMALL.replace(dstate=256)
+    seeds = seed_configs("sm90", big_n, build_space("sm90", big_n))
+    assert seeds and {c.launches for c in seeds} == {5, 3}
 
 
 # --- samplers ---------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     """Known-good starting points enqueued before sampling: the arch default (fitted to the
     problem), the default at every other fusion depth, and the default at each chunk size. Only
     those inside the space and feasible."""
-    base = default_config(arch, problem)
+    base = default_config(arch, problem, launches=space.pinned.get("launches"))
     base = base.replace(**{k: v for k, v in space.pinned.items() if base[k] != v})
     depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
                                 if "launches" not in space.pinned and d != base.launches]

@@ -44,6 +44,9 @@ def _strides(t, n):
     return tuple(t.stride()) if t is not None else (0,) * n
 
 
+SYNC_SCRATCH = 1024   # >= the lanes of a fused program (8 warps x 64 on AMD)
+
+
 def chains(prob: _problem.Problem, config: Config) -> int:
     """Ordered state chains of the fused depths: one per (batch, head, state tile)."""
     tiles = triton.cdiv(prob.headdim, config.state_block_m)
@@ -71,7 +74,8 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
         states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
-        sync=torch.zeros(1 + chains(prob, config), dtype=torch.int32, device=device)
+        # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
+        sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int32, device=device)
         if depth != 5 else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
