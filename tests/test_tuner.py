@@ -135,7 +135,7 @@ def test_sampler_selection():
     with pytest.raises(SamplerError, match="unknown 'annealing'"):
         make_sampler("annealing", space)
     with pytest.raises(ValueError, match="pin knobs with --fix"):
-        make_sampler("brute", space)          # ~10^10 points
+        make_sampler("brute", build_space("sm90", SMALL, fixed={"launches": 5}))   # ~10^10 points
     small = build_space("sm90", SMALL, fixed={k.name: k.default for k in KNOB_BY_NAME.values()
                                               if k.name not in ("scan_warps", "bmm_warps")})
     assert isinstance(make_sampler("brute", small), optuna.samplers.GridSampler)
@@ -267,3 +267,20 @@ def test_sigkill_mid_study_then_resume_keeps_finished_trials(tmp_path, monkeypat
     with_params = {n for n in running if study.trials[n].params}
     assert {t.user_attrs["retry_of"] for t in retried} == with_params   # ...and re-run
     assert res.complete + res.failed >= target
+
+
+def test_conditional_space_counts_and_enumerates_distinct_configs():
+    space = build_space("sm90", SMALL)
+    configs = list(space.enumerate()) if space.size() < 10**7 else None
+    pinned1 = build_space("sm90", SMALL, fixed={"launches": 1})
+    assert "bmm_block_m" not in {d.name for d in pinned1.dims}   # unused by the single launch
+    one = list(pinned1.enumerate())
+    assert len(one) == len(set(one)) == pinned1.size()
+    assert space.size() == sum(build_space("sm90", SMALL, fixed={"launches": n}).size() for n in (5, 3, 1))
+    assert configs is None or len(configs) == space.size()
+
+
+def test_brute_force_needs_a_pinned_depth():
+    from autossd.tuner.strategies import brute
+    with pytest.raises(ValueError, match="fix launches"):
+        brute.make(build_space("sm90", SMALL), seed=0)

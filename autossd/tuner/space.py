@@ -54,8 +54,16 @@ class SearchSpace:
     def distributions(self) -> dict[str, BaseDistribution]:
         return {d.name: d.distribution() for d in self.dims}
 
+    def _dims_at(self, launches: int) -> list[Dim]:
+        return [d for d in self.dims if d.name != "launches" and self._used(d.name, launches)]
+
+    def _depths(self) -> tuple:
+        depth = next((d for d in self.dims if d.name == "launches"), None)
+        return depth.values if depth else (self.pinned.get("launches", KNOB_BY_NAME["launches"].default),)
+
     def size(self) -> int:
-        return math.prod(len(d.values) for d in self.dims)
+        """Distinct configs: at each fusion depth, the product of the knobs that depth uses."""
+        return sum(math.prod(len(d.values) for d in self._dims_at(n)) for n in self._depths())
 
     def _used(self, name: str, launches: int) -> bool:
         return launches in KNOB_BY_NAME[name].depths
@@ -92,14 +100,16 @@ class SearchSpace:
             return None
 
     def grid(self) -> dict[str, list]:
-        """GridSampler's search space (encoded values)."""
+        """GridSampler's search space (encoded values). A grid cannot be conditional: brute force
+        needs the fusion depth pinned (build_space then drops the knobs that depth ignores)."""
         return {d.name: [d.encode(v) for v in d.values] for d in self.dims}
 
     def enumerate(self) -> Iterator[Config]:
-        """Every config of the space, in a fixed order (feasible or not)."""
-        names = [d.name for d in self.dims]
-        for combo in itertools.product(*(d.values for d in self.dims)):
-            yield Config({**self.pinned, **dict(zip(names, combo))})
+        """Every distinct config of the space, depth by depth, in a fixed order (feasible or not)."""
+        for n in self._depths():
+            dims = self._dims_at(n)
+            for combo in itertools.product(*(d.values for d in dims)):
+                yield Config({**self.pinned, "launches": n, **{d.name: v for d, v in zip(dims, combo)}})
 
 
 def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | None = None) -> SearchSpace:
@@ -117,10 +127,10 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
             continue
         values = tuple(v for v in knob.values_on(arch)
                        if knob.name not in limit or v <= limit[knob.name])
-        if len(values) > 1:
+        if len(values) > 1 and ("launches" not in fixed or fixed["launches"] in knob.depths):
             dims.append(Dim(knob.name, values))
-        else:
-            pinned[knob.name] = values[0] if values else knob.default
+        else:   # one value here, or unused by the pinned depth's kernels
+            pinned[knob.name] = values[0] if len(values) == 1 else knob.default
     return SearchSpace(arch.name, tuple(dims), pinned)
 
 

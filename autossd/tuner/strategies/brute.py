@@ -16,6 +16,9 @@ class BruteSampler(optuna.samplers.GridSampler):
 
 
 def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+    if any(d.name == "launches" for d in space.dims):
+        raise ValueError("sampler brute: a grid cannot follow the fusion depth's conditional knobs; "
+                         "pin it with --fix launches=5 (or 3, or 1) and run one brute force per depth")
     n = space.size()
     if n > MAX_POINTS:
         raise ValueError(f"sampler brute: the space has {n} points (> {MAX_POINTS}); "
