@@ -132,14 +132,14 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
     (default: TRITON_INTERPRET); the two flavours are cached apart because @triton.jit decides
     at import time."""
     interpret = interpreting() if interpret is None else interpret
+    hit = _by_config.get((config, backend, interpret))
+    if hit is not None:  # the hot path: no rendering, no file access
+        return hit
     if interpret and config.smem_pad:
         # Triton 3.6's gluon.jit ignores TRITON_INTERPRET and compiles for the active GPU
         raise RuntimeError(f"autossd: smem_pad={config.smem_pad} selects the Gluon chunk-state "
                            "kernel, which Triton's CPU interpreter cannot run; it needs a GPU "
                            "(autossd.compile.compile_config cross-compiles it without one)")
-    hit = _by_config.get((config, backend, interpret))
-    if hit is not None:  # the hot path: no rendering, no file access
-        return hit
     source = render(config, backend)
     path = source_path(source)
     key = (str(path), interpret)

@@ -208,10 +208,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
 
 def _gluon_state_violations(config: Config, arch: Arch, problem) -> list[str]:
     """What the Gluon chunk-state kernel (smem_pad > 0, chunk_state_gluon.jinja) cannot do."""
-    why = []
-    if config.launches != 5:
-        why.append(f"smem_pad={config.smem_pad} needs launches=5 (the Gluon kernel is the five-launch "
-                   f"family's chunk state), got launches={config.launches}")
+    why = []   # (launches != 5 cannot occur: a Config resets smem_pad there, Knob.depths)
     if problem is not None and problem.dtype not in ("fp16", "bf16"):
         why.append(f"smem_pad={config.smem_pad} needs fp16/bf16 inputs (its MMA takes 16-bit operands), "
                    f"got {problem.dtype}")

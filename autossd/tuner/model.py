@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from ..arch import Arch, get_arch
 from ..compile import CompileReport, StageReport
+from ..ops.ssd.chunk import chains as ssd_chains
 from ..problem import DTYPE_BYTES, Problem
 from ..space import Config
 
@@ -162,9 +163,8 @@ def stage_costs(problem: Problem, config: Config) -> list[StageCost]:
     if config.launches == 5:
         return out
     cum, bmm_c, state, _, scan = out
-    chains = b * h * _cdiv(p, config.state_block_m) * (_cdiv(n, config.state_block_n)
-                                                       if config.launches == 3 else 1)
-    carry = 2 * nc * chains // (b * h) * b * h * config.state_block_m * config.state_block_n * f4
+    chains = ssd_chains(problem, config)
+    carry = 2 * nc * chains * config.state_block_m * config.state_block_n * f4   # read + write, fp32
     if config.launches == 3:
         # cumsum folded in (dt read, dt'/dA written), local states never stored: the passed
         # states are written once; the running state goes through L2 (carry)

@@ -73,14 +73,17 @@ class SearchSpace:
         and only the knobs its kernels use are drawn after it (a conditional space), so the
         samplers never model a knob that cannot change the result."""
         values = dict(self.pinned)
-        dims = sorted(self.dims, key=lambda d: d.name != "launches")
-        for d in dims:
-            if d.name != "launches" and not self._used(d.name, values.get("launches", 5)):
-                continue
+
+        def draw(d: Dim) -> None:
             if d.ordinal:
                 values[d.name] = d.decode(trial.suggest_int(d.name, 0, len(d.values) - 1))
             else:
                 values[d.name] = trial.suggest_categorical(d.name, list(d.values))
+        for d in self.dims:
+            if d.name == "launches":
+                draw(d)
+        for d in self._dims_at(values.get("launches", KNOB_BY_NAME["launches"].default)):
+            draw(d)
         return Config(values)
 
     def config_from_params(self, params: Mapping[str, Any]) -> Config:
