@@ -20,15 +20,16 @@ import jinja2
 from .space import STATE_DTYPES, Config
 
 BACKENDS = ("cuda", "hip")
-# stage -> (warps knob, stages knob); None means a fixed value for a stage with no matmul loop
+# stage -> (warps knob, stages knob, register-cap knob); None means a fixed value (a stage with
+# no matmul loop) or no cap
 STAGE_LAUNCH = {
-    "cumsum": (None, None),
-    "bmm": ("bmm_warps", "bmm_stages"),
-    "chunk_state": ("state_warps", "state_stages"),
-    "state_passing": ("pass_warps", None),
-    "chunk_scan": ("scan_warps", "scan_stages"),
-    "state_fused": ("state_warps", "state_stages"),
-    "fused": ("scan_warps", "scan_stages"),
+    "cumsum": (None, None, None),
+    "bmm": ("bmm_warps", "bmm_stages", None),
+    "chunk_state": ("state_warps", "state_stages", "state_maxnreg"),
+    "state_passing": ("pass_warps", None, None),
+    "chunk_scan": ("scan_warps", "scan_stages", "scan_maxnreg"),
+    "state_fused": ("state_warps", "state_stages", "state_maxnreg"),
+    "fused": ("scan_warps", "scan_stages", "scan_maxnreg"),
 }
 AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 _lock = threading.Lock()
@@ -62,11 +63,13 @@ def template_hash() -> str:
 
 def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
     out = {}
-    for stage, (warps, stages) in STAGE_LAUNCH.items():
+    for stage, (warps, stages, maxnreg) in STAGE_LAUNCH.items():
         opts = {"num_warps": config[warps] if warps else 4,
                 "num_stages": config[stages] if stages else 1}
         if backend == "hip":
             opts.update({k: config[k] for k in AMD_OPTIONS})
+        elif maxnreg and config[maxnreg]:  # a CUDA option only; 0 leaves ptxas its choice
+            opts["maxnreg"] = config[maxnreg]
         out[stage] = opts
     return out
 

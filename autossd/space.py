@@ -15,6 +15,8 @@ from typing import Any, Iterator
 from .arch import Arch, get_arch
 
 TILES = (16, 32, 64, 128)
+# per-thread register caps: 65536 registers / (128 threads x cap) = 8, 6, 5, 4, 3 CTAs per SM
+MAXNREG = (0, 64, 80, 96, 128, 168)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
     Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state", depths=(5, 3)),
     Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state", depths=(5, 3)),
+    # register cap per thread (ptxas -maxnreg), 0 = ptxas's choice. Left alone, ptxas takes up to
+    # 255 registers for ILP; these kernels are latency-bound, and the cap buys resident CTAs
+    # (the chunk scan compiles to 64 instead of 120 without spilling: 8 CTAs per SM, not 4).
+    Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
+         backends=("cuda",), depths=(5, 3)),
     # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
@@ -69,6 +76,8 @@ KNOBS: tuple[Knob, ...] = (
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
+    Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
+         "the fused kernel's)", "chunk_scan", backends=("cuda",)),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
          backends=("hip",)),

@@ -105,3 +105,21 @@ def test_smem_pad_compiles_every_stage_with_other_tiles_and_seq_idx(arch):
     rep = compile_config(cfg, arch, SEQ_PROB)
     assert rep.ok, rep.why()
     assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"]
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm90"])
+def test_register_cap_bounds_the_registers_without_spilling(arch):
+    # the chunk scan takes ~120 registers left alone; capped at 64 it fits without spilling,
+    # which doubles the resident CTAs (the point of the knob)
+    base = default_config(arch, PROB)
+    free = compile_config(base, arch, PROB, stages=("chunk_scan",)).stages[0]
+    capped = compile_config(base.replace(scan_maxnreg=64), arch, PROB, stages=("chunk_scan",)).stages[0]
+    assert free.registers > 64
+    assert capped.registers <= 64 and capped.spill_bytes == 0 and not capped.reasons
+    assert capped.occupancy > free.occupancy
+
+
+def test_register_cap_is_not_offered_on_amd():
+    from autossd.space import violations
+    cfg = default_config("gfx942", PROB).replace(scan_maxnreg=64)
+    assert any("scan_maxnreg=64 is not offered on gfx942" in w for w in violations(cfg, "gfx942", PROB))

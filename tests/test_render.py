@@ -72,3 +72,13 @@ def test_ssd_forward_with_smem_pad_raises_the_gpu_error_in_the_interpreter():
         ssd_forward(x, torch.rand(1, 64, 2), -torch.rand(2), B, B, chunk_size=64,
                     config=Config(chunk_size=64, smem_pad=2, state_block_m=16, state_block_n=16,
                                   state_block_k=64))
+
+
+def test_register_cap_is_a_cuda_launch_option_only_when_set():
+    cfg = Config(scan_maxnreg=64, state_maxnreg=128)
+    cuda = render.launch_options(cfg, "cuda")
+    assert cuda["chunk_scan"]["maxnreg"] == 64 and cuda["fused"]["maxnreg"] == 64
+    assert cuda["chunk_state"]["maxnreg"] == 128 and cuda["state_fused"]["maxnreg"] == 128
+    assert "maxnreg" not in cuda["bmm"] and "maxnreg" not in cuda["state_passing"]
+    assert all("maxnreg" not in o for o in render.launch_options(Config(), "cuda").values())
+    assert all("maxnreg" not in o for o in render.launch_options(cfg, "hip").values())
