@@ -103,6 +103,19 @@ def test_headdim_and_dstate_not_multiples_of_tiles(depth):
     check(prob, SMALL, depth)
 
 
+@pytest.mark.parametrize("seqlen", [128, 150], ids=["full_chunks", "ragged"])
+@pytest.mark.parametrize("feats", ["full", "plain"])
+def test_decay_split_with_full_and_ragged_chunks(seqlen, feats, depth):
+    """The factored decay (row factor on the accumulator after the blocks before the diagonal)
+    with full chunks (the chunk scan's masks compiled out: EVEN_L/EVEN_P/EVEN_N) and ragged ones,
+    with and without seq_idx / initial states; 4 m tiles per chunk, so 3 of them have blocks
+    before the diagonal."""
+    flags = FULL if feats == "full" else dict(has_D=True, has_dt_bias=True, dt_softplus=True,
+                                              return_final_states=True)
+    prob = Problem(batch=2, seqlen=seqlen, nheads=4, headdim=32, dstate=32, ngroups=2, dtype="fp16", **flags)
+    check(prob, SMALL.replace(decay_split=True, scan_block_m=16, scan_block_n=32, scan_block_d=32), depth)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_configs(seed, depth):
     """Several tile/warp/stage choices drawn from the declared space: all compute the same function."""
