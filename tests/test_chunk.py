@@ -116,6 +116,17 @@ def test_decay_split_with_full_and_ragged_chunks(seqlen, feats, depth):
     check(prob, SMALL.replace(decay_split=True, scan_block_m=16, scan_block_n=32, scan_block_d=32), depth)
 
 
+@pytest.mark.parametrize("decay_split", [False, True])
+def test_scan_tile_wider_than_bmm_tiles(decay_split):
+    """A chunk-scan m tile that spans several bmm tiles reads CB tiles above the diagonal, which
+    bmm never writes (poisoned with NaN here): their weights must be selected away, not multiplied
+    by a zero decay (0 * NaN is NaN). Found on the H100 with scan_block_m=128 over 64-wide bmm tiles."""
+    prob = Problem(batch=1, seqlen=128, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
+                   has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
+    check(prob, SMALL.replace(bmm_block_m=16, bmm_block_n=16, scan_block_m=64, scan_block_k=16,
+                              decay_split=decay_split))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_configs(seed, depth):
     """Several tile/warp/stage choices drawn from the declared space: all compute the same function."""
