@@ -256,12 +256,16 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
         # H100 sweeps (BENCHMARKS.md): 2 warps won for chunk state at every shape swept and for
         # state passing at mamba2-2.7b sizes; the factored decay with 32-token k blocks took the
         # chunk scan from 4.13 to 3.38 ms at mamba2-2.7b 1x131072 (124 registers instead of 161),
-        # and no pipelining there to 3.00 ms; 3 stages took chunk state from 0.94 to 0.86 ms
-        base = base.replace(state_warps=2, pass_warps=2, decay_split=True, scan_block_k=32,
-                            scan_stages=1, state_stages=3)
+        # and no pipelining there to 3.00 ms; 3 stages took chunk state from 0.94 to 0.86 ms.
+        # After the scan's per-element work was cut (CB fed to the MMA as loaded, masks compiled
+        # out): 64-token k blocks over 128-wide dstate steps, capped at 128 registers (4 CTAs per
+        # SM; uncapped these take ~156), 2.80 -> 2.45 ms (BENCHMARKS.md, 2026-11-22c)
+        base = base.replace(state_warps=2, pass_warps=2, decay_split=True, scan_block_k=64,
+                            scan_block_d=128, scan_maxnreg=128, scan_stages=1, state_stages=3)
         if base.launches == 1:
-            # the single launch's best in sweep 3: 128-token chunks, 64-token k blocks, 4 warps
-            base = base.replace(chunk_size=128, scan_block_k=64, state_block_k=128)
+            # the single launch's best in sweep 3: 128-token chunks, 64-token k blocks, 4 warps;
+            # a register cap made it slower at every value tried (168: 5.2 -> 7.1 ms)
+            base = base.replace(chunk_size=128, scan_block_k=64, state_block_k=128, scan_maxnreg=0)
     if problem is not None:
         # states in the input dtype, as mamba_ssm does: y's error stays that of the input dtype
         # (measured on the H100, BENCHMARKS.md) and the state traffic halves.
