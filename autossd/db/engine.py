@@ -193,6 +193,21 @@ def migrate(url: str, revision: str = "head") -> str:
         raise TuningDBError(f"tuning db {url}: cannot migrate ({e.orig if hasattr(e, 'orig') else e})") from None
 
 
+def upgrade_if_older(url: str) -> str | None:
+    """Migrate an existing database whose schema is an older one of ours (a user database from an
+    earlier autossd) to HEAD; leave a newer one alone with a warning (its known columns still
+    read). Returns the schema revision found. Every reader of a user database goes through here."""
+    with get_engine(url).connect() as conn:
+        rev = current_revision(conn)
+    if rev in REVISIONS and rev != HEAD:
+        log.info("tuning db %s: schema %s, migrating to %s", url, rev, HEAD)
+        migrate(url)
+    elif rev is not None and rev not in REVISIONS:
+        log.warning("tuning db %s: schema %s is newer than this autossd (%s); reading the columns it knows",
+                    url, rev, HEAD)
+    return rev
+
+
 def finalize_sqlite(path: Path, vacuum: bool = True) -> None:
     """Make an SQLite file self-contained (rollback journal, no -wal/-shm) and compact, for
     shipping inside the package where it is opened read-only. Closes this process's pooled

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from ..problem import Problem
 from ..space import Config, default_config, violations
-from .engine import HEAD, REVISIONS, TuningDBError, current_revision, get_engine, migrate, sqlite_path, to_url
+from .engine import TuningDBError, sqlite_path, to_url, upgrade_if_older
 from .records import Record, on_write, read_records
 
 log = logging.getLogger("autossd.db")
@@ -134,14 +134,7 @@ def _load_user(url: str, arch: str, op: str) -> list[Record]:
     path = sqlite_path(url)
     if url.startswith("sqlite") and (path is None or not path.exists()):
         return []  # a lookup never creates the user database
-    with get_engine(url).connect() as conn:
-        rev = current_revision(conn)
-    if rev in REVISIONS and rev != HEAD:
-        log.info("tuning db %s: schema %s, migrating to %s", url, rev, HEAD)
-        migrate(url)
-    elif rev is not None and rev not in REVISIONS:
-        log.warning("tuning db %s: schema %s is newer than this autossd (%s); reading the columns it knows",
-                    url, rev, HEAD)
+    upgrade_if_older(url)
     return read_records(url, arch, op, strict=False, origin="user")
 
 

@@ -148,7 +148,10 @@ class DbSink:
         self.layer.add_records(self.url, [rec])
 
     def load(self, arch: str | None = None) -> list[dict]:
-        recs = self.layer.read_records(self.url, arch, strict=False) if _exists(self.url) else []
+        if not _exists(self.url):
+            return []
+        self.layer.upgrade_if_older(self.url)  # a store from an earlier autossd: migrate, then read
+        recs = self.layer.read_records(self.url, arch, strict=False)
         return [db_record_dict(r) for r in recs]
 
     def __repr__(self) -> str:
