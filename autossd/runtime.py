@@ -224,6 +224,17 @@ def _get_kernel_cold(problem_or_shape, arch, db) -> Kernel:
 _Tensor = torch.Tensor
 
 
+def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+             dt_limit, return_final_states, return_varlen_states, state_dtype):
+    """Validate, look up, run: y, or a tuple with what was asked (mamba_ssm's returns)."""
+    prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                     dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+    kernel = get_kernel(prob, arch_of_device(x.device))
+    return kernel.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                 initial_states=initial_states, seq_idx=seq_idx),
+                      cu_seqlens, dt_limit, state_dtype)
+
+
 def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, chunk_size: int,
             D: Optional[_Tensor], z: Optional[_Tensor], dt_bias: Optional[_Tensor],
             initial_states: Optional[_Tensor], seq_idx: Optional[_Tensor],
@@ -231,13 +242,8 @@ def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, 
             return_final_states: bool, return_varlen_states: bool,
             state_dtype: Optional[torch.dtype]) -> tuple[_Tensor, _Tensor, _Tensor]:
     """(y, final_states or empty, varlen_states or empty)."""
-    dt_limit = (dt_lo, dt_hi)
-    prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                     dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
-    kernel = get_kernel(prob, arch_of_device(x.device))
-    out = kernel.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                initial_states=initial_states, seq_idx=seq_idx),
-                     cu_seqlens, dt_limit, state_dtype)
+    out = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                   dt_softplus, (dt_lo, dt_hi), return_final_states, return_varlen_states, state_dtype)
     if not isinstance(out, tuple):
         out = (out,)
     y = out[0]
@@ -276,9 +282,13 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     returns: y; or (y, final_states); or (y, varlen_states); or (y, final_states, varlen_states)."""
     lo, hi = dt_limit
     # Eager calls skip torch's custom-op dispatcher (~250 us per call measured on the H100 host,
-    # BENCHMARKS.md); torch.compile traces the registered op, so it still sees no graph break.
-    op = torch.ops.autossd.ssd_fwd if torch.compiler.is_compiling() else _ssd_fwd_eager
-    y, final, varlen = op(
+    # BENCHMARKS.md) and its fixed three outputs (two empty placeholders to allocate); torch.compile
+    # traces the registered op, so it still sees no graph break.
+    if not torch.compiler.is_compiling():
+        return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                        bool(dt_softplus), (float(lo), float(hi)), bool(return_final_states),
+                        bool(return_varlen_states), state_dtype)
+    y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         bool(dt_softplus), float(lo), float(hi), bool(return_final_states),
         bool(return_varlen_states), state_dtype)

@@ -160,12 +160,18 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
     t1, t2 = make_inputs(prob, seed=1), make_inputs(prob, seed=2)
     mod = load(SMALL)
 
-    class Stub:
+    class Stub:  # what _record/_replay use of a CompiledKernel
+        function, packed_metadata = "fn", "meta"
+
         def __init__(self):
             self.calls = []
 
-        def __getitem__(self, grid):
-            return lambda *args: self.calls.append((grid, args))
+        def _init_handles(self):
+            pass
+
+        def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
+            assert (stream, function, meta, launch_meta, enter, exit_) == (7, "fn", "meta", None, None, None)
+            self.calls.append(((gx, gy, gz), args))
 
     def planned(t):
         buf = chunk.allocate(prob, SMALL, "cpu")
@@ -175,13 +181,43 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
     stubs = [Stub() for _ in launches1]
     rec = chunk._record(launches1, stubs, t1, buf1, mod)
     buf2, launches2 = planned(t2)
-    chunk._replay(rec, t2, buf2)
+    chunk._replay(rec, t2, buf2, stream=7)
     for ln, stub in zip(launches2, stubs):
         (grid, args), = stub.calls
         want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
         assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want)
-        for a, w in zip(args, want):
-            assert a is w if isinstance(w, torch.Tensor) else a == w
+        for a, w in zip(args, want):  # tensors go to the launcher as their addresses
+            assert a == w.data_ptr() if isinstance(w, torch.Tensor) else a == w
+
+
+def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
+    """A profiler's launch hook (triton.knobs.runtime.launch_enter_hook) still sees every launch:
+    with one set, the replay calls triton's runner, which calls the hooks, not the launcher."""
+    from triton import knobs
+
+    from autossd.ops.ssd import chunk
+
+    calls = []
+
+    class Stub:
+        function, packed_metadata = "fn", "meta"
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("runner", grid))
+
+        def run(self, *args):
+            calls.append(("launcher",))
+
+    t = {"x": torch.zeros(4)}
+    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)))]
+    hook = lambda meta: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        chunk._replay(rec, t, None, stream=0)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    chunk._replay(rec, t, None, stream=0)
+    assert calls == [("runner", (1, 1, 1)), ("launcher",)]
 
 
 def test_launch_cache_key_sees_aliasing_and_strides():

@@ -55,6 +55,34 @@ def chains(prob: _problem.Problem, config: Config) -> int:
     return prob.batch * prob.nheads * tiles
 
 
+_ALIGN = 256  # bytes: every carved tensor starts 16-byte aligned (what triton specializes on)
+
+
+def _carve(device, *specs) -> list:
+    """Contiguous tensors of the given (shape, dtype) (or None) cut from one byte buffer."""
+    offsets, total = [], 0
+    for spec in specs:
+        offsets.append(total)
+        if spec is not None:
+            shape, dtype = spec
+            numel = 1
+            for d in shape:
+                numel *= d
+            total += -(-numel * dtype.itemsize // _ALIGN) * _ALIGN
+    ws = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    out = []
+    for spec, off in zip(specs, offsets):
+        if spec is None:
+            out.append(None)
+            continue
+        shape, dtype = spec
+        numel = 1
+        for d in shape:
+            numel *= d
+        out.append(ws[off:off + numel * dtype.itemsize].view(dtype).view(shape))
+    return out
+
+
 def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
              poison: bool = False) -> Buffers:
     q = config.chunk_size
@@ -67,12 +95,14 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
     # the single launch keeps entering states in registers; it writes them only for varlen states
     need_states = depth != 1 or prob.return_varlen_states
     need_final = prob.return_final_states or depth != 5
+    # the intermediates share one allocation (one allocator call per forward instead of four,
+    # measured at ~6 us each on the H100 host); y and final are returned, so they get their own
+    dt_, dA_, cb_, st_ = _carve(device, ((b, h, nc, q), f32), ((b, h, nc, q), f32),
+                                ((b, nc, g, q, q), xdt) if depth != 1 else None,
+                                ((b, nc, h, p, n), sdt) if need_states else None)
     buf = Buffers(
         y=torch.empty(b, l, h, p, dtype=xdt, device=device),
-        dt=torch.empty(b, h, nc, q, dtype=f32, device=device),
-        dA=torch.empty(b, h, nc, q, dtype=f32, device=device),
-        cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
-        states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
+        dt=dt_, dA=dA_, cb=cb_, states=st_,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
         sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int32, device=device)
@@ -263,21 +293,45 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
         for name in getattr(module, ln.kernel).arg_names:
             v = values[name]
             srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
-        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), srcs))  # the runner wants 3-D
+        ck._init_handles()  # loads the module once, so the replay can take ck.function directly
+        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs)))  # the runner wants 3-D
     return out
 
 
-def _replay(cached: list, t: dict, buf: Buffers) -> None:
+def _active(hook) -> bool:
+    # triton 3.6 keeps an (empty) HookChain there, never None; earlier versions keep None
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
+    """Launch recorded kernels on new inputs and buffers. Each launch calls the compiled kernel's
+    launcher directly: the device and stream are looked up once per call instead of per launch,
+    and pointers go as integers, which the launcher takes as they are (a tensor costs it a
+    data_ptr() call and a driver query per pointer). The inputs were validated to be on one GPU
+    (problem.from_args), which is the check that query would make. With a launch hook set (a
+    profiler), the launch goes through triton's runner, which calls the hooks; without one, the
+    launcher gets None for them and no per-launch metadata is built."""
+    from triton import knobs
+    hooked = _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
+    if stream is None and not hooked:
+        from triton.runtime.driver import driver
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
     for ck, grid, srcs in cached:
-        ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k
-                   for kind, k in srcs])
+        if hooked:
+            ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k
+                       for kind, k in srcs])
+            continue
+        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
+               *[t[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else k
+                 for kind, k in srcs])
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
             backend="cuda", module=None, poison=False):
-    prob_final = prob.return_final_states or prob.return_varlen_states
-    buf = allocate(prob.replace(return_final_states=prob_final), config, t["x"].device, state_dtype,
-                   poison)
+    if prob.return_varlen_states and not prob.return_final_states:  # varlen states read `final`
+        buf = allocate(prob.replace(return_final_states=True), config, t["x"].device, state_dtype, poison)
+    else:  # (no Problem rebuilt per call: its validation is a few us of host time)
+        buf = allocate(prob, config, t["x"].device, state_dtype, poison)
     module = module or load(config, backend)
     fast = _fast and t["x"].device.type != "cpu"  # the interpreter has no compiled kernels
     key = (prob, config, backend, tuple(dt_limit), state_dtype, t["x"].device, _input_sig(t)) if fast else None
