@@ -55,34 +55,6 @@ def chains(prob: _problem.Problem, config: Config) -> int:
     return prob.batch * prob.nheads * tiles
 
 
-_ALIGN = 256  # bytes: every carved tensor starts 16-byte aligned (what triton specializes on)
-
-
-def _carve(device, *specs) -> list:
-    """Contiguous tensors of the given (shape, dtype) (or None) cut from one byte buffer."""
-    offsets, total = [], 0
-    for spec in specs:
-        offsets.append(total)
-        if spec is not None:
-            shape, dtype = spec
-            numel = 1
-            for d in shape:
-                numel *= d
-            total += -(-numel * dtype.itemsize // _ALIGN) * _ALIGN
-    ws = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-    out = []
-    for spec, off in zip(specs, offsets):
-        if spec is None:
-            out.append(None)
-            continue
-        shape, dtype = spec
-        numel = 1
-        for d in shape:
-            numel *= d
-        out.append(ws[off:off + numel * dtype.itemsize].view(dtype).view(shape))
-    return out
-
-
 def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
              poison: bool = False) -> Buffers:
     q = config.chunk_size
@@ -95,14 +67,13 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
     # the single launch keeps entering states in registers; it writes them only for varlen states
     need_states = depth != 1 or prob.return_varlen_states
     need_final = prob.return_final_states or depth != 5
-    # the intermediates share one allocation (one allocator call per forward instead of four,
-    # measured at ~6 us each on the H100 host); y and final are returned, so they get their own
-    dt_, dA_, cb_, st_ = _carve(device, ((b, h, nc, q), f32), ((b, h, nc, q), f32),
-                                ((b, nc, g, q, q), xdt) if depth != 1 else None,
-                                ((b, nc, h, p, n), sdt) if need_states else None)
+    # (one allocation carved into these measured slower: views cost more than the allocator)
     buf = Buffers(
         y=torch.empty(b, l, h, p, dtype=xdt, device=device),
-        dt=dt_, dA=dA_, cb=cb_, states=st_,
+        dt=torch.empty(b, h, nc, q, dtype=f32, device=device),
+        dA=torch.empty(b, h, nc, q, dtype=f32, device=device),
+        cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
+        states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
         sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int32, device=device)
