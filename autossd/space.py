@@ -28,6 +28,7 @@ class Knob:
     stage: str = "all"            # which kernel stage it shapes
     backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
     depths: tuple = (5, 3, 1)     # fusion depths (launches) whose kernels it shapes
+    measured_only: bool = False   # the static model cannot rank it: static tunes keep the default
 
     def offered_on(self, arch: Arch) -> bool:
         return arch.backend in self.backends and len(self.values) > 1
@@ -58,8 +59,10 @@ KNOBS: tuple[Knob, ...] = (
     # register cap per thread (ptxas -maxnreg), 0 = ptxas's choice. Left alone, ptxas takes up to
     # 255 registers for ILP; these kernels are latency-bound, and the cap buys resident CTAs
     # (the chunk scan compiles to 64 instead of 120 without spilling: 8 CTAs per SM, not 4).
+    # measured_only: a cap raises occupancy in the compile report, but what it costs in code
+    # (H100: 64 registers made the chunk scan 1.47x slower at twice the CTAs) only a GPU shows
     Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
-         backends=("cuda",), depths=(5, 3)),
+         backends=("cuda",), depths=(5, 3), measured_only=True),
     # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
@@ -77,7 +80,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
-         "the fused kernel's)", "chunk_scan", backends=("cuda",)),
+         "the fused kernel's)", "chunk_scan", backends=("cuda",), measured_only=True),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
          backends=("hip",)),

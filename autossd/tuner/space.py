@@ -115,8 +115,11 @@ class SearchSpace:
                 yield Config({**self.pinned, "launches": n, **{d.name: v for d, v in zip(dims, combo)}})
 
 
-def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | None = None) -> SearchSpace:
-    """The search space for `problem` on `arch`. `fixed` pins knobs (validated like a Config)."""
+def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | None = None,
+                static: bool = False) -> SearchSpace:
+    """The search space for `problem` on `arch`. `fixed` pins knobs (validated like a Config).
+    `static` (model-ranked, no GPU): knobs the model cannot rank (Knob.measured_only) keep their
+    default unless fixed."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     fixed = dict(fixed or {})
     Config(fixed)  # unknown names / values outside a knob's set raise ConfigError here
@@ -127,6 +130,9 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
     for knob in KNOBS:
         if knob.name in fixed:
             pinned[knob.name] = fixed[knob.name]
+            continue
+        if static and knob.measured_only:
+            pinned[knob.name] = knob.default
             continue
         values = tuple(v for v in knob.values_on(arch)
                        if knob.name not in limit or v <= limit[knob.name])

@@ -126,7 +126,7 @@ def reap_stale(study: optuna.Study, grace_s: float = 120.0) -> int:
 
 def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
                space: SearchSpace | None = None) -> tuple[optuna.Study, SearchSpace]:
-    space = space or build_space(arch, problem, settings.fixed)
+    space = space or build_space(arch, problem, settings.fixed, static=mode == "static")
     sampler = make_sampler(settings.sampler, space, settings.seed)
     study = optuna.create_study(study_name=study_name(arch, problem, mode, device),
                                 storage=open_storage(settings.storage), sampler=sampler,
