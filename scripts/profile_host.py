@@ -2,7 +2,11 @@
 time goes), and `--once` for running one forward under a profiler (ncu).
 
     python scripts/profile_host.py --out DIR [--shape 2.7b:1x2048] [--dtype bf16]
-    ncu --clock-control none -k regex:ssd_chunk_scan -c 1 python scripts/profile_host.py --once --shape 2.7b:1x131072
+    ncu --set full --import-source yes -k regex:ssd_chunk_scan -c 1 -o REPORT \
+        python scripts/profile_host.py --once --shape 2.7b:1x131072 --dtype fp16 [--config JSON]
+
+--once runs the drop-in (the database's pick), or with --config the sm90 default with those
+overrides through ssd_forward, and exits.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import autossd  # noqa: E402
 from autossd import runtime  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.problem import Problem, from_args  # noqa: E402
+from autossd.space import default_config, fit  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
 MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
@@ -61,6 +66,7 @@ def main():
     ap.add_argument("--shape", default="2.7b:1x2048")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--once", action="store_true")
+    ap.add_argument("--config", default=None, help="with --once: JSON overrides of the sm90 default")
     ap.add_argument("--compare", action="store_true",
                     help="GPU time of the drop-in vs ssd_forward with the same config, interleaved "
                          "(do_bench and graph replay)")
@@ -74,7 +80,11 @@ def main():
     args = (t["x"], t["dt"], t["A"], t["B"], t["C"], 256)
     kw = dict(D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True)
     if a.once:
-        autossd.mamba_chunk_scan_combined(*args, **kw)
+        if a.config is None:
+            autossd.mamba_chunk_scan_combined(*args, **kw)
+        else:
+            cfg = fit(default_config("sm90", prob).replace(**json.loads(a.config)), prob)
+            ssd_chunk.ssd_forward(*args, **kw, config=cfg)
         torch.cuda.synchronize()
         return
     prob = from_args(*args, **kw)
