@@ -121,10 +121,37 @@ def test_scan_tile_wider_than_bmm_tiles(decay_split):
     """A chunk-scan m tile that spans several bmm tiles reads CB tiles above the diagonal, which
     bmm never writes (poisoned with NaN here): their weights must be selected away, not multiplied
     by a zero decay (0 * NaN is NaN). Found on the H100 with scan_block_m=128 over 64-wide bmm tiles."""
-    prob = Problem(batch=1, seqlen=128, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
+    prob = Problem(batch=1, seqlen=256, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
                    has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
-    check(prob, SMALL.replace(bmm_block_m=16, bmm_block_n=16, scan_block_m=64, scan_block_k=16,
-                              decay_split=decay_split))
+    # chunk 128 = two 64-row scan tiles: the second has blocks before the diagonal (k_split = 64)
+    check(prob, SMALL.replace(chunk_size=128, bmm_block_m=16, bmm_block_n=16, scan_block_m=64,
+                              scan_block_k=16, decay_split=decay_split))
+
+
+@pytest.mark.parametrize("decay_split", [False, True])
+def test_decay_split_with_headdim_and_dstate_not_multiples_of_tiles(decay_split):
+    """The masked x and state loads (EVEN_P / EVEN_N false) under the factored decay too."""
+    prob = Problem(batch=1, seqlen=150, nheads=2, headdim=24, dstate=40, ngroups=1, dtype="fp16",
+                   has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True,
+                   return_final_states=True)
+    check(prob, SMALL.replace(decay_split=decay_split, scan_block_m=16))
+
+
+def test_scan_tiles_wider_than_the_chunk_keep_their_masks():
+    """ssd_forward runs any valid Config, also one whose scan tiles exceed the chunk (violations()
+    would refuse it, fit() would shrink it): full chunks must not drop the masks then, or the
+    tile's extra rows are stored into the next chunk or past the end of y."""
+    prob = Problem(batch=1, seqlen=128, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                   has_D=True)
+    cfg = Config(chunk_size=64, scan_block_m=128, scan_block_k=128, scan_block_n=16, scan_block_d=16,
+                 bmm_block_m=16, bmm_block_n=16, bmm_block_k=16, state_block_m=16, state_block_n=16,
+                 state_block_k=16, decay_split=True)
+    t = make_inputs(prob, DEV, seed=next(_seed))
+    kw = call_kwargs(prob, t)
+    y = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, config=cfg, poison=True, **kw)
+    y_ref = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 64,
+                        **{k: v for k, v in kw.items() if not k.startswith("return_")})[0]
+    assert rel_err(y, y_ref) <= tolerance("fp32", cfg.state_dtype)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

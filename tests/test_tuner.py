@@ -114,18 +114,28 @@ def test_seeds_hold_the_default_and_are_feasible():
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():
     """A register cap only shows what it costs on a GPU (it raises the compile report's occupancy
-    either way): measured tunes search it on NVIDIA, static tunes keep it off unless pinned,
-    and AMD never offers it."""
+    either way): measured tunes search it on NVIDIA; static tunes keep each depth's default
+    (sm90: 128 for the chunk scan at five and three launches, none for the single launch)
+    unless pinned; AMD never offers it."""
+    import optuna
     caps_ = {"scan_maxnreg", "state_maxnreg"}
     measured = build_space("sm90", SMALL)
     assert caps_ <= {d.name for d in measured.dims}
     static = build_space("sm90", SMALL, static=True)
     assert not caps_ & {d.name for d in static.dims}
-    assert all(static.pinned[k] == 0 for k in caps_)
-    assert build_space("sm90", SMALL, {"scan_maxnreg": 96}, static=True).pinned["scan_maxnreg"] == 96
+    for depth in (5, 3, 1):
+        want = default_config("sm90", SMALL, launches=depth)
+        assert static.pins(depth)["scan_maxnreg"] == want.scan_maxnreg
+    assert {static.pins(5)["scan_maxnreg"], static.pins(1)["scan_maxnreg"]} == {128, 0}
+    assert build_space("sm90", SMALL, {"scan_maxnreg": 96}, static=True).pins(1)["scan_maxnreg"] == 96
     assert not caps_ & {d.name for d in build_space("gfx942", SMALL).dims}
-    seeds = seed_configs("sm90", SMALL, static)   # the sm90 default's cap is dropped, not the seed
-    assert seeds and all(c.scan_maxnreg == 0 for c in seeds)
+    seeds = seed_configs("sm90", SMALL, static)
+    assert default_config("sm90", SMALL) in seeds and default_config("sm90", SMALL, launches=1) in seeds
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(30):   # sampled configs carry their depth's default cap
+        cfg = static.suggest(study.ask())
+        assert cfg.scan_maxnreg == default_config("sm90", SMALL, launches=cfg.launches).scan_maxnreg
+        assert static.params(cfg) is not None
 
 
 def test_seeds_with_a_pinned_depth_start_from_that_depth_default():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -50,6 +50,14 @@ class SearchSpace:
     arch: str
     dims: tuple[Dim, ...]
     pinned: Mapping[str, Any]      # knobs with one value here (not offered, capped, or fixed)
+    # per fusion depth, pinned values that differ by depth (a static tune keeps each depth's
+    # default for the knobs it cannot rank: the sm90 chunk scan's register cap is 128 at five
+    # and three launches, none at one)
+    pinned_at: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+
+    def pins(self, launches: int) -> dict[str, Any]:
+        """The pinned values at a fusion depth."""
+        return {**self.pinned, **self.pinned_at.get(launches, {})}
 
     def distributions(self) -> dict[str, BaseDistribution]:
         return {d.name: d.distribution() for d in self.dims}
@@ -82,18 +90,21 @@ class SearchSpace:
         for d in self.dims:
             if d.name == "launches":
                 draw(d)
-        for d in self._dims_at(values.get("launches", KNOB_BY_NAME["launches"].default)):
+        launches = values.get("launches", KNOB_BY_NAME["launches"].default)
+        values.update(self.pinned_at.get(launches, {}))
+        for d in self._dims_at(launches):
             draw(d)
         return Config(values)
 
     def config_from_params(self, params: Mapping[str, Any]) -> Config:
-        return Config({**self.pinned, **{d.name: d.decode(params[d.name]) for d in self.dims
-                                         if d.name in params}})
+        drawn = {d.name: d.decode(params[d.name]) for d in self.dims if d.name in params}
+        launches = drawn.get("launches", self.pinned.get("launches", KNOB_BY_NAME["launches"].default))
+        return Config({**self.pins(launches), **drawn})
 
     def params(self, config: Config) -> dict[str, Any] | None:
         """The Optuna params of a config (the knobs its depth uses), or None when it lies
         outside this space."""
-        if any(config[k] != v for k, v in self.pinned.items()
+        if any(config[k] != v for k, v in self.pins(config.launches).items()
                if self._used(k, config.launches) or k == "launches"):
             return None
         try:
@@ -112,7 +123,7 @@ class SearchSpace:
         for n in self._depths():
             dims = self._dims_at(n)
             for combo in itertools.product(*(d.values for d in dims)):
-                yield Config({**self.pinned, "launches": n, **{d.name: v for d, v in zip(dims, combo)}})
+                yield Config({**self.pins(n), "launches": n, **{d.name: v for d, v in zip(dims, combo)}})
 
 
 def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | None = None,
@@ -126,13 +137,15 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
     if problem.chunk_size is not None:
         fixed.setdefault("chunk_size", problem.chunk_size)
     limit = caps(problem)
-    dims, pinned = [], {}
+    dims, pinned, pinned_at = [], {}, {}
     for knob in KNOBS:
         if knob.name in fixed:
             pinned[knob.name] = fixed[knob.name]
             continue
-        if static and knob.measured_only:
+        if static and knob.measured_only:   # each depth's default for this arch
             pinned[knob.name] = knob.default
+            for d in knob.depths:
+                pinned_at.setdefault(d, {})[knob.name] = default_config(arch, problem, launches=d)[knob.name]
             continue
         values = tuple(v for v in knob.values_on(arch)
                        if knob.name not in limit or v <= limit[knob.name])
@@ -140,7 +153,7 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
             dims.append(Dim(knob.name, values))
         else:   # one value here, or unused by the pinned depth's kernels
             pinned[knob.name] = values[0] if len(values) == 1 else knob.default
-    return SearchSpace(arch.name, tuple(dims), pinned)
+    return SearchSpace(arch.name, tuple(dims), pinned, pinned_at)
 
 
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
@@ -148,11 +161,11 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     problem), the default at every other fusion depth, and the default at each chunk size. Only
     those inside the space and feasible."""
     base = default_config(arch, problem, launches=space.pinned.get("launches"))
-    base = base.replace(**{k: v for k, v in space.pinned.items() if base[k] != v})
+    base = base.replace(**{k: v for k, v in space.pins(base.launches).items() if base[k] != v})
     depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
                                 if "launches" not in space.pinned and d != base.launches]
     cands = [base] + [default_config(arch, problem, launches=d).replace(
-        **{k: v for k, v in space.pinned.items() if k != "launches"}) for d in depths[1:]]
+        **{k: v for k, v in space.pins(d).items() if k != "launches"}) for d in depths[1:]]
     cands += [fit(base.replace(chunk_size=q), problem)
               for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
     out: list[Config] = []

@@ -129,7 +129,10 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                        **_named("s_C", "blgn", C), **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb),
                        s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **st_strides,
                        s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides),
-                  dict(**epilogue, HAS_SEQ=seq is not None, EVEN_L=l % q == 0,
+                  # EVEN_L drops the row/column masks: only when tiles cannot pass the chunk
+                  # (ssd_forward takes any config; violations() would refuse such tiles)
+                  dict(**epilogue, HAS_SEQ=seq is not None,
+                       EVEN_L=l % q == 0 and config.scan_block_m <= q and config.scan_block_k <= q,
                        EVEN_P=p % config.scan_block_n == 0, EVEN_N=n % config.scan_block_d == 0),
                   opts["chunk_scan"])
     # the fused kernels take a 1-D grid: a program's work comes from its ticket, not its id
