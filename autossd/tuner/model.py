@@ -40,6 +40,11 @@ sm90 defaults with compile reports, 2.7b fp16): 1x131072 predicted 6.01 / 6.81 /
 5 / 3 / 1 launches vs 4.49 / 5.00 / 5.10 measured; 4x16384 3.01 / 3.41 / 5.46 vs 2.23 / 2.52 / 2.63:
 the ranking holds, the single launch is over-predicted ~2x (its in-place C·Bᵀ is charged at the
 small tiles' matmul efficiency).
+
+Register caps (scan_maxnreg, state_maxnreg) are outside what it can rank: a cap raises the
+occupancy the compile report shows, but on the H100 a spill-free cap of 64 registers made the
+chunk scan 1.47x slower at twice the resident CTAs (BENCHMARKS.md §18). Static tunes therefore
+keep each depth's default cap (Knob.measured_only, tuner/space.build_space).
 """
 from __future__ import annotations
 
