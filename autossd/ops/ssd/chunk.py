@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
+from triton import knobs
+from triton.runtime.driver import driver
 
 from ... import problem as _problem
 from ...render import launch_options, load
@@ -285,10 +287,8 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
     (problem.from_args), which is the check that query would make. With a launch hook set (a
     profiler), the launch goes through triton's runner, which calls the hooks; without one, the
     launcher gets None for them and no per-launch metadata is built."""
-    from triton import knobs
     hooked = _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
     if stream is None and not hooked:
-        from triton.runtime.driver import driver
         stream = driver.active.get_current_stream(driver.active.get_current_device())
     for ck, grid, srcs in cached:
         if hooked:
@@ -302,9 +302,11 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
             backend="cuda", module=None, poison=False):
-    if prob.return_varlen_states and not prob.return_final_states:  # varlen states read `final`
+    # a varlen-only call allocates `final` too, as it always has; only that case rebuilds the
+    # Problem (its validation is a few us of host time per call)
+    if prob.return_varlen_states and not prob.return_final_states:
         buf = allocate(prob.replace(return_final_states=True), config, t["x"].device, state_dtype, poison)
-    else:  # (no Problem rebuilt per call: its validation is a few us of host time)
+    else:
         buf = allocate(prob, config, t["x"].device, state_dtype, poison)
     module = module or load(config, backend)
     fast = _fast and t["x"].device.type != "cpu"  # the interpreter has no compiled kernels
