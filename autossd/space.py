@@ -61,11 +61,6 @@ KNOBS: tuple[Knob, ...] = (
     # (the chunk scan compiles to 64 instead of 120 without spilling: 8 CTAs per SM, not 4).
     # measured_only: a cap raises occupancy in the compile report, but what it costs in code
     # (H100: 64 registers made the chunk scan 1.47x slower at twice the CTAs) only a GPU shows
-    # the middle depth's ordered hand-off costs ~3.6 us per link on an H100 (BENCHMARKS.md §11):
-    # one link per chunk bound its state kernel at 1.83 ms over 512 chunks; a program that walks
-    # a span of chunks (running state in registers) makes the chain that many times shorter
-    Knob("state_span", (1, 2, 4, 8), 1, "chunks per program of the fused state kernel (one ordered "
-         "hand-off per span)", "chunk_state", depths=(3,)),
     Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
          backends=("cuda",), depths=(5, 3), measured_only=True),
     # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many

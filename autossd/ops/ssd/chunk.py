@@ -40,11 +40,6 @@ class Buffers:
     states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
     final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
     sync: torch.Tensor | None = None  # int32 zeros: ticket counter, then one flag per chain
-    # launches 3 with state_span > 1: states holds each chunk's part from its own span, pre the
-    # state entering each span (b, spans, h, p, n, state dtype), dec the decay since the span
-    # began (b, h, c) fp32; entering state of chunk c = states[c] + dec[c] * pre[c // span]
-    pre: torch.Tensor | None = None
-    dec: torch.Tensor | None = None
 
 
 def _strides(t, n):
@@ -85,11 +80,8 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
         sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int32, device=device)
         if depth != 5 else None)
-    if depth == 3 and config.state_span > 1:
-        buf.pre = torch.empty(b, triton.cdiv(nc, config.state_span), h, p, n, dtype=sdt, device=device)
-        buf.dec = torch.empty(b, h, nc, dtype=f32, device=device)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
-        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final, buf.pre, buf.dec):
+        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
             if t is not None:
                 t.fill_(float("nan"))
     return buf
@@ -119,8 +111,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       s_bias_h=bias.stride(0) if bias is not None else 0)
     dt_out = dict(s_o_b=s_dt[0], s_o_h=s_dt[1], s_o_c=s_dt[2])
     st_strides = _named("s_st", ("b", "c", "h", "p", "n"), buf.states)
-    # pre shares states' (h, p, n) strides (both contiguous, same trailing dims); dec is (b, h, c)
-    pre_strides = _named("s_pre", ("b", "s"), buf.pre)
     fin = dict(s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
                s_fin_h=buf.final.stride(1) if buf.final is not None else 0)
     init_strides = _named("s_init", ("b", "h", "p", "n"), init)
@@ -136,28 +126,27 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     scan = Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
-                       st_ptr=buf.states, pre_ptr=buf.pre, dec_ptr=buf.dec, D_ptr=D, seq_ptr=seq,
+                       st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
                        L=l, H=h, P=p, N=n, heads_per_group=hpg, **scan_io,
                        **_named("s_C", "blgn", C), **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb),
-                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **st_strides, **pre_strides,
+                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **st_strides,
                        s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides),
                   # EVEN_L drops the row/column masks: only when tiles cannot pass the chunk
                   # (ssd_forward takes any config; violations() would refuse such tiles)
                   dict(**epilogue, HAS_SEQ=seq is not None,
                        EVEN_L=l % q == 0 and config.scan_block_m <= q and config.scan_block_k <= q,
-                       EVEN_P=p % config.scan_block_n == 0, EVEN_N=n % config.scan_block_d == 0,
-                       HAS_PRE=buf.pre is not None),
+                       EVEN_P=p % config.scan_block_n == 0, EVEN_N=n % config.scan_block_d == 0),
                   opts["chunk_scan"])
     # the fused kernels take a 1-D grid: a program's work comes from its ticket, not its id
     grid = (nc * chains(prob, config),)
     if depth == 3:
         return [bmm, Launch(
-            "state_fused", "ssd_state_fused", (triton.cdiv(nc, config.state_span) * chains(prob, config),),
+            "state_fused", "ssd_state_fused", grid,
             dict(x_ptr=x, **dt_in, B_ptr=B, seq_ptr=seq, init_ptr=init, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
-                 st_ptr=buf.states, pre_ptr=buf.pre, dec_ptr=buf.dec, carry_ptr=buf.final, sync_ptr=buf.sync,
+                 st_ptr=buf.states, carry_ptr=buf.final, sync_ptr=buf.sync,
                  L=l, H=h, P=p, N=n, NB=b, heads_per_group=hpg, dt_lo=lo, dt_hi=hi,
                  **_named("s_x", "blhp", x), **dt_strides, **_named("s_B", "blgn", B), **seq_strides,
-                 **init_strides, **dt_out, **st_strides, **pre_strides, **fin),
+                 **init_strides, **dt_out, **st_strides, **fin),
             dict(**flags, HAS_INIT=init is not None, HAS_SEQ=seq is not None), opts["state_fused"]), scan]
     if depth == 1:
         return [Launch(
@@ -227,8 +216,6 @@ def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
     prev_tok = (chunk * q - 1).clamp(min=0)
     carry = (seq[ends] == seq[prev_tok]).float()[:, None, None, None]
     prev = buf.states[0][chunk].float()                                # (s, h, p, n)
-    if buf.pre is not None:   # a span's part plus what entered the span, decayed
-        prev = prev + buf.dec[0][:, chunk].T[..., None, None] * buf.pre[0][chunk // config.state_span].float()
     return local + carry * torch.exp(dA_end)[..., None] * prev
 
 
@@ -258,7 +245,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "pre", "dec")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync")
 _launch_cache: dict[tuple, list] = {}
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
 
