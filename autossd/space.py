@@ -206,6 +206,12 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         # the single launch keeps a program's whole state row in registers for the scan
         why.append(f"state_block_n={config.state_block_n} must cover dstate "
                    f"({caps(problem)['state_block_n']}) at launches=1")
+    if config.launches == 1 and arch.name == "sm90" and config.state_block_m < 64 and config.scan_block_m >= 64:
+        # Triton 3.6's wgmma lowering gets the single launch wrong here: y off by O(1) from row 16
+        # of each tile, and an illegal address at 2048 tokens (H100; right with MMA v3 disabled,
+        # and in the interpreter). scripts/repro_fused_tiles.py, BENCHMARKS.md §27.
+        why.append(f"state_block_m={config.state_block_m} < 64 with scan_block_m={config.scan_block_m} >= 64 "
+                   f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
     for stage in ("bmm", "state", "scan", "pass"):
@@ -277,4 +283,6 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
         if problem.chunk_size is not None:
             base = base.replace(chunk_size=problem.chunk_size)
         base = fit(base, problem)
+        if arch.name == "sm90" and base.launches == 1 and base.state_block_m < 64:
+            base = base.replace(scan_block_m=32)   # headdim < 64: see violations (a Triton 3.6 bug)
     return base

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from autossd.arch import local_arch
 from autossd.ops.ssd.chunk import ssd_forward
 from autossd.ops.ssd.naive import ssd_chunked
 from autossd.problem import Problem
@@ -14,6 +15,9 @@ from autossd.space import KNOBS, Config, fit, violations
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# configs must be feasible where they run; the interpreter is checked as sm80 (no arch-specific
+# miscompile rules: space.violations refuses some single-launch tiles on sm90 only)
+ARCH = (local_arch() or "sm90") if DEV == "cuda" else "sm80"
 TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Small tiles keep the interpreter quick; the GPU suite (scripts/gpu_validate.py) runs defaults.
 SMALL = Config(chunk_size=64, cumsum_block_h=2, bmm_block_m=16, bmm_block_n=32, bmm_block_k=16,
@@ -33,7 +37,10 @@ def check(prob: Problem, cfg: Config, depth: int = 5):
     """Run the kernels of `depth` and the reference on fresh inputs; assert every output is
     within the dtype-aware tolerance."""
     cfg = fit(cfg.replace(launches=depth), prob)
-    assert not violations(cfg, "sm90", prob), violations(cfg, "sm90", prob)
+    why = violations(cfg, ARCH, prob)
+    if why and DEV == "cuda" and any("miscompiled" in w for w in why):
+        pytest.skip(f"refused on {ARCH}: {why}")
+    assert not why, why
     t = make_inputs(prob, DEV, seed=next(_seed))
     kw = call_kwargs(prob, t)
     out = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg, poison=True,

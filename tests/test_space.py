@@ -57,9 +57,22 @@ def test_violations_catch_tiles_larger_than_chunk_or_problem():
 
 def test_defaults_are_feasible_on_every_arch():
     for arch in ARCHS:
-        for prob in (PROB, PROB.replace(headdim=16, dstate=16, nheads=4, chunk_size=64)):
-            cfg = default_config(arch, prob)
-            assert violations(cfg, arch, prob) == [], (arch, prob)
+        for prob in (PROB, PROB.replace(headdim=16, dstate=16, nheads=4, chunk_size=64),
+                     PROB.replace(headdim=32)):
+            for depth in (5, 3, 1):
+                cfg = default_config(arch, prob, launches=depth)
+                assert violations(cfg, arch, prob) == [], (arch, prob, depth)
+
+
+def test_single_launch_headdim_tiles_under_64_refused_on_sm90_only():
+    # a Triton 3.6 wgmma miscompile (H100: wrong y, illegal address; BENCHMARKS.md §27)
+    cfg = fit(Config(launches=1, state_block_m=32, scan_block_m=64), PROB)
+    assert any("miscompiled on sm90" in w for w in violations(cfg, "sm90", PROB))
+    assert not violations(cfg.replace(scan_block_m=32), "sm90", PROB)
+    assert not violations(cfg.replace(state_block_m=64), "sm90", PROB)
+    assert not any("miscompiled" in w for a in ("sm80", "gfx942") for w in violations(cfg, a, PROB))
+    narrow = PROB.replace(headdim=32)    # the default itself must step around it
+    assert default_config("sm90", narrow, launches=1).scan_block_m == 32
 
 
 def test_default_follows_requested_chunk_and_input_dtype():

@@ -1,0 +1,85 @@
+"""The single launch with headdim split over programs (state_block_m < headdim) on a GPU:
+run a grid of configs and headdims, each in its own process (an illegal address poisons the
+CUDA context), and print which give wrong y or fault (BENCHMARKS.md §27). With Triton 3.6 on an
+H100 every config with state_block_m < 64 beside scan_block_m >= 64 and a warpgroup MMA is wrong;
+space.violations() refuses them on sm90. Rerun this after a Triton upgrade before lifting it.
+
+    python scripts/repro_fused_tiles.py [--out DIR] [--headdims 32,64,128]
+"""
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from autossd.ops.ssd.chunk import ssd_forward  # noqa: E402
+from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
+from autossd.problem import Problem  # noqa: E402
+from autossd.space import default_config, fit  # noqa: E402
+from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def one(p, over, dtype="fp16"):
+    prob = Problem(batch=1, seqlen=300, nheads=2, headdim=p, dstate=128, ngroups=1, dtype=dtype,
+                   has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
+    cfg = fit(default_config("sm90", prob, launches=over.get("launches", 1)).replace(**over), prob)
+    # not filtered by violations(): it refuses exactly these configs on sm90 now (the point here
+    # is to see whether the installed Triton still miscompiles them)
+    t = make_inputs(prob, DEV, seed=3)
+    kw = call_kwargs(prob, t)
+    y, fin = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg, poison=True, **kw)
+    ref = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size,
+                      **{k: v for k, v in kw.items() if not k.startswith("return_")})
+    e = rel_err(y, ref[0])
+    return {"p": p, "override": over, "y_err": e, "final_err": rel_err(fin, ref[1]),
+            "ok": e <= tolerance(dtype, cfg.state_dtype)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--headdims", default="32,64,128")
+    ap.add_argument("--tiles", default="64x64,32x32,128x64")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        p, over = json.loads(a.one)
+        try:
+            r = one(p, over)
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # a fault or compile error is a result too
+            r = {"p": p, "override": over, "error": repr(e)[:200]}
+        print("RESULT " + json.dumps(r))
+        return
+    rows = []
+    tiles = [tuple(int(v) for v in t.split("x")) for t in a.tiles.split(",")]
+    for p, sbm, warps, (bm, bk) in itertools.product(
+            (int(v) for v in a.headdims.split(",")), (16, 32, 64, 128), (2, 4, 8), tiles):
+        if sbm > p:
+            continue
+        over = {"launches": 1, "state_block_m": sbm, "scan_warps": warps, "scan_block_m": bm, "scan_block_k": bk,
+                "scan_maxnreg": 0}
+        out = subprocess.run([sys.executable, __file__, "--one", json.dumps([p, over])],
+                             capture_output=True, text=True).stdout
+        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        r = json.loads(line[0][7:]) if line else {"p": p, "override": over, "error": "no result"}
+        if r is None:
+            continue
+        r["env_disable_mma_v3"] = os.environ.get("DISABLE_MMA_V3", "")
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    with open(os.path.join(a.out, "repro_fused_tiles.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    bad = [r for r in rows if not r.get("ok")]
+    print(f"{len(bad)} wrong of {len(rows)}")
+
+
+if __name__ == "__main__":
+    main()
