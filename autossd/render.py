@@ -53,12 +53,23 @@ def _env() -> jinja2.Environment:
 
 @lru_cache(maxsize=None)
 def template_hash() -> str:
-    """Hash of every template file: a tuned record made from other templates is stale."""
+    """Hash of every template file. Names the tuner's studies (a study spans every depth), and
+    is what records made before kernel_hash stored: such a record is fresh while it matches."""
     h = hashlib.sha256()
     for p in sorted((templates_dir()).rglob("*.jinja")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=4096)
+def kernel_hash(config: Config, backend: str) -> str:
+    """Hash of the source a config launches: its rendering, which holds only the kernels of its
+    fusion depth (module.py.jinja), less the header line naming the config (a knob added later
+    with the old behaviour as its default leaves the code, and so the hash, as it was). A tuned
+    record stores it; an edit to a kernel that a config does not launch leaves it fresh."""
+    text = "\n".join(ln for ln in render(config, backend).splitlines() if not ln.startswith("# config: "))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
@@ -74,12 +85,17 @@ def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def render(config: Config, backend: str = "cuda") -> str:
+def render(config: Config, backend: str = "cuda", templates: Path | None = None) -> str:
+    """The module source for a config. `templates`: another copy of templates/ssd_fwd (to compare
+    kernels across template versions, scripts/build_shipped_db.py --rehash-from)."""
     if not isinstance(config, Config):
         raise TypeError(f"config: expected an autossd Config, got {type(config).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    return _env().get_template("module.py.jinja").render(
+    env = _env() if templates is None else jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
+        autoescape=False, keep_trailing_newline=True)
+    return env.get_template("module.py.jinja").render(
         cfg=config, backend=backend, config_json=config.key(),
         state_tl_dtype=STATE_DTYPES[config.state_dtype],
         launch=launch_options(config, backend))

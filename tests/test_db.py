@@ -54,7 +54,34 @@ def test_record_roundtrip_keeps_every_field(tmp_path):
     assert back.tflops == pytest.approx(PROB.flops(256) / 0.5e-3 / 1e12)
     assert back.gbps == pytest.approx(PROB.min_bytes() / 0.5e-3 / 1e9)
     assert 0 < back.pct_of_floor < 100
-    assert back.template_hash == render.template_hash()
+    assert back.template_hash == render.kernel_hash(r.config, "cuda")
+
+
+def test_freshness_is_the_hash_of_the_kernels_a_config_launches(monkeypatch):
+    import triton
+    now = triton.__version__
+    r = rec()
+    assert r.template_hash == render.kernel_hash(r.config, "cuda") != render.template_hash()
+    assert r.stale_reasons(now, render.template_hash()) == []
+    # a record from before kernel hashes stored the hash of every template: fresh while it matches
+    legacy = replace(r, template_hash=render.template_hash())
+    assert legacy.stale_reasons(now, render.template_hash()) == []
+    assert any("kernel hash" in w for w in legacy.stale_reasons(now, "0123abcd"))
+    # an edit to a kernel the config launches stales it; an edit to one it does not, does not
+    five, one = rec(), rec(config=default_config("sm90", PROB, launches=1))
+    real = render.render
+
+    def edited(kernel):
+        def fake(config, backend="cuda", templates=None):
+            src = real(config, backend, templates)
+            return src.replace(f"def {kernel}(", f"def {kernel}(  ", 1)
+        return fake
+    render.kernel_hash.cache_clear()
+    monkeypatch.setattr(render, "render", edited("ssd_state_passing"))   # a five-launch kernel
+    try:
+        assert five.stale_reasons(now, "x") and not one.stale_reasons(now, "x")
+    finally:
+        render.kernel_hash.cache_clear()
 
 
 def test_head_constant_matches_alembic_scripts():
@@ -304,3 +331,28 @@ def test_shipped_database_is_valid_and_found():
     recs = read_records(str(path), readonly=True)   # strict: every row validates
     assert recs and all(r.arch == "sm90" and r.op == "ssd_fwd" for r in recs)
     assert all(math.isfinite(r.time_ms) for r in recs if r.provenance == "measured")
+
+
+def test_rehash_from_a_revision_only_where_the_launched_kernels_are_unchanged(monkeypatch):
+    """scripts/build_shipped_db.py --rehash-from: a record stamped with an older hash gets the
+    current kernel hash when every kernel its config launches is the same code at that revision."""
+    import importlib.util
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    spec = importlib.util.spec_from_file_location("build_shipped_db", root / "scripts" / "build_shipped_db.py")
+    b = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(b)
+    five = replace(rec(), template_hash="0123abcd")
+    one = replace(rec(config=default_config("sm90", PROB, launches=1)), template_hash="0123abcd")
+    real = render.render
+
+    def old_state_passing_differs(config, backend="cuda", templates=None):
+        src = real(config, backend, templates)
+        return src.replace("def ssd_state_passing(", "def ssd_state_passing(  ", 1) if templates else src
+    monkeypatch.setattr(render, "render", old_state_passing_differs)
+    # HEAD's templates are the working tree's in a clean checkout: only the edit above differs
+    out, n = b.rehash([five, one], "HEAD")
+    assert n == 1 and out[0].template_hash == "0123abcd"          # five launches: kernel changed
+    assert out[1].template_hash == render.kernel_hash(one.config, "cuda")

@@ -109,7 +109,7 @@ def test_stale_records_rank_below_fresh_and_are_flagged():
     assert "STALE" in m.reason and "triton 0.0.1" in m.reason
     # a stale record of another template is stale too
     m = L.pick(P, [replace(R("c"), template_hash="0123abcd")], "sm90")
-    assert m.stale and "template hash" in m.reason
+    assert m.stale and "kernel hash" in m.reason
     # an exact stale record beats a fresh nearest one: the shape is the stronger signal
     m = L.pick(P, [stale, R("c", P.replace(seqlen=8192))], "sm90")
     assert m.kind == "exact" and m.config == CFG["b"]

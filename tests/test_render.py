@@ -50,6 +50,25 @@ def test_template_hash_is_stable_and_short():
     assert render.template_hash() == render.template_hash() and len(render.template_hash()) == 16
 
 
+def test_a_module_holds_only_its_depths_kernels():
+    from autossd.space import STAGES_BY_DEPTH
+    kernels = {"cumsum": "ssd_cumsum", "bmm": "ssd_bmm", "chunk_state": "ssd_chunk_state",
+               "state_passing": "ssd_state_passing", "chunk_scan": "ssd_chunk_scan",
+               "state_fused": "ssd_state_fused", "fused": "ssd_fused"}
+    for depth, stages in STAGES_BY_DEPTH.items():
+        src = render.render(Config(launches=depth))
+        launched = {kernels[s] for s in stages}
+        for k in set(kernels.values()) - {"ssd_cumsum", "ssd_chunk_scan"}:  # those two hold shared helpers
+            assert (f"def {k}(" in src) == (k in launched), (depth, k)
+
+
+def test_kernel_hash_follows_the_code_not_the_config_header():
+    h = render.kernel_hash(Config(), "cuda")
+    assert len(h) == 16 and h == render.kernel_hash(Config(), "cuda")
+    assert h != render.kernel_hash(Config(), "hip") != render.kernel_hash(Config(launches=3), "hip")
+    assert h != render.kernel_hash(Config(scan_warps=8), "cuda")   # the launch options are code too
+
+
 def test_gluon_chunk_state_is_refused_by_the_interpreter_not_run_in_its_place():
     # Triton 3.6's gluon.jit ignores TRITON_INTERPRET (it compiles for the active GPU), so a
     # padded config must fail loudly in the interpreter rather than silently run the tl kernel

@@ -77,12 +77,17 @@ class Record:
     origin: str = field(default="", compare=False)
 
     def stale_reasons(self, triton_version: str, template_hash: str) -> list[str]:
-        """Why this record was made by other code than what runs now (empty when fresh)."""
+        """Why this record was made by other code than what runs now (empty when fresh). The
+        stored hash is that of the kernels its config launches (render.kernel_hash); a record
+        from before that stored the hash of every template (`template_hash`), which is accepted
+        while the templates are unchanged."""
         why = []
         if self.triton_version != triton_version:
             why.append(f"triton {self.triton_version} != {triton_version}")
         if self.template_hash != template_hash:
-            why.append(f"template hash {self.template_hash} != {template_hash}")
+            now = current_kernel_hash(self.config, self.arch)
+            if self.template_hash != now:
+                why.append(f"kernel hash {self.template_hash} != {now} (the kernels this config launches changed)")
         return why
 
     def to_row(self) -> dict[str, Any]:
@@ -111,12 +116,17 @@ def figures(problem: Problem, config: Config, arch: str, time_ms: float | None) 
             "pct_of_floor": 100.0 * floor_ms(problem, arch, config.chunk_size) / time_ms}
 
 
-def _versions() -> tuple[str, str, str]:
+def current_kernel_hash(config: Config, arch: str) -> str:
+    """The hash a record of `config` on `arch` made by the code now running would store."""
+    from ..render import kernel_hash
+    return kernel_hash(config, get_arch(arch).backend)
+
+
+def _versions() -> tuple[str, str]:
     import triton
 
     from .. import __version__
-    from ..render import template_hash
-    return triton.__version__, __version__, template_hash()
+    return triton.__version__, __version__
 
 
 def _hostname() -> str:
@@ -130,7 +140,8 @@ def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
     """A record for the current code (triton version, autossd version, template hash, now,
     this host), with TFLOP/s, GB/s and % of floor derived from time_ms. Validated like a row
     read back, so nothing a reader would reject can be written."""
-    triton_v, autossd_v, th = _versions()
+    triton_v, autossd_v = _versions()
+    th = current_kernel_hash(config, arch)
     row = dict(op=op, arch=arch, device=device, **problem.key(),
                **{col: config[knob] for col, knob in KNOB_COLUMNS.items()},
                config_json=config.key(), time_ms=time_ms, provenance=provenance,

@@ -41,12 +41,15 @@ def triton_version() -> str:
 
 def make_record(arch: str, device: str, problem: Problem, config: Config, time_ms: float,
                 provenance: str, **extra: Any) -> dict:
-    from ..render import template_hash
+    from ..arch import get_arch
+    from ..render import kernel_hash
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance: expected one of {PROVENANCES}, got {provenance!r}")
     rec = {"arch": arch, "device": device, "op": OP, "problem": problem.key(),
            "config": config.as_dict(), "time_ms": float(time_ms), "provenance": provenance,
-           "triton_version": triton_version(), "template_hash": template_hash(),
+           "triton_version": triton_version(),
+           # the hash of the kernels this config launches (see db.records.Record.stale_reasons)
+           "template_hash": kernel_hash(config, get_arch(arch).backend),
            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "host": socket.gethostname()}
     rec.update(extra)
