@@ -58,12 +58,15 @@ def _kernel_keys(source: str, kernels: list[str], where: Path) -> dict[str, str]
     line info), and moving code between template files moves functions without changing them."""
     from triton.runtime.jit import JITFunction
 
+    from autossd.render import _interpret
+
     path = where / f"m{abs(hash(source))}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
+    with _interpret(False):   # JITFunctions (the interpreter's stand-ins have no cache key)
+        spec.loader.exec_module(mod)
     for v in vars(mod).values():
         if isinstance(v, JITFunction):
             v.starting_line_number, v.hash = 0, None
