@@ -366,7 +366,7 @@ def doctor() -> None:
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     lines += [("local arch", arch or "none (static tuning only)"), ("device", dev),
               ("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
-              ("template hash", template_hash()), ("kernel cache", str(cache_dir())),
+              ("template hash (studies)", template_hash()), ("kernel cache", str(cache_dir())),
               ("records (default)", layer.user_db_url(None) if layer else
                f"{default_records_path()}{'' if default_records_path().exists() else ' (none yet)'}"),
               ("studies (default)", f"{default_journal_path()}"

@@ -52,23 +52,27 @@ def _env() -> jinja2.Environment:
 
 
 @lru_cache(maxsize=None)
-def template_hash() -> str:
-    """Hash of every template file. Names the tuner's studies (a study spans every depth), and
-    is what records made before kernel_hash stored: such a record is fresh while it matches."""
+def template_hash(templates: Path | None = None) -> str:
+    """Hash of every template file (of `templates`, default the installed ones). Names the
+    tuner's studies (a study spans every depth), and is what records made before kernel_hash
+    stored: such a record is fresh while it matches."""
+    root = templates_dir() if templates is None else Path(templates)
     h = hashlib.sha256()
-    for p in sorted((templates_dir()).rglob("*.jinja")):
+    for p in sorted(root.rglob("*.jinja")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
 @lru_cache(maxsize=4096)
-def kernel_hash(config: Config, backend: str) -> str:
-    """Hash of the source a config launches: its rendering, which holds only the kernels of its
-    fusion depth (module.py.jinja), less the header line naming the config (a knob added later
-    with the old behaviour as its default leaves the code, and so the hash, as it was). A tuned
-    record stores it; an edit to a kernel that a config does not launch leaves it fresh."""
-    text = "\n".join(ln for ln in render(config, backend).splitlines() if not ln.startswith("# config: "))
+def kernel_hash(config: Config, backend: str, templates: Path | None = None) -> str:
+    """Hash of the source a config launches: its rendering, which holds its fusion depth's
+    kernels and the shared helpers they call (module.py.jinja), less the header line naming the
+    config (a knob added later with the old behaviour as its default leaves the code, and so the
+    hash, as it was). A tuned record stores it; an edit to a kernel that a config does not launch
+    leaves it fresh. Rendering costs a few ms, once per config and process."""
+    text = "\n".join(ln for ln in render(config, backend, templates).splitlines()
+                     if not ln.startswith("# config: "))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -2,8 +2,9 @@
 
 No timing happens at run time: the config comes from the tuning databases by the rules of
 `autossd.db.lookup` (exact / nearest within a bound / per-arch default), so the same inputs pick
-the same config in every process that sees the same databases. The first call of a Kernel
-renders and imports only its own config's module; Triton compiles its kernels at first launch.
+the same config in every process that sees the same databases. The lookup renders (but does not
+import) each candidate record's module once per process, for its freshness hash (a few ms); the
+first call of a Kernel imports only its own config's module; Triton compiles at first launch.
 
 The drop-in is a `torch.library.custom_op` ("autossd::ssd_fwd") with a fake (meta) kernel, so
 torch.compile treats it as one opaque node (no graph break) and CUDA graphs capture its

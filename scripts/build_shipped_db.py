@@ -10,11 +10,11 @@ since the code's default_config is the fallback anyway and shipped copies of it 
     python scripts/build_shipped_db.py --merge h100.sqlite   # add measured records
     python scripts/build_shipped_db.py --merge tuning_db/sm90.sqlite --rehash-from REV
 
---rehash-from REV: a record whose stored hash is not its config's current kernel hash, because
-it was made from the templates at git revision REV (the hash of every template then, or the
-kernel hash then), gets the current kernel hash, but only when each kernel its config launches
-is the same code in both versions: triton's cache key of every launched kernel (its source, the
-sources of what it calls, and the global values it reads) must match. Otherwise it stays stale.
+--rehash-from REV: a record made from the templates at git revision REV (it stores REV's hash of
+every template, or REV's kernel hash of its config) gets the current kernel hash, but only when
+each kernel its config launches is the same code in both versions: the source of the kernel and
+of everything it calls (triton's cache key, line numbers aside), every global value they read,
+and their jit options must match. Any other record is kept as it was (stale if it was).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autossd.db import add_records, make_record, merge_dbs, read_records  # noqa: E402
+from autossd.db.exchange import _read  # noqa: E402  (reads a source, migrating an older schema)
 from autossd.problem import Problem  # noqa: E402
 from autossd.space import default_config  # noqa: E402
 
@@ -52,10 +53,13 @@ def shipped_problems() -> list[Problem]:
     return out
 
 
-def _kernel_keys(source: str, kernels: list[str], where: Path) -> dict[str, str]:
-    """Triton's cache key of each named kernel of a rendered module (imported, not compiled),
-    with every function's line number set to 0: the key hashes where a function starts (for its
-    line info), and moving code between template files moves functions without changing them."""
+def _kernel_ids(source: str, kernels: list[str], where: Path) -> dict[str, tuple]:
+    """What each named kernel of a rendered module compiles from (imported, not compiled):
+    triton's cache key (its source and the sources of what it calls) with every function's line
+    number set to 0 (the key hashes where a function starts, for line info, and moving code
+    between template files moves functions without changing them); the value of every global it
+    or a callee reads (the key covers only tl.constexpr ones, not e.g. STATE_DTYPE); and its
+    jit options."""
     from triton.runtime.jit import JITFunction
 
     from autossd.render import _interpret
@@ -70,37 +74,55 @@ def _kernel_keys(source: str, kernels: list[str], where: Path) -> dict[str, str]
     for v in vars(mod).values():
         if isinstance(v, JITFunction):
             v.starting_line_number, v.hash = 0, None
-    return {k: getattr(mod, k).cache_key for k in kernels}
+    out = {}
+    for k in kernels:
+        fn = getattr(mod, k)
+        key = fn.cache_key   # also fills used_global_vals
+        glob = sorted((name, repr(val)) for (name, _), (val, _) in fn.used_global_vals.items())
+        opts = (tuple(getattr(fn, "do_not_specialize", ()) or ()), bool(getattr(fn, "noinline", False)))
+        out[k] = (key, tuple(glob), opts)
+    return out
+
+
+def _templates_at(rev: str, dest: Path) -> Path:
+    dest.mkdir()
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:templates/ssd_fwd"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        (dest / name).write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:templates/ssd_fwd/{name}"],
+                                                 check=True, capture_output=True).stdout)
+    return dest
 
 
 def rehash(records: list, rev: str) -> tuple[list, int]:
-    """Records made from the templates at `rev` whose launched kernels are unchanged since, with
-    the current kernel hash (see the module docstring); the rest as they were."""
+    """The records, those made from the templates at `rev` (they store rev's all-templates hash
+    or rev's kernel hash of their config) whose launched kernels are the same code now re-stamped
+    with the current kernel hash (see the module docstring); the rest as they were. A record
+    whose config cannot be rendered or imported at `rev` stays as it was."""
     from autossd.arch import get_arch
-    from autossd.ops.ssd.chunk import allocate, plan
     from autossd.compile import meta_inputs
     from autossd.db.records import current_kernel_hash
-    from autossd.render import render, template_hash
+    from autossd.ops.ssd.chunk import allocate, plan
+    from autossd.render import kernel_hash, render, template_hash
 
     out, n = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "templates"
-        old.mkdir()
-        names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:templates/ssd_fwd"],
-                               check=True, capture_output=True, text=True).stdout.split()
-        for name in names:
-            (old / name).write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:templates/ssd_fwd/{name}"],
-                                                   check=True, capture_output=True, text=True).stdout)
+        old = _templates_at(rev, Path(tmp) / "templates")
         for r in records:
-            now = current_kernel_hash(r.config, r.arch)
-            if r.template_hash in (now, template_hash()):
-                out.append(r)
-                continue
             backend = get_arch(r.arch).backend
-            kernels = [ln.kernel for ln in plan(r.problem, r.config, meta_inputs(r.problem),
-                                                allocate(r.problem, r.config, "meta"), backend)]
-            same = (_kernel_keys(render(r.config, backend), kernels, Path(tmp))
-                    == _kernel_keys(render(r.config, backend, old), kernels, Path(tmp)))
+            now = current_kernel_hash(r.config, r.arch)
+            try:
+                from_rev = r.template_hash in (template_hash(old), kernel_hash(r.config, backend, old))
+                if r.template_hash == now or not from_rev:
+                    out.append(r)
+                    continue
+                kernels = [ln.kernel for ln in plan(r.problem, r.config, meta_inputs(r.problem),
+                                                    allocate(r.problem, r.config, "meta"), backend)]
+                same = (_kernel_ids(render(r.config, backend), kernels, Path(tmp))
+                        == _kernel_ids(render(r.config, backend, old), kernels, Path(tmp)))
+            except Exception as e:  # rev's templates cannot render or import this config
+                print(f"  kept as it was ({type(e).__name__}: {e}): {r.problem.key()}", file=sys.stderr)
+                same = False
             out.append(dataclasses.replace(r, template_hash=now) if same else r)
             n += same
     return out, n
@@ -122,12 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp) / "defaults.sqlite"
         add_records(str(base), recs)
         merge = list(args.merge)
-        if args.rehash_from:
-            recs_in = [r for m in merge for r in read_records(m, readonly=True)]
-            rehashed, n = rehash(recs_in, args.rehash_from)
-            print(f"rehashed {n} of {len(recs_in)} records (kernels unchanged since {args.rehash_from})")
-            merge = [str(Path(tmp) / "rehashed.sqlite")]
-            add_records(merge[0], rehashed)
+        if args.rehash_from:   # each source on its own, so the merge keeps its source order
+            for i, src in enumerate(args.merge):
+                recs_in = _read(src, None, None, strict=True)
+                rehashed, n = rehash(recs_in, args.rehash_from)
+                print(f"{src}: re-stamped {n} of {len(recs_in)} records (kernels unchanged since {args.rehash_from})")
+                merge[i] = str(Path(tmp) / f"rehashed{i}.sqlite")
+                add_records(merge[i], rehashed)
         result = merge_dbs([str(base), *merge], out, arch=args.arch, overwrite=True)
     kinds: dict[str, int] = {}
     for r in read_records(str(out), readonly=True):

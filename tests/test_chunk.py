@@ -17,7 +17,7 @@ from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # configs must be feasible where they run; the interpreter is checked as sm80 (no arch-specific
 # miscompile rules: space.violations refuses some single-launch tiles on sm90 only)
-ARCH = (local_arch() or "sm90") if DEV == "cuda" else "sm80"
+ARCH = (local_arch() or "sm80") if DEV == "cuda" else "sm80"
 TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Small tiles keep the interpreter quick; the GPU suite (scripts/gpu_validate.py) runs defaults.
 SMALL = Config(chunk_size=64, cumsum_block_h=2, bmm_block_m=16, bmm_block_n=32, bmm_block_k=16,
@@ -38,7 +38,7 @@ def check(prob: Problem, cfg: Config, depth: int = 5):
     within the dtype-aware tolerance."""
     cfg = fit(cfg.replace(launches=depth), prob)
     why = violations(cfg, ARCH, prob)
-    if why and DEV == "cuda" and any("miscompiled" in w for w in why):
+    if why and DEV == "cuda" and all("miscompiled" in w for w in why):
         pytest.skip(f"refused on {ARCH}: {why}")
     assert not why, why
     t = make_inputs(prob, DEV, seed=next(_seed))

@@ -21,7 +21,7 @@ from autossd.db import lookup as dblookup
 from autossd.db.models import KNOB_COLUMNS, PROBLEM_COLUMNS, Base, tuned_records
 from autossd.db.records import row_count
 from autossd.problem import Problem
-from autossd.space import KNOBS, Config, default_config
+from autossd.space import KNOBS, Config, default_config, fit
 
 PROB = Problem(1, 2048, 8, 64, 128, 1, "bf16", 256, has_D=True, has_dt_bias=True, dt_softplus=True)
 TUNED = default_config("sm90", PROB).replace(scan_block_m=32, bmm_warps=8)
@@ -333,26 +333,60 @@ def test_shipped_database_is_valid_and_found():
     assert all(math.isfinite(r.time_ms) for r in recs if r.provenance == "measured")
 
 
-def test_rehash_from_a_revision_only_where_the_launched_kernels_are_unchanged(monkeypatch):
-    """scripts/build_shipped_db.py --rehash-from: a record stamped with an older hash gets the
-    current kernel hash when every kernel its config launches is the same code at that revision."""
+def test_rehash_from_a_revision_only_where_the_launched_kernels_are_unchanged(monkeypatch, tmp_path):
+    """scripts/build_shipped_db.py --rehash-from: a record stamped by the templates at a revision
+    gets the current kernel hash only when every kernel its config launches is the same code."""
     import importlib.util
     import subprocess
     root = Path(__file__).resolve().parent.parent
-    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
+    git = ["git", "-C", str(root)]
+    if subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
+    if subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "templates"]).returncode:
+        pytest.skip("uncommitted template edits: HEAD's templates are not the working tree's")
     spec = importlib.util.spec_from_file_location("build_shipped_db", root / "scripts" / "build_shipped_db.py")
     b = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(b)
-    five = replace(rec(), template_hash="0123abcd")
-    one = replace(rec(config=default_config("sm90", PROB, launches=1)), template_hash="0123abcd")
+    at_head = render.template_hash(b._templates_at("HEAD", tmp_path / "t"))   # the legacy stamp
+    five = replace(rec(), template_hash=at_head)
+    one = replace(rec(config=default_config("sm90", PROB, launches=1)), template_hash=at_head)
+    alien = replace(rec(), template_hash="0123abcd")    # made from no version we can compare with
     real = render.render
 
-    def old_state_passing_differs(config, backend="cuda", templates=None):
-        src = real(config, backend, templates)
-        return src.replace("def ssd_state_passing(", "def ssd_state_passing(  ", 1) if templates else src
-    monkeypatch.setattr(render, "render", old_state_passing_differs)
-    # HEAD's templates are the working tree's in a clean checkout: only the edit above differs
-    out, n = b.rehash([five, one], "HEAD")
-    assert n == 1 and out[0].template_hash == "0123abcd"          # five launches: kernel changed
-    assert out[1].template_hash == render.kernel_hash(one.config, "cuda")
+    def old_version(change):
+        def fake(config, backend="cuda", templates=None):
+            src = real(config, backend, templates)
+            # every function one line lower at the revision: line numbers alone must not matter
+            return change(src.replace("import triton\n", "import triton\n# moved\n", 1)) if templates else src
+        return fake
+    try:
+        monkeypatch.setattr(render, "render", old_version(lambda src: src))
+        out, n = b.rehash([five, one, alien], "HEAD")
+        assert n == 2 and [r.template_hash for r in out] == [
+            render.kernel_hash(five.config, "cuda"), render.kernel_hash(one.config, "cuda"), "0123abcd"]
+        # a kernel that only five launches differs at the revision
+        monkeypatch.setattr(render, "render", old_version(
+            lambda src: src.replace("def ssd_state_passing(", "def ssd_state_passing(  ", 1)))
+        out, n = b.rehash([five, one], "HEAD")
+        assert n == 1 and out[0].template_hash == at_head and out[1].template_hash != at_head
+        # a global the kernels read (not a tl.constexpr, so not in triton's cache key) differs
+        monkeypatch.setattr(render, "render", old_version(
+            lambda src: src.replace("STATE_DTYPE = tl.bfloat16", "STATE_DTYPE = tl.float32", 1)))
+        out, n = b.rehash([five], "HEAD")
+        assert n == 0 and out[0].template_hash == at_head
+    finally:
+        render.kernel_hash.cache_clear()
+
+
+def test_a_record_refused_by_the_sm90_miscompile_rule_is_never_used(tmp_path, no_shipped_db):
+    # a user DB written before the rule: the row is rejected on reading, the default is used
+    prob = PROB.replace(chunk_size=64)
+    bad = fit(Config(launches=1, chunk_size=64, state_block_m=32, scan_block_m=64), prob)
+    path = tmp_path / "user.sqlite"
+    add_records(str(path), [rec(prob, bad, arch="sm80")])     # feasible on sm80
+    dbengine.dispose_engines()
+    _tamper(path, "arch", "sm90")
+    with pytest.raises(RecordError, match="miscompiled"):
+        read_records(str(path))
+    m = dblookup.choose(prob, "sm90")
+    assert m.kind == "default" and m.config == default_config("sm90", prob)

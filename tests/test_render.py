@@ -55,18 +55,35 @@ def test_a_module_holds_only_its_depths_kernels():
     kernels = {"cumsum": "ssd_cumsum", "bmm": "ssd_bmm", "chunk_state": "ssd_chunk_state",
                "state_passing": "ssd_state_passing", "chunk_scan": "ssd_chunk_scan",
                "state_fused": "ssd_state_fused", "fused": "ssd_fused"}
-    for depth, stages in STAGES_BY_DEPTH.items():
-        src = render.render(Config(launches=depth))
-        launched = {kernels[s] for s in stages}
-        for k in set(kernels.values()) - {"ssd_cumsum", "ssd_chunk_scan"}:  # those two hold shared helpers
-            assert (f"def {k}(" in src) == (k in launched), (depth, k)
+    cases = [(Config(launches=d), be) for d in STAGES_BY_DEPTH for be in ("cuda", "hip")]
+    cases += [(Config(smem_pad=4), be) for be in ("cuda", "hip")]          # the Gluon chunk state
+    for cfg, backend in cases:
+        src = render.render(cfg, backend)
+        launched = {kernels[s] for s in STAGES_BY_DEPTH[cfg.launches]}
+        # cumsum.jinja and chunk_scan.jinja also hold the fused kernels' helpers
+        for k in set(kernels.values()) - {"ssd_cumsum", "ssd_chunk_scan"}:
+            assert (f"def {k}(" in src) == (k in launched), (cfg, backend, k)
+        if backend == "cuda" and not cfg.smem_pad:    # and it imports with every launched kernel
+            mod = render.load(cfg, interpret=False)
+            assert all(hasattr(mod, k) for k in launched)
 
 
-def test_kernel_hash_follows_the_code_not_the_config_header():
+def test_kernel_hash_follows_the_code_not_the_config_header(monkeypatch):
     h = render.kernel_hash(Config(), "cuda")
     assert len(h) == 16 and h == render.kernel_hash(Config(), "cuda")
-    assert h != render.kernel_hash(Config(), "hip") != render.kernel_hash(Config(launches=3), "hip")
+    hashes = {render.kernel_hash(Config(launches=d), be) for d in (5, 3, 1) for be in ("cuda", "hip")}
+    assert len(hashes) == 6
     assert h != render.kernel_hash(Config(scan_warps=8), "cuda")   # the launch options are code too
+    real = render.render
+    try:
+        render.kernel_hash.cache_clear()   # the header line alone changes: same hash
+        monkeypatch.setattr(render, "render", lambda *a: real(*a).replace('# config: {', '# config: {"new": 1, ', 1))
+        assert render.kernel_hash(Config(), "cuda") == h
+        render.kernel_hash.cache_clear()   # a line of code changes: another hash
+        monkeypatch.setattr(render, "render", lambda *a: real(*a) + "\nX = 1\n")
+        assert render.kernel_hash(Config(), "cuda") != h
+    finally:
+        render.kernel_hash.cache_clear()
 
 
 def test_gluon_chunk_state_is_refused_by_the_interpreter_not_run_in_its_place():

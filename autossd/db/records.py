@@ -137,7 +137,7 @@ def _hostname() -> str:
 def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
                 time_ms: float | None = None, op: str = "ssd_fwd", device: str = "",
                 predicted_ms: float | None = None, notes: str = "") -> Record:
-    """A record for the current code (triton version, autossd version, template hash, now,
+    """A record for the current code (triton version, autossd version, kernel hash, now,
     this host), with TFLOP/s, GB/s and % of floor derived from time_ms. Validated like a row
     read back, so nothing a reader would reject can be written."""
     triton_v, autossd_v = _versions()
