@@ -77,10 +77,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("decay_split", (False, True), False,
          "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    # at small shapes a chunk-scan program is a chain of dependent loads (BENCHMARKS.md §31)
-    Knob("scan_early", (False, True), False,
-         "load the diagonal block's tiles and z before the C·state product (needs decay_split and "
-         "scan_block_k == scan_block_m)", "chunk_scan", depths=(5, 3)),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
@@ -216,8 +212,6 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         # and in the interpreter). scripts/repro_fused_tiles.py, BENCHMARKS.md §27.
         why.append(f"state_block_m={config.state_block_m} < 64 with scan_block_m={config.scan_block_m} >= 64 "
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
-    if config.scan_early and not (config.decay_split and config.scan_block_k == config.scan_block_m):
-        why.append("scan_early needs decay_split and scan_block_k == scan_block_m (one k block on the diagonal)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
     for stage in ("bmm", "state", "scan", "pass"):

@@ -123,19 +123,6 @@ def test_decay_split_with_full_and_ragged_chunks(seqlen, feats, depth):
     check(prob, SMALL.replace(decay_split=True, scan_block_m=16, scan_block_n=32, scan_block_d=32), depth)
 
 
-@pytest.mark.parametrize("seqlen", [128, 150], ids=["full_chunks", "ragged"])
-@pytest.mark.parametrize("feats", ["full", "plain"])
-@pytest.mark.parametrize("depth_", [5, 3])
-def test_scan_early_with_full_and_ragged_chunks(seqlen, feats, depth_):
-    """scan_early: the diagonal block's CB, x and z tiles loaded before the C·state product and x
-    reused for D·x; headdim and dstate not multiples of the tiles (masked loads of the early tiles)."""
-    flags = FULL if feats == "full" else dict(has_D=True, has_dt_bias=True, dt_softplus=True,
-                                              return_final_states=True)
-    prob = Problem(batch=2, seqlen=seqlen, nheads=4, headdim=40, dstate=24, ngroups=2, dtype="fp16", **flags)
-    check(prob, SMALL.replace(scan_early=True, decay_split=True, scan_block_m=16, scan_block_k=16,
-                              scan_block_n=32, scan_block_d=16), depth_)
-
-
 @pytest.mark.parametrize("decay_split", [False, True])
 def test_scan_tile_wider_than_bmm_tiles(decay_split):
     """A chunk-scan m tile that spans several bmm tiles reads CB tiles above the diagonal, which

@@ -114,11 +114,3 @@ def test_single_launch_is_infeasible_not_a_crash_when_dstate_exceeds_a_tile():
     cfg = default_config("sm90", prob, launches=1)
     assert any("must cover dstate" in w for w in violations(cfg, "sm90", prob))
     assert not violations(default_config("sm90", prob), "sm90", prob)
-
-
-def test_scan_early_needs_one_k_block_on_the_diagonal():
-    ok = Config(scan_early=True, decay_split=True, scan_block_m=64, scan_block_k=64)
-    assert not violations(ok, "sm90", PROB)
-    assert any("scan_early" in w for w in violations(ok.replace(scan_block_k=32), "sm90", PROB))
-    assert any("scan_early" in w for w in violations(ok.replace(decay_split=False), "sm90", PROB))
-    assert Config(launches=1, scan_early=True).scan_early is False   # a five/three-launch knob
