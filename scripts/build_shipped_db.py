@@ -10,17 +10,21 @@ since the code's default_config is the fallback anyway and shipped copies of it 
     python scripts/build_shipped_db.py --merge h100.sqlite   # add measured records
     python scripts/build_shipped_db.py --merge tuning_db/sm90.sqlite --rehash-from REV
 
---rehash-from REV: a record made from the templates at git revision REV (it stores REV's hash of
-every template, or REV's kernel hash of its config) gets the current kernel hash, but only when
-each kernel its config launches is the same code in both versions: the source of the kernel and
-of everything it calls (triton's cache key, line numbers aside), every global value they read,
-and their jit options must match. Any other record is kept as it was (stale if it was).
+--rehash-from REV: a record made by the code at git revision REV (it stores REV's hash of every
+template, or REV's kernel hash of its config) gets the current kernel hash, but only when each
+kernel its config launches is the same code in both versions, as REV's own code renders it: the
+source of the kernel and of everything it calls (triton's cache key, line numbers aside), every
+global value they read, their jit options, and the launch options of its stages must match. Any
+other record is kept as it was (stale if it was). Sources are only read (an older schema is
+migrated in a temporary copy).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -75,54 +79,99 @@ def _kernel_ids(source: str, kernels: list[str], where: Path) -> dict[str, tuple
         if isinstance(v, JITFunction):
             v.starting_line_number, v.hash = 0, None
     out = {}
-    for k in kernels:
-        fn = getattr(mod, k)
-        key = fn.cache_key   # also fills used_global_vals
-        glob = sorted((name, repr(val)) for (name, _), (val, _) in fn.used_global_vals.items())
-        opts = (tuple(getattr(fn, "do_not_specialize", ()) or ()), bool(getattr(fn, "noinline", False)))
-        out[k] = (key, tuple(glob), opts)
+    try:
+        for k in kernels:
+            fn = getattr(mod, k)
+            key = fn.cache_key   # also fills used_global_vals
+            glob = sorted((name, repr(val)) for (name, _), (val, _) in fn.used_global_vals.items())
+            opts = tuple(repr(getattr(fn, a, None)) for a in
+                         ("do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug"))
+            out[k] = (type(fn).__qualname__, key, tuple(glob), opts)
+    finally:
+        sys.modules.pop(path.stem, None)
     return out
 
 
-def _templates_at(rev: str, dest: Path) -> Path:
-    dest.mkdir()
-    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:templates/ssd_fwd"],
-                           check=True, capture_output=True, text=True).stdout.split()
-    for name in names:
-        (dest / name).write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:templates/ssd_fwd/{name}"],
-                                                 check=True, capture_output=True).stdout)
-    return dest
+# Run by the revision's own code (git archive REV autossd templates): its rendering, launch
+# options and stamps for each (config JSON, backend), so a change in the Python that renders or
+# launches (render.py, space.py) counts as well as one in the templates.
+_AT_REV = r"""
+import json, sys
+from autossd import render
+from autossd.space import KNOB_BY_NAME, Config
+todo, defaults = json.loads(sys.stdin.read())
+out = []
+for cfg_json, backend in todo:
+    try:
+        cfg = json.loads(cfg_json)
+        new = [k for k, v in cfg.items() if k not in KNOB_BY_NAME and v != defaults[k]]
+        if new:
+            raise ValueError(f"knobs {new} did not exist at this revision")
+        c = Config({k: v for k, v in cfg.items() if k in KNOB_BY_NAME})
+        out.append({"source": render.render(c, backend), "launch": render.launch_options(c, backend),
+                    "template_hash": render.template_hash(),
+                    "kernel_hash": render.kernel_hash(c, backend) if hasattr(render, "kernel_hash") else None})
+    except Exception as e:
+        out.append({"error": f"{type(e).__name__}: {e}"})
+print(json.dumps(out))
+"""
+
+
+def _at_rev(rev: str, todo: list[tuple[str, str]], tmp: Path) -> list[dict]:
+    """What the code at git revision `rev` renders for each (config JSON, backend)."""
+    from autossd.space import KNOBS
+
+    code = tmp / "rev"
+    code.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "autossd", "templates"],
+                             capture_output=True)
+    if archive.returncode:
+        raise SystemExit(f"--rehash-from {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True)
+    env = {**os.environ, "PYTHONPATH": str(code), "AUTOSSD_CACHE_DIR": str(tmp / "cache")}
+    run = subprocess.run([sys.executable, "-c", _AT_REV], input=json.dumps([todo, {k.name: k.default for k in KNOBS}]),
+                         capture_output=True, text=True, cwd=tmp, env=env)
+    if run.returncode:
+        raise SystemExit(f"--rehash-from {rev}: its code failed: {run.stderr.strip()[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def rehash(records: list, rev: str) -> tuple[list, int]:
-    """The records, those made from the templates at `rev` (they store rev's all-templates hash
-    or rev's kernel hash of their config) whose launched kernels are the same code now re-stamped
-    with the current kernel hash (see the module docstring); the rest as they were. A record
-    whose config cannot be rendered or imported at `rev` stays as it was."""
+    """The records, those made by the code at `rev` (they store rev's all-templates hash or rev's
+    kernel hash of their config) whose launched kernels are the same code and launch with the same
+    options now re-stamped with the current kernel hash (see the module docstring); the rest as
+    they were, stale or not. A record whose config rev's code cannot render stays as it was."""
     from autossd.arch import get_arch
     from autossd.compile import meta_inputs
     from autossd.db.records import current_kernel_hash
     from autossd.ops.ssd.chunk import allocate, plan
-    from autossd.render import kernel_hash, render, template_hash
+    from autossd.render import launch_options, render
+    from autossd.space import STAGES_BY_DEPTH
 
     out, n = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        old = _templates_at(rev, Path(tmp) / "templates")
-        for r in records:
-            backend = get_arch(r.arch).backend
-            now = current_kernel_hash(r.config, r.arch)
+        tmp = Path(tmp)
+        backends = [get_arch(r.arch).backend for r in records]
+        then = _at_rev(rev, [(r.config.key(), be) for r, be in zip(records, backends)], tmp) if records else []
+        for r, backend, old in zip(records, backends, then):
+            same = False
             try:
-                from_rev = r.template_hash in (template_hash(old), kernel_hash(r.config, backend, old))
-                if r.template_hash == now or not from_rev:
+                now = current_kernel_hash(r.config, r.arch)
+                if r.template_hash == now or "error" in old or \
+                        r.template_hash not in (old["template_hash"], old["kernel_hash"]):
+                    if "error" in old:
+                        print(f"  kept as it was ({old['error']}): {r.problem.key()}", file=sys.stderr)
                     out.append(r)
                     continue
+                stages = STAGES_BY_DEPTH[r.config.launches]
+                opts = launch_options(r.config, backend)
                 kernels = [ln.kernel for ln in plan(r.problem, r.config, meta_inputs(r.problem),
                                                     allocate(r.problem, r.config, "meta"), backend)]
-                same = (_kernel_ids(render(r.config, backend), kernels, Path(tmp))
-                        == _kernel_ids(render(r.config, backend, old), kernels, Path(tmp)))
-            except Exception as e:  # rev's templates cannot render or import this config
+                same = (all(old["launch"].get(st) == opts[st] for st in stages)
+                        and _kernel_ids(render(r.config, backend), kernels, tmp)
+                        == _kernel_ids(old["source"], kernels, tmp))
+            except Exception as e:  # this record's kernels cannot be compared: it stays as it was
                 print(f"  kept as it was ({type(e).__name__}: {e}): {r.problem.key()}", file=sys.stderr)
-                same = False
             out.append(dataclasses.replace(r, template_hash=now) if same else r)
             n += same
     return out, n
@@ -137,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rehash-from", default=None, metavar="REV",
                     help="re-hash records made from the templates at git REV whose kernels are unchanged")
     args = ap.parse_args(argv)
+    if args.rehash_from and not args.merge:
+        ap.error("--rehash-from re-stamps the records of the --merge sources: give at least one")
     out = args.out or ROOT / "tuning_db" / f"{args.arch}.sqlite"
     recs = [make_record(p, default_config(args.arch, p), args.arch, provenance="default",
                         notes="shipped default") for p in shipped_problems()] if args.defaults else []
@@ -146,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         merge = list(args.merge)
         if args.rehash_from:   # each source on its own, so the merge keeps its source order
             for i, src in enumerate(args.merge):
-                recs_in = _read(src, None, None, strict=True)
+                recs_in = _read(src, args.arch, None, strict=True)
                 rehashed, n = rehash(recs_in, args.rehash_from)
                 print(f"{src}: re-stamped {n} of {len(recs_in)} records (kernels unchanged since {args.rehash_from})")
                 merge[i] = str(Path(tmp) / f"rehashed{i}.sqlite")

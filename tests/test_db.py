@@ -2,10 +2,12 @@
 of tampered or corrupt data, export and merge."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import multiprocessing as mp
 import sqlite3
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -333,49 +335,79 @@ def test_shipped_database_is_valid_and_found():
     assert all(math.isfinite(r.time_ms) for r in recs if r.provenance == "measured")
 
 
-def test_rehash_from_a_revision_only_where_the_launched_kernels_are_unchanged(monkeypatch, tmp_path):
-    """scripts/build_shipped_db.py --rehash-from: a record stamped by the templates at a revision
-    gets the current kernel hash only when every kernel its config launches is the same code."""
+def _build_script():
     import importlib.util
-    import subprocess
     root = Path(__file__).resolve().parent.parent
-    git = ["git", "-C", str(root)]
-    if subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True).returncode:
-        pytest.skip("not a git checkout")
-    if subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "templates"]).returncode:
-        pytest.skip("uncommitted template edits: HEAD's templates are not the working tree's")
     spec = importlib.util.spec_from_file_location("build_shipped_db", root / "scripts" / "build_shipped_db.py")
     b = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(b)
-    at_head = render.template_hash(b._templates_at("HEAD", tmp_path / "t"))   # the legacy stamp
-    five = replace(rec(), template_hash=at_head)
-    one = replace(rec(config=default_config("sm90", PROB, launches=1)), template_hash=at_head)
-    alien = replace(rec(), template_hash="0123abcd")    # made from no version we can compare with
-    real = render.render
+    return b, root
 
-    def old_version(change):
-        def fake(config, backend="cuda", templates=None):
-            src = real(config, backend, templates)
-            # every function one line lower at the revision: line numbers alone must not matter
-            return change(src.replace("import triton\n", "import triton\n# moved\n", 1)) if templates else src
+
+def test_rehash_only_where_the_launched_kernels_and_their_launch_are_unchanged(monkeypatch, capsys):
+    """scripts/build_shipped_db.py --rehash-from: a record stamped by a revision's code gets the
+    current kernel hash only when every kernel its config launches is the same code and launches
+    the same way there. The revision's side (what its own code renders) is faked here."""
+    monkeypatch.setattr(sys, "path", list(sys.path))   # the script puts the repo first
+    b, _ = _build_script()
+
+    def at_rev(change=lambda src: src, launch=lambda opts: opts, error=None):
+        def fake(rev, todo, tmp):
+            out = []
+            for cfg_json, backend in todo:
+                c = Config.from_json(cfg_json)
+                # every function one line lower at the revision: line numbers alone must not matter
+                src = render.render(c, backend).replace("import triton\n", "import triton\n# moved\n", 1)
+                out.append({"error": error} if error else
+                           {"source": change(src), "launch": launch(render.launch_options(c, backend)),
+                            "template_hash": "a11a11", "kernel_hash": "b22b22"})
+            return out
         return fake
+    five = replace(rec(), template_hash="a11a11")                 # rev's all-templates stamp
+    one = replace(rec(config=default_config("sm90", PROB, launches=1)), template_hash="b22b22")  # rev's kernel hash
+    alien = replace(rec(), template_hash="0123abcd")              # made by no code we can compare with
+    fresh = {r.config.launches: render.kernel_hash(r.config, "cuda") for r in (five, one)}
     try:
-        monkeypatch.setattr(render, "render", old_version(lambda src: src))
-        out, n = b.rehash([five, one, alien], "HEAD")
-        assert n == 2 and [r.template_hash for r in out] == [
-            render.kernel_hash(five.config, "cuda"), render.kernel_hash(one.config, "cuda"), "0123abcd"]
-        # a kernel that only five launches differs at the revision
-        monkeypatch.setattr(render, "render", old_version(
-            lambda src: src.replace("def ssd_state_passing(", "def ssd_state_passing(  ", 1)))
-        out, n = b.rehash([five, one], "HEAD")
-        assert n == 1 and out[0].template_hash == at_head and out[1].template_hash != at_head
+        monkeypatch.setattr(b, "_at_rev", at_rev())
+        out, n = b.rehash([five, one, alien], "REV")
+        assert n == 2 and [r.template_hash for r in out] == [fresh[5], fresh[1], "0123abcd"]
+        # a kernel only five launches differs at the revision
+        monkeypatch.setattr(b, "_at_rev", at_rev(lambda src: src.replace("def ssd_state_passing(",
+                                                                         "def ssd_state_passing(  ", 1)))
+        out, n = b.rehash([five, one], "REV")
+        assert n == 1 and [r.template_hash for r in out] == ["a11a11", fresh[1]]
         # a global the kernels read (not a tl.constexpr, so not in triton's cache key) differs
-        monkeypatch.setattr(render, "render", old_version(
-            lambda src: src.replace("STATE_DTYPE = tl.bfloat16", "STATE_DTYPE = tl.float32", 1)))
-        out, n = b.rehash([five], "HEAD")
-        assert n == 0 and out[0].template_hash == at_head
+        monkeypatch.setattr(b, "_at_rev", at_rev(lambda src: src.replace("STATE_DTYPE = tl.bfloat16",
+                                                                         "STATE_DTYPE = tl.float32", 1)))
+        assert b.rehash([five], "REV")[1] == 0
+        # the same kernels launched with other options (the Python, not the templates, changed)
+        monkeypatch.setattr(b, "_at_rev", at_rev(launch=lambda o: {**o, "cumsum": {**o["cumsum"], "num_warps": 2}}))
+        out, n = b.rehash([five, one], "REV")
+        assert n == 1 and [r.template_hash for r in out] == ["a11a11", fresh[1]]
+        assert "kept as it was" not in capsys.readouterr().err    # decided by comparison, not by an error
+        monkeypatch.setattr(b, "_at_rev", at_rev(error="ValueError: knobs ['x'] did not exist"))
+        assert b.rehash([five], "REV")[1] == 0 and "kept as it was" in capsys.readouterr().err
     finally:
         render.kernel_hash.cache_clear()
+
+
+def test_rehash_runs_the_revisions_own_code(monkeypatch, tmp_path):
+    """The real revision side: HEAD's code in a subprocess (a clean checkout: the same code)."""
+    import subprocess
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    b, root = _build_script()
+    git = ["git", "-C", str(root)]
+    if subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    if subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "templates", "autossd"]).returncode:
+        pytest.skip("uncommitted edits: HEAD's code is not the working tree's")
+    r = rec()
+    (then,) = b._at_rev("HEAD", [(r.config.key(), "cuda")], tmp_path)
+    assert then["kernel_hash"] == render.kernel_hash(r.config, "cuda")
+    assert then["launch"] == json.loads(json.dumps(render.launch_options(r.config, "cuda")))
+    old = replace(r, template_hash=then["template_hash"])       # a legacy stamp made at HEAD
+    out, n = b.rehash([old], "HEAD")
+    assert n == 1 and out[0].template_hash == render.kernel_hash(r.config, "cuda")
 
 
 def test_a_record_refused_by_the_sm90_miscompile_rule_is_never_used(tmp_path, no_shipped_db):
@@ -390,3 +422,35 @@ def test_a_record_refused_by_the_sm90_miscompile_rule_is_never_used(tmp_path, no
         read_records(str(path))
     m = dblookup.choose(prob, "sm90")
     assert m.kind == "default" and m.config == default_config("sm90", prob)
+
+
+def test_merge_reads_an_older_source_without_changing_it(tmp_path):
+    """A source with an older schema is migrated in a temporary copy: the file itself (which an
+    older autossd may still use) is left byte for byte, with no -wal/-shm beside it."""
+    import hashlib
+    import json as _json
+
+    from autossd.db.models import tuned_records as tr
+    old = tmp_path / "old.sqlite"
+    url = to_url(old)
+    assert migrate(url, "0004") == "0004"
+    with dbengine.get_engine(url).connect() as conn:
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    base = default_config("sm90", PROB).replace(scan_maxnreg=0)   # what schema 4 could express
+    row = rec(config=base).to_row()
+    cfg = _json.loads(row["config_json"])
+    for k in ("scan_maxnreg", "state_maxnreg"):   # as schema 4 wrote it
+        cfg.pop(k)
+    row = {**{k: v for k, v in row.items() if k in cols}, "config_json": _json.dumps(cfg, sort_keys=True)}
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tr.insert().values({tr.c[k]: v for k, v in row.items()}))
+    dbengine.finalize_sqlite(old)
+    before = hashlib.sha256(old.read_bytes()).hexdigest()
+    out = tmp_path / "out.sqlite"
+    assert merge_dbs([str(old)], out).kept == 1
+    assert [r.config for r in read_records(str(out))] == [base]
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("old.sqlite-")]
+    with pytest.raises(TuningDBError, match="no such file"):
+        merge_dbs([str(tmp_path / "typo.sqlite")], tmp_path / "o2.sqlite")
+    assert not (tmp_path / "typo.sqlite").exists()

@@ -81,12 +81,11 @@ def get_engine(url: str, readonly: bool = False) -> Engine:
     return eng
 
 
-def dispose_engines() -> None:
-    """Close every cached engine (tests, and before a fork)."""
+def dispose_engines(url: str | None = None) -> None:
+    """Close every cached engine (tests, and before a fork), or only those of `url`."""
     with _engines_lock:
-        for eng in _engines.values():
-            eng.dispose()
-        _engines.clear()
+        for key in [k for k in _engines if url is None or k[0] == url]:
+            _engines.pop(key).dispose()
 
 
 def _make_engine(url: str, readonly: bool) -> Engine:

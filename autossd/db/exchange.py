@@ -7,7 +7,7 @@ file and `dest` may also be one of the sources.
 
 Merge conflict rule: records conflict when they share (op, arch, problem). One survives per key,
 chosen in the lookup's order without the user/shipped distinction:
-    fresh before stale (triton version and template hash of the running code)
+    fresh before stale (triton version, and the hash of the kernels the config launches)
     > measured > static > default  > smaller time (time_ms, or predicted_ms for static records)
     > newer created_at  > earlier source
     > config key.
@@ -17,10 +17,13 @@ model's or a default's choice.
 from __future__ import annotations
 
 import os
+import sqlite3
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .engine import HEAD, current_revision, finalize_sqlite, get_engine, migrate, to_url
+from .engine import (HEAD, TuningDBError, current_revision, dispose_engines, finalize_sqlite, get_engine,
+                     migrate, sqlite_path, to_url)
 from .lookup import PROVENANCE_RANK, _freshness, record_time
 from .records import Record, add_records, read_records
 
@@ -33,12 +36,32 @@ class MergeResult:
 
 
 def _read(src: str | os.PathLike, arch: str | None, op: str | None, strict: bool) -> list[Record]:
+    """A source's records, leaving the source as it was: an SQLite file is opened read-only, and
+    one with an older schema is migrated in a temporary copy (an older autossd may still use it)."""
     url = to_url(src)
-    with get_engine(url).connect() as conn:
+    path = sqlite_path(url)
+    if path is None:   # a server database (or in-memory): read through a normal engine
+        with get_engine(url).connect() as conn:
+            rev = current_revision(conn)
+        if rev is not None and rev != HEAD:
+            raise TuningDBError(f"tuning db {url}: schema {rev}, not {HEAD}; migrate it first (autossd.db.migrate)")
+        return read_records(url, arch, op, strict=strict)
+    if not path.is_file():
+        raise TuningDBError(f"tuning db {path}: no such file")
+    with get_engine(url, readonly=True).connect() as conn:
         rev = current_revision(conn)
-    if rev is not None and rev != HEAD:
-        migrate(url)  # an older schema is brought up to date first (the source stays usable)
-    return read_records(url, arch, op, strict=strict)
+    if rev is None or rev == HEAD:
+        return read_records(url, arch, op, strict=strict, readonly=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as s, sqlite3.connect(copy) as d:
+            s.backup(d)
+        curl = to_url(copy)
+        migrate(curl)
+        try:
+            return read_records(curl, arch, op, strict=strict)
+        finally:
+            dispose_engines(curl)
 
 
 def _write(dest: str | os.PathLike, records: list[Record], overwrite: bool) -> int:
