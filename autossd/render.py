@@ -52,26 +52,24 @@ def _env() -> jinja2.Environment:
 
 
 @lru_cache(maxsize=None)
-def template_hash(templates: Path | None = None) -> str:
-    """Hash of every template file (of `templates`, default the installed ones). Names the
-    tuner's studies (a study spans every depth), and is what records made before kernel_hash
-    stored: such a record is fresh while it matches."""
-    root = templates_dir() if templates is None else Path(templates)
+def template_hash() -> str:
+    """Hash of every template file. Names the tuner's studies (a study spans every depth), and
+    is what records made before kernel_hash stored: such a record is fresh while it matches."""
     h = hashlib.sha256()
-    for p in sorted(root.rglob("*.jinja")):
+    for p in sorted(templates_dir().rglob("*.jinja")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
 @lru_cache(maxsize=4096)
-def kernel_hash(config: Config, backend: str, templates: Path | None = None) -> str:
+def kernel_hash(config: Config, backend: str) -> str:
     """Hash of the source a config launches: its rendering, which holds its fusion depth's
     kernels and the shared helpers they call (module.py.jinja), less the header line naming the
     config (a knob added later with the old behaviour as its default leaves the code, and so the
     hash, as it was). A tuned record stores it; an edit to a kernel that a config does not launch
     leaves it fresh. Rendering costs a few ms, once per config and process."""
-    text = "\n".join(ln for ln in render(config, backend, templates).splitlines()
+    text = "\n".join(ln for ln in render(config, backend).splitlines()
                      if not ln.startswith("# config: "))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -89,17 +87,12 @@ def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def render(config: Config, backend: str = "cuda", templates: Path | None = None) -> str:
-    """The module source for a config. `templates`: another copy of templates/ssd_fwd (to compare
-    kernels across template versions, scripts/build_shipped_db.py --rehash-from)."""
+def render(config: Config, backend: str = "cuda") -> str:
     if not isinstance(config, Config):
         raise TypeError(f"config: expected an autossd Config, got {type(config).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    env = _env() if templates is None else jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
-        autoescape=False, keep_trailing_newline=True)
-    return env.get_template("module.py.jinja").render(
+    return _env().get_template("module.py.jinja").render(
         cfg=config, backend=backend, config_json=config.key(),
         state_tl_dtype=STATE_DTYPES[config.state_dtype],
         launch=launch_options(config, backend))

@@ -74,8 +74,8 @@ def test_freshness_is_the_hash_of_the_kernels_a_config_launches(monkeypatch):
     real = render.render
 
     def edited(kernel):
-        def fake(config, backend="cuda", templates=None):
-            src = real(config, backend, templates)
+        def fake(config, backend="cuda"):
+            src = real(config, backend)
             return src.replace(f"def {kernel}(", f"def {kernel}(  ", 1)
         return fake
     render.kernel_hash.cache_clear()
