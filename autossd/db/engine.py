@@ -159,6 +159,15 @@ def current_revision(conn: sa.Connection) -> str | None:
     return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
 
+def _revision(eng: Engine) -> str | None:
+    # retried: opening a connection switches a new file to WAL, which can find the file locked
+    # while other processes create it at the same moment (CI saw it once with 4 writers)
+    def read() -> str | None:
+        with eng.connect() as conn:
+            return current_revision(conn)
+    return with_retries(read)
+
+
 def alembic_config():
     from alembic.config import Config
     cfg = Config()
@@ -172,8 +181,7 @@ def migrate(url: str, revision: str = "head") -> str:
     second process waits, then finds the schema current. Returns the revision now stamped."""
     eng = get_engine(url)
     target = HEAD if revision == "head" else revision
-    with eng.connect() as conn:
-        rev = current_revision(conn)
+    rev = _revision(eng)
     if rev == target:
         return rev
 
@@ -196,8 +204,7 @@ def upgrade_if_older(url: str) -> str | None:
     """Migrate an existing database whose schema is an older one of ours (a user database from an
     earlier autossd) to HEAD; leave a newer one alone with a warning (its known columns still
     read). Returns the schema revision found. Every reader of a user database goes through here."""
-    with get_engine(url).connect() as conn:
-        rev = current_revision(conn)
+    rev = _revision(get_engine(url))
     if rev in REVISIONS and rev != HEAD:
         log.info("tuning db %s: schema %s, migrating to %s", url, rev, HEAD)
         migrate(url)
