@@ -77,10 +77,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("decay_split", (False, True), False,
          "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    # >1: one program computes its (chunk, row tile) for this many heads of a group: the C and CB
-    # tiles are loaded once for all of them and the heads' load chains overlap (chunk_scan_heads.jinja)
-    Knob("scan_heads", (1, 2, 4), 1, "heads per chunk-scan program (of one group)", "chunk_scan",
-         depths=(5, 3)),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
@@ -218,10 +214,6 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
-    if problem is not None and config.launches in KNOB_BY_NAME["scan_heads"].depths and \
-            (problem.nheads // problem.ngroups) % config.scan_heads:
-        why.append(f"scan_heads={config.scan_heads} must divide the heads per group "
-                   f"({problem.nheads // problem.ngroups})")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

@@ -144,33 +144,6 @@ def test_decay_split_with_headdim_and_dstate_not_multiples_of_tiles(decay_split)
     check(prob, SMALL.replace(decay_split=decay_split, scan_block_m=16))
 
 
-@pytest.mark.parametrize("heads", [2, 4])
-@pytest.mark.parametrize("decay_split", [False, True])
-@pytest.mark.parametrize("seqlen", [128, 150], ids=["full_chunks", "ragged"])
-def test_scan_heads(heads, decay_split, seqlen):
-    """Several heads per chunk-scan program: each head's y from its own decay, x and state, with
-    the group's C and CB shared; two groups, so a program must not take the next group's CB.
-    Every feature (seq_idx, z, D per headdim, initial states), full and ragged chunks."""
-    prob = Problem(batch=2, seqlen=seqlen, nheads=8, headdim=32, dstate=32, ngroups=2, dtype="fp16", **FULL)
-    check(prob, SMALL.replace(scan_heads=heads, decay_split=decay_split, scan_block_m=16,
-                              scan_block_n=32, scan_block_d=32), 5)
-
-
-def test_scan_heads_with_headdim_and_dstate_not_multiples_of_tiles():
-    prob = Problem(batch=1, seqlen=80, nheads=4, headdim=24, dstate=40, ngroups=1, dtype="fp32",
-                   has_D=True, D_has_hdim=True, has_z=True, return_final_states=True)
-    check(prob, SMALL.replace(scan_heads=2), 3)
-
-
-def test_scan_heads_must_divide_the_heads_per_group():
-    prob = Problem(batch=1, seqlen=64, nheads=6, headdim=16, dstate=16, ngroups=2, dtype="fp32")
-    cfg = fit(SMALL.replace(scan_heads=2), prob)
-    assert any("scan_heads=2 must divide the heads per group (3)" in w for w in violations(cfg, ARCH, prob))
-    t = make_inputs(prob, DEV, seed=1)
-    with pytest.raises(ValueError, match="scan_heads=2 must divide"):
-        ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg)
-
-
 def test_scan_tiles_wider_than_the_chunk_keep_their_masks():
     """ssd_forward runs any valid Config, also one whose scan tiles exceed the chunk (violations()
     would refuse it, fit() would shrink it): full chunks must not drop the masks then, or the

@@ -16,7 +16,7 @@ from triton.runtime.driver import driver
 
 from ... import problem as _problem
 from ...render import launch_options, load
-from ...space import STATE_DTYPES, Config, ConfigError
+from ...space import STATE_DTYPES, Config
 
 _TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
 
@@ -105,8 +105,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     lo, hi = (float(v) for v in dt_limit)
     hpg = h // g
     depth = config.launches
-    if depth != 1 and hpg % config.scan_heads:   # a head left over would never be written
-        raise ConfigError(f"config: scan_heads={config.scan_heads} must divide the heads per group ({hpg})")
     flags = dict(HAS_BIAS=bias is not None, SOFTPLUS=prob.dt_softplus, HAS_LIMIT=prob.has_dt_limit)
     dt_in = dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias)
     dt_strides = dict(s_dt_b=dt.stride(0), s_dt_l=dt.stride(1), s_dt_h=dt.stride(2), s_A_h=A.stride(0),
@@ -126,8 +124,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
     scan = Launch("chunk_scan", "ssd_chunk_scan",
-                  (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * (h // config.scan_heads),
-                   nc, b),
+                  (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
                        st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
                        L=l, H=h, P=p, N=n, heads_per_group=hpg, **scan_io,
