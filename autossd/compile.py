@@ -75,15 +75,11 @@ def meta_inputs(problem: Problem, device="meta") -> dict:
 
 
 def _signature(launch):
-    from triton.runtime.jit import mangle_type
-    from triton.tools.tensor_descriptor import TensorDescriptor
     sig, consts, attrs = {}, {}, {}
     for i, (name, v) in enumerate(launch.args.items()):
         if v is None:
             sig[name] = "constexpr"
             consts[name] = None
-        elif isinstance(v, TensorDescriptor):
-            sig[name] = mangle_type(v)
         elif isinstance(v, torch.Tensor):
             sig[name] = _PTR[v.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]  # allocations are 16-byte aligned

@@ -77,11 +77,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("decay_split", (False, True), False,
          "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    # TMA: the chunk scan's operand tiles that feed an MMA as loaded (C, the states, CB before the
-    # diagonal, x on it) go global -> shared memory by the copy engine, not through registers and
-    # st.shared; the kernel is bound by the L1 data pipe (BENCHMARKS.md §34). sm90 and later.
-    Knob("scan_tma", (False, True), False, "TMA loads of the chunk scan's MMA operands", "chunk_scan",
-         backends=("cuda",), depths=(5, 3)),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
@@ -219,8 +214,6 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
-    if config.scan_tma and arch.name == "sm80":
-        why.append("scan_tma=True needs the tensor memory accelerator (sm90 and later)")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

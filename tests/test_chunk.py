@@ -33,15 +33,15 @@ def depth(request):
     return request.param
 
 
-def check(prob: Problem, cfg: Config, depth: int = 5, arch: str = ARCH, inputs=None):
-    """Run the kernels of `depth` and the reference on fresh inputs (or `inputs`); assert every
-    output is within the dtype-aware tolerance."""
+def check(prob: Problem, cfg: Config, depth: int = 5):
+    """Run the kernels of `depth` and the reference on fresh inputs; assert every output is
+    within the dtype-aware tolerance."""
     cfg = fit(cfg.replace(launches=depth), prob)
-    why = violations(cfg, arch, prob)
+    why = violations(cfg, ARCH, prob)
     if why and DEV == "cuda" and all("miscompiled" in w for w in why):
         pytest.skip(f"refused on {ARCH}: {why}")
     assert not why, why
-    t = inputs or make_inputs(prob, DEV, seed=next(_seed))
+    t = make_inputs(prob, DEV, seed=next(_seed))
     kw = call_kwargs(prob, t)
     out = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg, poison=True,
                       state_dtype=TORCH[cfg.state_dtype], **kw)
@@ -142,53 +142,6 @@ def test_decay_split_with_headdim_and_dstate_not_multiples_of_tiles(decay_split)
                    has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True,
                    return_final_states=True)
     check(prob, SMALL.replace(decay_split=decay_split, scan_block_m=16))
-
-
-# TMA loads of the chunk scan (scan_tma): sm90 only, so these check configs against sm90; on a GPU
-# without TMA they are skipped (the interpreter runs the descriptor loads on any machine)
-TMA_ARCH = "sm90"
-needs_tma = pytest.mark.skipif(DEV == "cuda" and torch.cuda.get_device_capability()[0] < 9,
-                               reason="TMA needs sm90")
-
-
-@needs_tma
-@pytest.mark.parametrize("decay_split", [False, True])
-@pytest.mark.parametrize("seqlen", [128, 150], ids=["full_chunks", "ragged"])
-def test_scan_tma(decay_split, seqlen):
-    """Every feature, full chunks and a ragged last chunk (TMA reads zeros past the sequence's end
-    where the pointer loads mask), dstate in two steps, 4 row tiles per chunk."""
-    prob = Problem(batch=2, seqlen=seqlen, nheads=4, headdim=32, dstate=32, ngroups=2, dtype="fp16", **FULL)
-    check(prob, SMALL.replace(scan_tma=True, decay_split=decay_split, scan_block_m=16, scan_block_n=32,
-                              scan_block_d=16), 5, TMA_ARCH)
-
-
-@needs_tma
-def test_scan_tma_with_headdim_and_dstate_not_multiples_of_tiles():
-    prob = Problem(batch=1, seqlen=80, nheads=2, headdim=24, dstate=40, ngroups=1, dtype="bf16",
-                   has_D=True, D_has_hdim=True, has_z=True, return_final_states=True)
-    check(prob, SMALL.replace(scan_tma=True, decay_split=True), 3, TMA_ARCH)
-
-
-@needs_tma
-def test_scan_tma_falls_back_to_pointer_loads_for_strides_tma_cannot_take():
-    """x viewed out of a wider buffer (a row of 33 halfs: strides not 16-byte multiples) cannot be
-    described: the launch passes no descriptors and the kernel takes its pointer loads."""
-    from autossd.ops.ssd.chunk import _scan_descriptors
-    prob = Problem(batch=1, seqlen=100, nheads=2, headdim=32, dstate=16, ngroups=1, dtype="fp16",
-                   has_D=True, return_final_states=True)
-    t = make_inputs(prob, DEV, seed=next(_seed))
-    wide = torch.randn(1, 100, 2, 33, dtype=torch.float16, device=DEV)[..., :32]
-    wide.copy_(t["x"])
-    t["x"] = wide
-    cfg = fit(SMALL.replace(scan_tma=True), prob)
-    assert _scan_descriptors(cfg, x=wide) == {"x_desc": None}
-    assert _scan_descriptors(cfg, x=wide.contiguous())["x_desc"] is not None
-    check(prob, cfg, 5, TMA_ARCH, inputs=t)
-
-
-def test_scan_tma_is_refused_without_tma():
-    assert any("scan_tma=True needs" in w for w in violations(SMALL.replace(scan_tma=True), "sm80"))
-    assert not violations(SMALL.replace(scan_tma=True), "sm90")
 
 
 def test_scan_tiles_wider_than_the_chunk_keep_their_masks():

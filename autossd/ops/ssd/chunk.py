@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 import triton
 from triton import knobs
-from triton.tools.tensor_descriptor import TensorDescriptor
 from triton.runtime.driver import driver
 
 from ... import problem as _problem
@@ -124,9 +123,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
-    scan_tma = {}
-    if config.scan_tma:
-        scan_tma = _scan_descriptors(config, C=C, cb=buf.cb, st=buf.states, x=x)
     scan = Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
@@ -134,13 +130,12 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                        L=l, H=h, P=p, N=n, heads_per_group=hpg, **scan_io,
                        **_named("s_C", "blgn", C), **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb),
                        s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **st_strides,
-                       s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides, **scan_tma),
+                       s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides),
                   # EVEN_L drops the row/column masks: only when tiles cannot pass the chunk
                   # (ssd_forward takes any config; violations() would refuse such tiles)
                   dict(**epilogue, HAS_SEQ=seq is not None,
                        EVEN_L=l % q == 0 and config.scan_block_m <= q and config.scan_block_k <= q,
-                       EVEN_P=p % config.scan_block_n == 0, EVEN_N=n % config.scan_block_d == 0,
-                       **({"USE_TMA": scan_tma["C_desc"] is not None} if scan_tma else {})),
+                       EVEN_P=p % config.scan_block_n == 0, EVEN_N=n % config.scan_block_d == 0),
                   opts["chunk_scan"])
     # the fused kernels take a 1-D grid: a program's work comes from its ticket, not its id
     grid = (nc * chains(prob, config),)
@@ -185,27 +180,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                opts["state_passing"]),
         scan,
     ]
-
-
-def _tma_ok(t: torch.Tensor) -> bool:
-    """Whether TMA can address `t`: 16-byte aligned base and strides, the last dimension contiguous."""
-    size = t.element_size()
-    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(s * size % 16 == 0 for s in t.stride()[:-1])
-
-
-def _scan_descriptors(config: Config, **tensors) -> dict:
-    """The chunk scan's tensor descriptors (scan_tma): one block per operand tile, the tensors'
-    own shapes and strides (TMA reads zeros past their ends). All None when one tensor cannot be
-    described (a misaligned or strided input): the kernel then takes its pointer loads."""
-    if not all(_tma_ok(t) for t in tensors.values()):
-        return {f"{k}_desc": None for k in tensors}
-    m, k, d, n = config.scan_block_m, config.scan_block_k, config.scan_block_d, config.scan_block_n
-    blocks = dict(C=[1, m, 1, d],            # (b, l, g, n): a (rows, dstate step) tile of C
-                  cb=[1, 1, 1, m, k],        # (b, c, g, q, q): a (rows, columns) CB tile
-                  st=[1, 1, 1, n, d],        # (b, c, h, p, n): (headdim, dstate), transposed in the kernel
-                  x=[1, k, 1, n])            # (b, l, h, p): a (tokens, headdim) tile
-    return {f"{k_}_desc": TensorDescriptor(t, list(t.shape), list(t.stride()), blocks[k_])
-            for k_, t in tensors.items()}
 
 
 def _named(prefix, dims, t):
@@ -294,10 +268,7 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
         srcs = []
         for name in getattr(module, ln.kernel).arg_names:
             v = values[name]
-            if isinstance(v, TensorDescriptor):   # rebuilt around each call's tensor
-                srcs.append(("desc", (ids[id(v.base)], tuple(v.shape), tuple(v.strides), tuple(v.block_shape))))
-            else:
-                srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
+            srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
         ck._init_handles()  # loads the module once, so the replay can take ck.function directly
         out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs)))  # the runner wants 3-D
     return out
@@ -321,18 +292,12 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
     for ck, grid, srcs in cached:
         if hooked:
-            ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else
-                       _descriptor(k, t, buf) if kind == "desc" else k for kind, k in srcs])
+            ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k
+                       for kind, k in srcs])
             continue
         ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
-               *[t[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else
-                 _descriptor(k, t, buf) if kind == "desc" else k for kind, k in srcs])
-
-
-def _descriptor(recipe, t: dict, buf: Buffers) -> TensorDescriptor:
-    (kind, k), shape, strides, block = recipe
-    base = t[k] if kind == "in" else getattr(buf, k)
-    return TensorDescriptor(base, list(shape), list(strides), list(block))
+               *[t[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else k
+                 for kind, k in srcs])
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
