@@ -81,11 +81,8 @@ def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
                 "num_stages": config[stages] if stages else 1}
         if backend == "hip":
             opts.update({k: config[k] for k in AMD_OPTIONS})
-        else:
-            if maxnreg and config[maxnreg]:  # a CUDA option only; 0 leaves ptxas its choice
-                opts["maxnreg"] = config[maxnreg]
-            if config.pdl:   # every kernel of a pdl config starts with griddepcontrol.wait
-                opts["launch_pdl"] = True
+        elif maxnreg and config[maxnreg]:  # a CUDA option only; 0 leaves ptxas its choice
+            opts["maxnreg"] = config[maxnreg]
         out[stage] = opts
     return out
 
@@ -159,9 +156,6 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
         raise RuntimeError(f"autossd: smem_pad={config.smem_pad} selects the Gluon chunk-state "
                            "kernel, which Triton's CPU interpreter cannot run; it needs a GPU "
                            "(autossd.compile.compile_config cross-compiles it without one)")
-    if interpret and config.pdl and backend == "cuda":
-        raise RuntimeError("autossd: pdl=True needs a GPU (its kernels use griddepcontrol, inline PTX "
-                           "that Triton's CPU interpreter cannot run)")
     source = render(config, backend)
     path = source_path(source)
     key = (str(path), interpret)

@@ -29,16 +29,12 @@ class Knob:
     backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
     depths: tuple = (5, 3, 1)     # fusion depths (launches) whose kernels it shapes
     measured_only: bool = False   # the static model cannot rank it: static tunes keep the default
-    archs: tuple = ()             # where it is offered within those backends; () = all of them
-
-    def _here(self, arch: Arch) -> bool:
-        return arch.backend in self.backends and (not self.archs or arch.name in self.archs)
 
     def offered_on(self, arch: Arch) -> bool:
-        return self._here(arch) and len(self.values) > 1
+        return arch.backend in self.backends and len(self.values) > 1
 
     def values_on(self, arch: Arch) -> tuple:
-        return self.values if self._here(arch) else (self.default,)
+        return self.values if arch.backend in self.backends else (self.default,)
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -85,11 +81,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
          "the fused kernel's)", "chunk_scan", backends=("cuda",), measured_only=True),
-    # programmatic dependent launch (sm90): each launch of a forward is scheduled while the one
-    # before it drains, and waits (griddepcontrol.wait) before reading what that one wrote.
-    # Small shapes pay a launch gap per kernel boundary (BENCHMARKS.md §31); only a GPU shows it.
-    Knob("pdl", (False, True), False, "programmatic dependent launch between the forward's kernels",
-         backends=("cuda",), archs=("sm90",), depths=(5, 3), measured_only=True),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
          backends=("hip",)),
@@ -223,8 +214,6 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
-        if config.pdl:   # the Gluon chunk state has no griddepcontrol.wait: it must not start early
-            why.append(f"pdl=True needs the tl chunk state, not smem_pad={config.smem_pad}")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

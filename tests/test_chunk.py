@@ -33,11 +33,11 @@ def depth(request):
     return request.param
 
 
-def check(prob: Problem, cfg: Config, depth: int = 5, arch: str = ARCH):
+def check(prob: Problem, cfg: Config, depth: int = 5):
     """Run the kernels of `depth` and the reference on fresh inputs; assert every output is
-    within the dtype-aware tolerance (configs checked against `arch`)."""
+    within the dtype-aware tolerance."""
     cfg = fit(cfg.replace(launches=depth), prob)
-    why = violations(cfg, arch, prob)
+    why = violations(cfg, ARCH, prob)
     if why and DEV == "cuda" and all("miscompiled" in w for w in why):
         pytest.skip(f"refused on {ARCH}: {why}")
     assert not why, why
@@ -142,24 +142,6 @@ def test_decay_split_with_headdim_and_dstate_not_multiples_of_tiles(decay_split)
                    has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True,
                    return_final_states=True)
     check(prob, SMALL.replace(decay_split=decay_split, scan_block_m=16))
-
-
-needs_sm90 = pytest.mark.skipif(DEV != "cuda" or torch.cuda.get_device_capability()[0] != 9,
-                                reason="programmatic dependent launch is offered on sm90 only")
-
-
-@needs_sm90
-@pytest.mark.parametrize("depth_", [5, 3])
-@pytest.mark.parametrize("feats", ["full", "plain"])
-def test_pdl_gpu(depth_, feats):
-    """Every kernel of a pdl config starts early and waits on griddepcontrol before it reads what
-    the previous launch wrote: the results must be those of the float64 reference, with the
-    launch cache's replay (second call) as well as the first."""
-    flags = FULL if feats == "full" else dict(has_D=True, has_dt_bias=True, dt_softplus=True,
-                                              return_final_states=True)
-    prob = Problem(batch=2, seqlen=1000, nheads=8, headdim=64, dstate=128, ngroups=2, dtype="bf16", **flags)
-    for _ in range(2):
-        check(prob, Config(pdl=True, state_dtype="bf16"), depth_, "sm90")
 
 
 def test_scan_tiles_wider_than_the_chunk_keep_their_masks():
