@@ -67,13 +67,6 @@ KNOBS: tuple[Knob, ...] = (
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
          "chunk_state", depths=(5,)),
-    # depth 3's state kernel: False = one program per chunk, the running state handed from
-    # program to program in chunk order (latency-bound on the hand-off, BENCHMARKS.md §24);
-    # True = one program per (batch, head, state tile) walks every chunk of its sequence with
-    # the state in registers: no hand-off, no local states stored (state_walk.jinja)
-    Knob("state_walk", (False, True), False, "depth 3: each state program walks all chunks in order "
-         "(state in registers) instead of one program per chunk with an ordered hand-off",
-         "chunk_state", depths=(3,)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),

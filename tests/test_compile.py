@@ -25,12 +25,9 @@ def test_default_compiles_with_resource_report(arch):
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-@pytest.mark.parametrize("depth", [3, "3w", 1])
+@pytest.mark.parametrize("depth", [3, 1])
 def test_fused_depths_compile_with_resource_report(arch, depth):
-    cfg = fit(default_config(arch, PROB).replace(launches=3 if depth == "3w" else depth), PROB)
-    cfg = cfg.replace(state_walk=depth == "3w")
-    depth = 3 if depth == "3w" else depth
-    rep = compile_config(cfg, arch, PROB)
+    rep = compile_config(fit(default_config(arch, PROB).replace(launches=depth), PROB), arch, PROB)
     assert rep.ok, rep.why()
     assert [s.stage for s in rep.stages] == list(STAGES_BY_DEPTH[depth])
     for s in rep.stages:
@@ -40,7 +37,7 @@ def test_fused_depths_compile_with_resource_report(arch, depth):
 # Which stages to compile to see a knob: its own, chunk_scan (it has both matmuls) for the rest,
 # and all of them for the fusion depth (each depth launches other kernels).
 def _stages(knob):
-    if knob.name == "launches" or 5 not in knob.depths:   # a fused depth's knob: its stage names differ
+    if knob.name == "launches":
         return None
     return (knob.stage if knob.stage != "all" else "chunk_scan",)
 
@@ -52,7 +49,7 @@ def _offered(arch):
 @pytest.mark.parametrize("arch,name", [p for a in sorted(ARCHS) for p in _offered(a)])
 def test_every_offered_knob_changes_the_artifact(arch, name):
     knob = next(k for k in KNOBS if k.name == name)
-    base = default_config(arch, PROB, launches=5 if 5 in knob.depths else knob.depths[0])
+    base = default_config(arch, PROB)
     shas = set()
     for v in knob.values:
         cfg = base.replace(**{name: v})

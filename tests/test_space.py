@@ -114,10 +114,3 @@ def test_single_launch_is_infeasible_not_a_crash_when_dstate_exceeds_a_tile():
     cfg = default_config("sm90", prob, launches=1)
     assert any("must cover dstate" in w for w in violations(cfg, "sm90", prob))
     assert not violations(default_config("sm90", prob), "sm90", prob)
-
-
-def test_state_walk_is_a_middle_depth_knob():
-    assert Config(launches=3, state_walk=True).state_walk is True
-    assert Config(launches=5, state_walk=True).state_walk is False   # reset: depth 5 has no such kernel
-    assert Config(launches=1, state_walk=True).state_walk is False
-    assert not violations(default_config("sm90", PROB, launches=3).replace(state_walk=True), "sm90", PROB)

@@ -170,12 +170,6 @@ def stage_costs(problem: Problem, config: Config) -> list[StageCost]:
     cum, bmm_c, state, _, scan = out
     chains = ssd_chains(problem, config)
     carry = 2 * nc * chains * config.state_block_m * config.state_block_n * f4   # read + write, fp32
-    if config.launches == 3 and config.state_walk:
-        # one program per chain walks the chunks: cumsum folded in, no local states, no carry;
-        # x and B read once per tile as in chunk state, each entering state written once
-        walk = StageCost("state_fused", chains, state.unique_bytes - states - ddA + cum.unique_bytes
-                         + states, state.reread_bytes, state.flops, state.block, state.stages, chain=nc)
-        return [bmm_c, walk, scan]
     if config.launches == 3:
         # cumsum folded in (dt read, dt'/dA written), local states never stored: the passed
         # states are written once; the running state goes through L2 (carry)

@@ -79,7 +79,7 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
         sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int32, device=device)
-        if depth != 5 and not config.state_walk else None)
+        if depth != 5 else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
             if t is not None:
@@ -139,15 +139,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                   opts["chunk_scan"])
     # the fused kernels take a 1-D grid: a program's work comes from its ticket, not its id
     grid = (nc * chains(prob, config),)
-    if depth == 3 and config.state_walk:   # one program per chain, walking its chunks
-        return [bmm, Launch(
-            "state_fused", "ssd_state_walk", (chains(prob, config),),
-            dict(x_ptr=x, **dt_in, B_ptr=B, seq_ptr=seq, init_ptr=init, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
-                 st_ptr=buf.states, final_ptr=buf.final,
-                 L=l, H=h, P=p, N=n, heads_per_group=hpg, dt_lo=lo, dt_hi=hi,
-                 **_named("s_x", "blhp", x), **dt_strides, **_named("s_B", "blgn", B), **seq_strides,
-                 **init_strides, **dt_out, **st_strides, **fin),
-            dict(**flags, HAS_INIT=init is not None, HAS_SEQ=seq is not None), opts["state_fused"]), scan]
     if depth == 3:
         return [bmm, Launch(
             "state_fused", "ssd_state_fused", grid,
