@@ -109,11 +109,15 @@ def main() -> None:
               help="parallel compile processes (0: in this process)")
 @click.option("--eval-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="measured: seconds before a candidate counts as hung")
+@click.option("--objective", type=click.Choice(["graph", "eager"]), default="graph", show_default=True,
+              help="measured: what the search minimizes, CUDA-graph replay time (GPU time) or eager "
+                   "time per call (host launch cost included); both are timed, and each one's best "
+                   "is stored for the runtime to pick by how the caller launches")
 @click.option("--plot-dir", type=click.Path(file_okay=False), default=None, help="write plots here")
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
 def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, fix,
-         seed, compile_workers, eval_timeout, plot_dir, progress) -> None:
+         seed, compile_workers, eval_timeout, objective, plot_dir, progress) -> None:
     """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
     from .tuner import Settings, choose_mode, open_sink, tune as run_tune
     from .tuner.storage import describe
@@ -147,6 +151,7 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     runner_kw = {"compile_workers": compile_workers}
     if mode == "measured":
         runner_kw["timeout"] = eval_timeout
+        runner_kw["objective"] = objective
     try:
         results = run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
     except (ValueError, ImportError) as e:
@@ -162,7 +167,10 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     click.echo(_table(rows, ["shape", "ok", "failed", "pruned", f"default ({unit})",
                              f"best ({unit})", "vs default", "floor ms", "of floor"]))
     for r in results:
-        if r.best_config is not None:
+        if r.best_by_mode:
+            for m, (cfg, ms) in sorted(r.best_by_mode.items()):
+                click.echo(f"best {_shape_str(r.problem)} by {m} time ({_ms(ms)} ms): {cfg!r}")
+        elif r.best_config is not None:
             click.echo(f"best {_shape_str(r.problem)}: {r.best_config!r}")
         if r.failures:
             reasons = {}
@@ -229,9 +237,10 @@ def show(db, arch, show_all, shipped, as_json) -> None:
     from .problem import Problem
     from .space import Config
     rows = [[r["arch"], r["device"], _shape_str(Problem(**r["problem"])), r["provenance"],
+             r.get("launch_mode", "eager"),
              _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
              r["date"][:16], r.get("origin", ""), repr(Config(r["config"]))[7:-1][:80]] for r in recs]
-    click.echo(_table(rows, ["arch", "device", "shape", "provenance", "ms", "date", "from",
+    click.echo(_table(rows, ["arch", "device", "shape", "provenance", "timed by", "ms", "date", "from",
                              "config (vs default)"]))
 
 
@@ -249,8 +258,9 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
     arch = local_arch()
     if arch is None:
         raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
+    # bench times eager calls (do_bench): the records timed that way
     recs = {json.dumps(r["problem"], sort_keys=True): r for r in _load_records(db)
-            if r["arch"] == arch} if db else {}
+            if r["arch"] == arch and r.get("launch_mode") != "graph"} if db else {}
     ceil = measure_ceilings()  # once, in this run: the floor is against this GPU as it is now
     click.echo(f"ceilings measured: copy {ceil['copy_GBps']:.0f} GB/s, "
                f"bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")

@@ -2,7 +2,10 @@
 
 No timing happens at run time: the config comes from the tuning databases by the rules of
 `autossd.db.lookup` (exact / nearest within a bound / per-arch default), so the same inputs pick
-the same config in every process that sees the same databases. The lookup renders (but does not
+the same config in every process that sees the same databases. Two picks may exist per problem: one
+timed by eager calls and one by CUDA-graph replay (at a small shape the first favours fewer
+launches, since the host's launch cost counts there). The drop-in asks for the graph pick while
+the current CUDA stream is capturing, so a captured forward gets the config fastest on the GPU. The lookup renders (but does not
 import) each candidate record's module once per process, for its freshness hash (a few ms); the
 first call of a Kernel imports only its own config's module; Triton compiles at first launch.
 
@@ -42,11 +45,12 @@ class Kernel:
     Callable with mamba_chunk_scan_combined's arguments after chunk_size (the problem fixes it);
     returns what that function returns."""
 
-    __slots__ = ("problem", "arch", "backend", "match", "_module")
+    __slots__ = ("problem", "arch", "launch_mode", "backend", "match", "_module")
 
-    def __init__(self, problem: Problem, arch: str, match: Match) -> None:
+    def __init__(self, problem: Problem, arch: str, match: Match, launch_mode: str = "eager") -> None:
         self.problem = problem
         self.arch = arch
+        self.launch_mode = launch_mode
         self.backend = get_arch(arch).backend
         self.match = match
         self._module = None
@@ -94,7 +98,7 @@ class Kernel:
         return self._module
 
     def __repr__(self) -> str:
-        return (f"Kernel({self.arch}, {self.source}, provenance={self.provenance}, "
+        return (f"Kernel({self.arch}, {self.launch_mode}, {self.source}, provenance={self.provenance}, "
                 f"distance={self.distance:.2f}, config={self.config!r})")
 
     # --- running ---------------------------------------------------------------------
@@ -190,35 +194,48 @@ def _detect(idx: int) -> str:
     return near
 
 
-def get_kernel(problem_or_shape, arch: str | None = None, db=None) -> Kernel:
+LAUNCH_MODES = ("eager", "graph")
+
+
+def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: str = "eager") -> Kernel:
     """The Kernel for a problem: `problem_or_shape` is a Problem, a dict of its fields, or a
     tuple (batch, seqlen, nheads, headdim, dstate, ngroups, dtype). arch: "sm90", ... (default:
     the local GPU's). db: the user database (URL or path; default env AUTOSSD_DB, else the cache
-    file). Cached per process: a warm call is one dict lookup."""
+    file). launch_mode: "eager" for calls launched one by one, "graph" for a forward captured in
+    a CUDA graph (the records timed that way are preferred; see autossd.db.lookup). Cached per
+    process: a warm call is one dict lookup."""
     try:
-        return _kernels[(problem_or_shape, arch, db)]
+        return _kernels[(problem_or_shape, arch, db, launch_mode)]
     except (KeyError, TypeError):  # TypeError: an unhashable shape (dict)
-        return _get_kernel_cold(problem_or_shape, arch, db)
+        return _get_kernel_cold(problem_or_shape, arch, db, launch_mode)
 
 
-def _get_kernel_cold(problem_or_shape, arch, db) -> Kernel:
+def _get_kernel_cold(problem_or_shape, arch, db, launch_mode) -> Kernel:
+    if launch_mode not in LAUNCH_MODES:
+        raise ValueError(f"get_kernel: launch_mode: expected one of {LAUNCH_MODES}, got {launch_mode!r}")
     problem = _as_problem(problem_or_shape)
     arch_name = get_arch(arch).name if arch is not None else arch_of_device()
     url = user_db_url(db)
-    norm = (problem, arch_name, url)
+    norm = (problem, arch_name, url, launch_mode)
     with _kernels_lock:
         kernel = _kernels.get(norm)
     if kernel is None:
-        match = pick(problem, load_records(arch_name, OP, url), arch_name)
-        kernel = Kernel(problem, arch_name, match)
-        log.debug("autossd: %s -> %s", problem, match.reason)
+        match = pick(problem, load_records(arch_name, OP, url), arch_name, launch_mode=launch_mode)
+        kernel = Kernel(problem, arch_name, match, launch_mode)
+        log.debug("autossd: %s (%s) -> %s", problem, launch_mode, match.reason)
     with _kernels_lock:
         kernel = _kernels.setdefault(norm, kernel)
         try:
-            _kernels[(problem_or_shape, arch, db)] = kernel
+            _kernels[(problem_or_shape, arch, db, launch_mode)] = kernel
         except TypeError:
             pass
     return kernel
+
+
+def launch_mode_of(x: torch.Tensor) -> str:
+    """"graph" while the current CUDA stream captures a graph (the launches will be replayed,
+    so only GPU time counts), else "eager"."""
+    return "graph" if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing() else "eager"
 
 
 # --- the custom op and the drop-in ---------------------------------------------------------
@@ -230,7 +247,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     """Validate, look up, run: y, or a tuple with what was asked (mamba_ssm's returns)."""
     prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                      dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
-    kernel = get_kernel(prob, arch_of_device(x.device))
+    kernel = get_kernel(prob, arch_of_device(x.device), None, launch_mode_of(x))
     return kernel.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                  initial_states=initial_states, seq_idx=seq_idx),
                       cu_seqlens, dt_limit, state_dtype)

@@ -123,6 +123,33 @@ def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     assert dblookup.choose(PROB, "sm90").kind == "exact"
 
 
+def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
+    """Before launch modes the tuner timed eager calls: measured rows become "eager", static and
+    default rows (predictions of GPU time) "any"; a downgrade drops the graph rows, whose time
+    would otherwise read as an eager one."""
+    url = to_url(tmp_path / "v5.sqlite")
+    assert migrate(url, "0005") == "0005"
+    with dbengine.get_engine(url).connect() as conn:
+        v5_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    assert "launch_mode" not in v5_cols
+    rows = [{k: v for k, v in r.to_row().items() if k in v5_cols}
+            for r in (rec(config=TUNED), rec(provenance="static"), rec(PROB.replace(seqlen=8192), provenance="default"))]
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tuned_records.insert(), rows)
+    assert migrate(url) == HEAD
+    assert sorted((r.provenance, r.launch_mode) for r in read_records(url)) == [
+        ("default", "any"), ("measured", "eager"), ("static", "any")]
+    add_records(url, [rec(config=TUNED, launch_mode="graph", time_ms=0.3)])
+    from alembic import command
+    cfg = dbengine.alembic_config()
+    with dbengine.get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0005")
+    with dbengine.get_engine(url).connect() as conn:
+        assert dbengine.current_revision(conn) == "0005"
+        assert conn.execute(sa.text("SELECT count(*) FROM tuned_records")).scalar_one() == 3
+
+
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):
     assert dblookup.choose(PROB, "sm90").kind == "default"
     assert not (tmp_path / "user.sqlite").exists()
@@ -217,6 +244,7 @@ TAMPER = [
     ("time_ms", "fast", "time_ms"),
     ("config_json", '{"chunk_size": 64}', "config_json"),
     ("created_at", "yesterday", "created_at"),
+    ("launch_mode", "fastest", "launch_mode"),
 ]
 
 
@@ -298,6 +326,20 @@ def test_export_filters_by_arch_and_writes_a_self_contained_file(tmp_path):
     con.close()
     with pytest.raises(FileExistsError):
         export_db(src, out)
+
+
+def test_merge_keeps_the_best_measurement_of_each_launch_mode(tmp_path):
+    a, b = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
+    eager, graph = TUNED, TUNED.replace(launches=5, scan_warps=8)
+    add_records(a, [rec(config=eager, time_ms=0.10), rec(config=graph, time_ms=0.12),
+                    rec(config=graph, time_ms=0.08, launch_mode="graph"), rec(provenance="static")])
+    add_records(b, [rec(config=eager, time_ms=0.09, launch_mode="graph")])
+    out = tmp_path / "merged.sqlite"
+    res = merge_dbs([a, b], out)
+    got = {r.launch_mode: r for r in read_records(str(out))}
+    assert (res.kept, res.dropped, res.conflicts) == (2, 3, 1)
+    assert got["eager"].config == eager and got["eager"].time_ms == 0.10
+    assert got["graph"].config == graph and got["graph"].time_ms == 0.08
 
 
 def test_merge_keeps_one_record_per_key_by_the_conflict_rule(tmp_path):

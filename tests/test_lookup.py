@@ -21,9 +21,10 @@ CFG = {name: BASE.replace(**kw) for name, kw in {
     "d": dict(scan_stages=3), "e": dict(pass_warps=8)}.items()}
 
 
-def R(cfg="a", problem=P, provenance="measured", time_ms=1.0, origin="user", stale=False, arch="sm90"):
+def R(cfg="a", problem=P, provenance="measured", time_ms=1.0, origin="user", stale=False, arch="sm90",
+      launch_mode=None):
     r = make_record(problem, CFG[cfg] if isinstance(cfg, str) else cfg, arch, provenance=provenance,
-                    time_ms=time_ms if provenance == "measured" else None)
+                    time_ms=time_ms if provenance == "measured" else None, launch_mode=launch_mode)
     r = replace(r, origin=origin)
     return replace(r, triton_version="0.0.1") if stale else r
 
@@ -166,3 +167,28 @@ def test_record_tuned_with_free_chunk_answers_any_requested_chunk():
     assert distance(q, free) == 0.0
     assert distance(q, q.replace(chunk_size=128)) == float("inf")  # a pinned chunk is a different key
     assert distance(free, q) == float("inf")  # a pinned record does not answer an unpinned query
+
+
+def test_each_launch_mode_gets_the_record_timed_that_way():
+    recs = [R("a", time_ms=0.10, launch_mode="eager"), R("b", time_ms=0.08, launch_mode="graph")]
+    for order in (recs, recs[::-1]):
+        assert L.pick(P, order, "sm90").config == CFG["a"]                       # eager by default
+        g = L.pick(P, order, "sm90", launch_mode="graph")
+        assert g.config == CFG["b"] and "CUDA-graph replay" in g.reason
+    # nearest tier too: the graph record two sizes away beats the eager one one size away
+    near = [R("a", P.replace(seqlen=8192), launch_mode="eager"),
+            R("b", P.replace(seqlen=16384), launch_mode="graph")]
+    assert L.pick(P, near, "sm90", launch_mode="graph").config == CFG["b"]
+    assert L.pick(P, near, "sm90").config == CFG["a"]
+
+
+def test_a_mode_without_its_own_record_takes_the_other_measurement_before_a_prediction():
+    recs = [R("a", launch_mode="eager"), R("c", provenance="static"), R("d", provenance="default")]
+    m = L.pick(P, recs, "sm90", launch_mode="graph")
+    assert m.kind == "exact" and m.config == CFG["a"]
+    assert L.pick(P, recs[1:], "sm90", launch_mode="graph").config == CFG["c"]   # static: "any"
+
+
+def test_unknown_launch_mode_is_refused():
+    with pytest.raises(ValueError, match="launch_mode"):
+        L.pick(P, [R()], "sm90", launch_mode="captured")

@@ -158,6 +158,36 @@ def test_drop_in_runs_the_tuned_config(tmp_path):
     assert k.config == cfg and render.load(cfg) is k.module()
 
 
+def test_a_captured_call_runs_the_graph_timed_record(tmp_path, monkeypatch):
+    p = tiny(has_D=True)
+    eager, graph = tuned_for(p), tuned_for(p).replace(scan_warps=4, launches=3)
+    add_records(str(tmp_path / "user.sqlite"), [
+        make_record(p, eager, "sm90", provenance="measured", time_ms=0.02, launch_mode="eager"),
+        make_record(p, graph, "sm90", provenance="measured", time_ms=0.01, launch_mode="graph")])
+    ran = []
+    real_run = runtime.Kernel.run
+    monkeypatch.setattr(runtime.Kernel, "run", lambda self, *a, **k: ran.append(self) or real_run(self, *a, **k))
+    args, kw = _args(p)
+    ref = _reference(args, 64, kw)[0]
+    y_eager = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    monkeypatch.setattr(runtime, "launch_mode_of", lambda x: "graph")   # as while a stream captures
+    y_graph = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert [(k.launch_mode, k.config) for k in ran] == [("eager", eager), ("graph", graph)]
+    assert rel_err(y_eager, ref) < tolerance("fp32") and rel_err(y_graph, ref) < tolerance("fp32")
+    assert runtime.get_kernel(p, "sm90", launch_mode="graph").config == graph
+    with pytest.raises(ValueError, match="launch_mode"):
+        runtime.get_kernel(p, "sm90", launch_mode="cudagraph")
+
+
+def test_launch_mode_is_graph_only_while_a_cuda_stream_captures(monkeypatch):
+    from types import SimpleNamespace
+    gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    for capturing in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        assert runtime.launch_mode_of(gpu) == ("graph" if capturing else "eager")
+        assert runtime.launch_mode_of(torch.zeros(1)) == "eager"        # CPU tensors: never
+
+
 def test_cpu_without_interpreter_asks_for_a_gpu(monkeypatch):
     # as if TRITON_INTERPRET were unset (render pins triton's knob once set, so patch the probe)
     monkeypatch.setattr(runtime, "interpreting", lambda: False)

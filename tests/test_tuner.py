@@ -196,10 +196,51 @@ def test_failed_candidates_never_win(tmp_path):
     assert res.default_ms is not None     # the default was seeded and evaluated
 
 
+class TwoModeRunner(FakeRunner):
+    """Times both launch modes, as the measured runner does on a GPU: eager time falls with the
+    number of launches (host cost), graph time does not (here: it favours small scan tiles)."""
+    objective = "graph"
+
+    def evaluate(self, config, prepared):
+        graph = 1.0 + config.scan_block_m / 64
+        eager = graph + 0.5 * config.launches
+        return Outcome(True, graph, times={"eager": eager, "graph": graph})
+
+
+def test_each_launch_mode_gets_its_own_best_record(tmp_path):
+    from autossd.tuner.records import JsonlSink
+    sink = JsonlSink(tmp_path / "r.jsonl")
+    st = Settings(trials=25, sampler="random", seed=5, storage=str(tmp_path / "j.journal"), progress=False)
+    res = tune_problem("sm90", SMALL, TwoModeRunner(), st, sink)
+    study = optuna.load_study(study_name=res.study_name, storage=open_storage(st.storage))
+    done = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs.get("evaluated")]
+    want = {m: min(t.user_attrs["times"][m] for t in done) for m in ("eager", "graph")}
+    saved = {r["launch_mode"]: r for r in sink.load()}
+    assert set(saved) == {"eager", "graph"}
+    for m in ("eager", "graph"):
+        assert saved[m]["time_ms"] == want[m]
+        best = [t for t in done if t.user_attrs["times"][m] == want[m]]
+        assert saved[m]["config"] in [t.user_attrs["config"] for t in best]
+    # the study minimized the objective (graph), and its record is the graph one
+    assert res.best_ms == want["graph"] and res.record["launch_mode"] == "graph"
+    assert res.study_name.endswith(f"-graph:t{res.study_name.rsplit(':t', 1)[1]}")
+
+
+def test_a_runner_without_mode_times_saves_one_record_for_any_mode(tmp_path):
+    from autossd.tuner.records import JsonlSink
+    sink = JsonlSink(tmp_path / "r.jsonl")
+    st = Settings(trials=4, sampler="random", seed=5, storage=str(tmp_path / "j.journal"), progress=False)
+    tune_problem("sm90", SMALL, FakeRunner(), st, sink)
+    assert [r["launch_mode"] for r in sink.load()] == ["any"]
+
+
 def test_study_naming_separates_modes_devices_and_buckets():
     a = study_name("sm90", SMALL, "measured", "NVIDIA H100")
     assert a != study_name("sm90", SMALL, "static", "H100 model")
     assert a != study_name("sm90", SMALL, "measured", "NVIDIA H200")
+    assert a != study_name("sm90", SMALL, "measured", "NVIDIA H100", "graph")
+    assert study_name("sm90", SMALL, "measured", "NVIDIA H100", "eager") != \
+        study_name("sm90", SMALL, "measured", "NVIDIA H100", "graph")
     assert bucket(SMALL) == bucket(SMALL.replace(seqlen=1500))      # same power-of-two bucket
     assert bucket(SMALL) != bucket(SMALL.replace(seqlen=4096))
 

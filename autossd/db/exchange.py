@@ -6,7 +6,9 @@ is built under a temporary name beside `dest` and renamed over it, so a reader n
 file and `dest` may also be one of the sources.
 
 Merge conflict rule: records conflict when they share (op, arch, problem). One survives per key,
-chosen in the lookup's order without the user/shipped distinction:
+chosen in the lookup's order without the user/shipped distinction (below); when it is measured,
+so does the best measured record of each other launch mode, since a pick timed by eager calls
+and one timed by CUDA-graph replay answer different questions. The order:
     fresh before stale (triton version, and the hash of the kernels the config launches)
     > measured > static > default  > smaller time (time_ms, or predicted_ms for static records)
     > newer created_at  > earlier source
@@ -107,23 +109,31 @@ def merge_rank(rec: Record, source_index: int, triton_v: str, th: str) -> tuple:
 def merge_records(sources: list[list[Record]]) -> tuple[list[Record], MergeResult]:
     """Apply the conflict rule to lists of records (one list per source, in priority order)."""
     triton_v, th = _freshness()
-    best: dict[tuple, tuple[tuple, Record]] = {}
-    counts: dict[tuple, int] = {}
+    groups: dict[tuple, list[tuple[tuple, Record]]] = {}
     for i, recs in enumerate(sources):
         for rec in recs:
-            key = (rec.op, rec.arch, rec.problem)
-            counts[key] = counts.get(key, 0) + 1
-            rank = merge_rank(rec, i, triton_v, th)
-            if key not in best or rank < best[key][0]:
-                best[key] = (rank, rec)
-    kept = [rec for _, rec in best.values()]
+            groups.setdefault((rec.op, rec.arch, rec.problem), []).append(
+                (merge_rank(rec, i, triton_v, th), rec))
+    kept = []
+    for cands in groups.values():
+        cands.sort(key=lambda c: c[0])
+        winner = cands[0][1]
+        kept.append(winner)
+        if winner.provenance == "measured":   # and the best measurement of each other mode
+            modes = {winner.launch_mode}
+            for _, rec in cands[1:]:
+                if rec.provenance == "measured" and rec.launch_mode not in modes:
+                    kept.append(rec)
+                    modes.add(rec.launch_mode)
+    counts = {g: len(c) for g, c in groups.items()}
     total = sum(counts.values())
     return kept, MergeResult(len(kept), total - len(kept), sum(c > 1 for c in counts.values()))
 
 
 def merge_dbs(sources: list[str | os.PathLike], dest: str | os.PathLike, arch: str | None = None,
               op: str | None = None, overwrite: bool = False, strict: bool = True) -> MergeResult:
-    """Merge databases into a new SQLite file `dest`, one record per (op, arch, problem) by the
+    """Merge databases into a new SQLite file `dest`, one record per (op, arch, problem) (and
+    launch mode, where measured) by the
     conflict rule in the module docstring."""
     kept, result = merge_records([_read(s, arch, op, strict) for s in sources])
     _write(dest, kept, overwrite)

@@ -2,7 +2,7 @@
 
     db_filename(arch)                    -> "sm90.sqlite", the shipped database's file name
     load_records(arch, op, db)           -> validated records, user database first, then shipped
-    pick(problem, records, arch)         -> Match: exact / nearest / default, distance, reason
+    pick(problem, records, arch, mode)   -> Match: exact / nearest / default, distance, reason
 
 Sources and precedence
     The user database: an SQLAlchemy URL or path from the `db` argument, else env AUTOSSD_DB,
@@ -27,8 +27,16 @@ Match tiers, in order
 
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
     fresh before stale  >  user before shipped  >  measured > static > default
-    >  smaller distance  >  smaller time (time_ms; for static records predicted_ms)
-    >  config key (text)  >  record id.
+    >  the launch mode asked for  >  smaller distance  >  smaller time (time_ms; for static
+    records predicted_ms)  >  config key (text)  >  record id.
+
+Launch modes
+    A measured record says what its time was measured under (`launch_mode`): "eager" calls, whose
+    time includes the host's launch cost, or "graph" replay, which is GPU time alone. At a small
+    shape the two pick different configs (eager favours fewer launches, BENCHMARKS.md §41). The
+    runtime asks for "graph" while the current stream is capturing a CUDA graph, else "eager";
+    a record of the mode asked for ranks first, then any other of its tier and provenance
+    (static and default records are "any": a prediction of GPU time).
 
 Stale records (policy)
     A record is stale when its triton version or template hash differs from the running ones.
@@ -195,14 +203,16 @@ def record_time(rec: Record) -> float:
     return rec.predicted_ms if rec.predicted_ms is not None else math.inf
 
 
-def _rank(rec: Record, d: float, stale: bool) -> tuple:
-    return (stale, ORIGIN_RANK.get(rec.origin, 2), PROVENANCE_RANK[rec.provenance], d,
-            record_time(rec), rec.config.key(), rec.id or 0)
+def _rank(rec: Record, d: float, stale: bool, launch_mode: str) -> tuple:
+    return (stale, ORIGIN_RANK.get(rec.origin, 2), PROVENANCE_RANK[rec.provenance],
+            rec.launch_mode != launch_mode, d, record_time(rec), rec.config.key(), rec.id or 0)
 
 
 def _describe(rec: Record) -> str:
     p = rec.problem
-    bits = [f"{rec.provenance} record from the {rec.origin or 'given'} db",
+    mode = {"eager": "timed by eager calls", "graph": "timed by CUDA-graph replay"}
+    bits = [f"{rec.provenance} record from the {rec.origin or 'given'} db"
+            + (f" ({mode[rec.launch_mode]})" if rec.launch_mode in mode else ""),
             f"b={p.batch} L={p.seqlen} h={p.nheads} g={p.ngroups}"]
     if rec.time_ms is not None:
         bits.append(f"{rec.time_ms:.4g} ms" + (f" on {rec.device}" if rec.device else ""))
@@ -210,8 +220,12 @@ def _describe(rec: Record) -> str:
     return ", ".join(bits)
 
 
-def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE) -> Match:
-    """Choose the config for `problem` from `records` (see the module docstring for the rules)."""
+def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
+         launch_mode: str = "eager") -> Match:
+    """Choose the config for `problem` from `records` (see the module docstring for the rules).
+    launch_mode: "eager" or "graph", how the caller launches (the records timed that way first)."""
+    if launch_mode not in ("eager", "graph"):
+        raise ValueError(f"launch_mode: expected 'eager' or 'graph', got {launch_mode!r}")
     triton_v, th = _freshness()
     exact, near = [], []
     best_d = math.inf
@@ -223,17 +237,17 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             continue
         stale = bool(rec.stale_reasons(triton_v, th))
         if d == 0.0:
-            exact.append((_rank(rec, 0.0, stale), rec))
+            exact.append((_rank(rec, 0.0, stale, launch_mode), rec))
         elif rec.provenance != "default" and not violations(rec.config, arch, problem):
             best_d = min(best_d, d)
             if d <= max_distance:
-                near.append((_rank(rec, d, stale), rec))
+                near.append((_rank(rec, d, stale, launch_mode), rec))
     for kind, cands in (("exact", exact), ("nearest", near)):
         if not cands:
             continue
         cands.sort(key=lambda c: c[0])
         rank, rec = cands[0]
-        d = rank[3]
+        d = rank[4]
         reason = f"{kind} match: {_describe(rec)}"
         if kind == "nearest":
             reason += f"; log2 distance {d:.2f} <= bound {max_distance:g}"
@@ -253,5 +267,5 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
 
 
 def choose(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
-           max_distance: float = MAX_DISTANCE) -> Match:
-    return pick(problem, load_records(arch, op, db), arch, max_distance)
+           max_distance: float = MAX_DISTANCE, launch_mode: str = "eager") -> Match:
+    return pick(problem, load_records(arch, op, db), arch, max_distance, launch_mode)

@@ -23,6 +23,10 @@ from ..space import KNOBS
 TABLE = "tuned_records"
 OPS = ("ssd_fwd", "ssd_bwd", "ssd_decode")
 PROVENANCES = ("measured", "static", "default")
+# What a record's time was measured under: eager calls (host launch cost included: at a small
+# shape it favours fewer launches), CUDA-graph replay (GPU time only), or "any" for a prediction
+# of GPU time (static) that stands for both. The runtime asks for "graph" while a stream captures.
+LAUNCH_MODES = ("eager", "graph", "any")
 KNOB_PREFIX = "cfg_"
 
 # column name -> python type / knob name, derived from the declarations
@@ -30,7 +34,8 @@ PROBLEM_COLUMNS: dict[str, object] = typing.get_type_hints(Problem)
 KNOB_COLUMNS: dict[str, str] = {KNOB_PREFIX + k.name: k.name for k in KNOBS}
 # text columns and their maximum lengths (validated on read as well)
 TEXT_COLUMNS = {"op": 16, "arch": 16, "device": 128, "provenance": 16, "triton_version": 64,
-                "autossd_version": 32, "template_hash": 64, "created_at": 32, "host": 255}
+                "autossd_version": 32, "template_hash": 64, "created_at": 32, "host": 255,
+                "launch_mode": 8}
 FIGURE_COLUMNS = ("time_ms", "tflops", "gbps", "pct_of_floor", "predicted_ms")  # floats or NULL
 
 
@@ -85,6 +90,8 @@ tuned_records = sa.Table(
     sa.Column("pct_of_floor", sa.Float, nullable=True),
     sa.Column("predicted_ms", sa.Float, nullable=True),
     sa.Column("notes", sa.String(256), nullable=False, server_default=""),
+    # --- schema revision 6 ---
+    sa.Column("launch_mode", sa.String(8), nullable=False, server_default="eager"),
     sa.Index("ix_tuned_records_lookup", "op", "arch", "dtype", "headdim", "dstate"),
 )
 

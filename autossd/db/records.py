@@ -26,8 +26,8 @@ from ..problem import Problem
 from ..space import KNOB_BY_NAME, Config, ConfigError, violations
 from .engine import (TuningDBError, current_revision, get_engine, migrate, to_url, with_retries,
                      write_transaction)
-from .models import (FIGURE_COLUMNS, KNOB_COLUMNS, OPS, PROBLEM_COLUMNS, PROVENANCES, TEXT_COLUMNS,
-                     tuned_records)
+from .models import (FIGURE_COLUMNS, KNOB_COLUMNS, LAUNCH_MODES, OPS, PROBLEM_COLUMNS, PROVENANCES,
+                     TEXT_COLUMNS, tuned_records)
 
 log = logging.getLogger("autossd.db")
 
@@ -45,7 +45,7 @@ TEXT_PATTERNS = {
     "template_hash": re.compile(r"[0-9a-f]{1,64}"),
     "created_at": re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]{2,15}(Z|[+-][0-9]{2}:[0-9]{2})?"),
 }
-CHOICES = {"op": OPS, "arch": tuple(ARCHS), "provenance": PROVENANCES}
+CHOICES = {"op": OPS, "arch": tuple(ARCHS), "provenance": PROVENANCES, "launch_mode": LAUNCH_MODES}
 
 
 class RecordError(ValueError):
@@ -73,6 +73,7 @@ class Record:
     pct_of_floor: float | None = None
     predicted_ms: float | None = None
     notes: str = ""
+    launch_mode: str = "eager"   # models.LAUNCH_MODES: what time_ms was measured under
     id: int | None = field(default=None, compare=False)
     origin: str = field(default="", compare=False)
 
@@ -136,10 +137,14 @@ def _hostname() -> str:
 
 def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
                 time_ms: float | None = None, op: str = "ssd_fwd", device: str = "",
-                predicted_ms: float | None = None, notes: str = "") -> Record:
+                predicted_ms: float | None = None, notes: str = "",
+                launch_mode: str | None = None) -> Record:
     """A record for the current code (triton version, autossd version, kernel hash, now,
     this host), with TFLOP/s, GB/s and % of floor derived from time_ms. Validated like a row
-    read back, so nothing a reader would reject can be written."""
+    read back, so nothing a reader would reject can be written. launch_mode: default "eager"
+    for a measured record, "any" for a static or default one (a prediction of GPU time)."""
+    if launch_mode is None:
+        launch_mode = "eager" if provenance == "measured" else "any"
     triton_v, autossd_v = _versions()
     th = current_kernel_hash(config, arch)
     row = dict(op=op, arch=arch, device=device, **problem.key(),
@@ -147,7 +152,7 @@ def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
                config_json=config.key(), time_ms=time_ms, provenance=provenance,
                triton_version=triton_v, autossd_version=autossd_v, template_hash=th,
                created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               host=_hostname(), predicted_ms=predicted_ms, notes=notes,
+               host=_hostname(), predicted_ms=predicted_ms, notes=notes, launch_mode=launch_mode,
                **figures(problem, config, arch, time_ms))
     return validate_row(row)
 

@@ -48,7 +48,7 @@ def _worker(index: int, gpu: str | None, arch: str, problem: dict, mode: str, se
     st = Settings(**{**settings, "worker": index})
     runner = make_runner(mode, arch, prob, **runner_kw)
     try:
-        study, space = open_study(arch, prob, mode, runner.device, st)
+        study, space = open_study(arch, prob, mode, runner.device, st, None, getattr(runner, "objective", None))
         run_trials(study, space, arch, prob, runner, st)
     finally:
         runner.close()
@@ -70,7 +70,8 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
     for prob in problems:
         runner = make_runner(mode, arch, prob, **runner_kw)
         try:
-            study, space = open_study(arch, prob, mode, runner.device, settings)
+            study, space = open_study(arch, prob, mode, runner.device, settings, None,
+                                      getattr(runner, "objective", None))
             reap_stale(study)
             seed(study, arch, prob, space, settings.extra_seeds)
             if workers <= 1:

@@ -6,7 +6,8 @@ The tuner only needs `Sink.save(record: dict)`. `DbSink` adapts it to the tuning
 `--db x.jsonl` and the fallback when the database layer is not installed.
 
 A record: arch, device, op, problem (Problem fields), config (every knob), time_ms, provenance
-("measured" | "static"), triton_version, template_hash, date (UTC ISO), host, plus
+("measured" | "static"), launch_mode ("eager" | "graph": what time_ms was measured under; "any"
+for a prediction), triton_version, template_hash, date (UTC ISO), host, plus
 informational fields (floor_ms, study, trial, gate errors, compile report summary).
 """
 from __future__ import annotations
@@ -40,13 +41,14 @@ def triton_version() -> str:
 
 
 def make_record(arch: str, device: str, problem: Problem, config: Config, time_ms: float,
-                provenance: str, **extra: Any) -> dict:
+                provenance: str, launch_mode: str = "any", **extra: Any) -> dict:
     from ..arch import get_arch
     from ..render import kernel_hash
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance: expected one of {PROVENANCES}, got {provenance!r}")
     rec = {"arch": arch, "device": device, "op": OP, "problem": problem.key(),
            "config": config.as_dict(), "time_ms": float(time_ms), "provenance": provenance,
+           "launch_mode": launch_mode,
            "triton_version": triton_version(),
            # the hash of the kernels this config launches (see db.records.Record.stale_reasons)
            "template_hash": kernel_hash(config, get_arch(arch).backend),
@@ -57,8 +59,10 @@ def make_record(arch: str, device: str, problem: Problem, config: Config, time_m
 
 
 def record_key(rec: dict) -> str:
-    """What a record answers, as the tuning database keys it: (arch, op, problem)."""
-    return json.dumps([rec["arch"], rec["op"], rec["problem"]], sort_keys=True)
+    """What a record answers, as the tuning database keys it: (arch, op, problem, launch mode;
+    a record from before launch modes was timed by eager calls)."""
+    return json.dumps([rec["arch"], rec["op"], rec["problem"], rec.get("launch_mode", "eager")],
+                      sort_keys=True)
 
 
 def better(a: dict, b: dict) -> dict:
@@ -147,6 +151,7 @@ class DbSink:
             provenance=record["provenance"], time_ms=None if static else record["time_ms"],
             predicted_ms=record["time_ms"] if static else None,
             device=_UNSAFE.sub("-", record.get("device", ""))[:128],
+            launch_mode=record.get("launch_mode", "any" if static else "eager"),
             notes=_UNSAFE.sub("-", notes)[:256])
         self.layer.add_records(self.url, [rec])
 
@@ -172,6 +177,7 @@ def db_record_dict(r) -> dict:
     t = r.time_ms if r.time_ms is not None else r.predicted_ms
     return {"arch": r.arch, "device": r.device, "op": r.op, "problem": r.problem.key(),
             "config": r.config.as_dict(), "time_ms": t, "provenance": r.provenance,
+            "launch_mode": r.launch_mode,
             "triton_version": r.triton_version, "template_hash": r.template_hash,
             "date": r.created_at, "host": r.host, "origin": r.origin}
 

@@ -64,7 +64,10 @@ class TuneResult:
     failed: int
     pruned: int
     failures: list[tuple[dict, str]]
-    record: dict | None = None
+    record: dict | None = None        # the saved record of the study's objective
+    # launch mode -> (best config, its ms) when the runner timed both modes; {} for static
+    best_by_mode: dict = field(default_factory=dict)
+    records: list = field(default_factory=list)   # every saved record (one per launch mode)
 
     @property
     def pct_floor(self) -> float | None:
@@ -87,8 +90,10 @@ def bucket(problem: Problem) -> str:
             f"-f{flags or '0'}")
 
 
-def study_name(arch: str, problem: Problem, mode: str, device: str) -> str:
+def study_name(arch: str, problem: Problem, mode: str, device: str, objective: str | None = None) -> str:
     where = mode if mode == "static" else f"{mode}@{device.replace(' ', '_')}"
+    if objective:   # a study's values are the times of one launch mode
+        where += f"-{objective}"
     return f"{OP}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
 
 
@@ -125,10 +130,11 @@ def reap_stale(study: optuna.Study, grace_s: float = 120.0) -> int:
 
 
 def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
-               space: SearchSpace | None = None) -> tuple[optuna.Study, SearchSpace]:
+               space: SearchSpace | None = None, objective: str | None = None
+               ) -> tuple[optuna.Study, SearchSpace]:
     space = space or build_space(arch, problem, settings.fixed, static=mode == "static")
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    study = optuna.create_study(study_name=study_name(arch, problem, mode, device),
+    study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective),
                                 storage=open_storage(settings.storage), sampler=sampler,
                                 direction="minimize", load_if_exists=True)
     if "problem" not in study.user_attrs:
@@ -223,6 +229,8 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
                 trial.set_user_attr("evaluated", True)
                 if out.info:
                     trial.set_user_attr("info", _jsonable(out.info))
+                if out.times:
+                    trial.set_user_attr("times", _jsonable(out.times))
                 if out.ok:
                     study.tell(trial, out.time_ms)
                 else:
@@ -260,7 +268,13 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
     dflt = default_config(arch, problem).key()
     default_ms = next((t.value for t in complete if t.user_attrs.get("seed") == "default"),
                       next((t.value for t in complete if Config(t.user_attrs["config"]).key() == dflt), None))
+    by_mode: dict[str, tuple[Config, float]] = {}
+    for t in complete:
+        for m, ms in (t.user_attrs.get("times") or {}).items():
+            if isinstance(ms, float) and (m not in by_mode or ms < by_mode[m][1]):
+                by_mode[m] = (Config(t.user_attrs["config"]), ms)
     return TuneResult(
+        best_by_mode=by_mode,
         study_name=study.study_name, arch=arch, problem=problem, mode=mode, device=device,
         best_config=Config(best.user_attrs["config"]) if best else None,
         best_ms=best.value if best else None, default_ms=default_ms,
@@ -271,15 +285,21 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
 
 def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Sink | None,
               sampler: str) -> dict | None:
+    """Save the best record of each launch mode the runner timed (one "any" record when it
+    timed none: a static prediction); returns the record of the study's objective."""
     if result.best_config is None or sink is None:
         return None
-    rec = make_record(result.arch, result.device, result.problem, result.best_config,
-                      result.best_ms, provenance, floor_ms=result.floor_ms,
-                      default_ms=result.default_ms, study=result.study_name, sampler=sampler,
-                      trials=result.complete + result.failed)
-    sink.save(rec)
-    result.record = rec
-    return rec
+    picks = result.best_by_mode or {"any": (result.best_config, result.best_ms)}
+    for mode, (cfg, ms) in sorted(picks.items()):
+        rec = make_record(result.arch, result.device, result.problem, cfg, ms, provenance,
+                          launch_mode=mode, floor_ms=result.floor_ms, default_ms=result.default_ms,
+                          study=result.study_name, sampler=sampler,
+                          trials=result.complete + result.failed)
+        sink.save(rec)
+        result.records.append(rec)
+        if result.record is None and cfg.key() == result.best_config.key() and ms == result.best_ms:
+            result.record = rec
+    return result.record
 
 
 def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
@@ -287,7 +307,8 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     """Open (or resume) the study, seed it, run the loop, save the best as a record. `space`
     overrides the knob space (e.g. a reduced grid); by default it is `build_space(...)`."""
     arch = get_arch(arch).name
-    study, space = open_study(arch, problem, runner.mode, runner.device, settings, space)
+    study, space = open_study(arch, problem, runner.mode, runner.device, settings, space,
+                              getattr(runner, "objective", None))
     reap_stale(study)
     seed(study, arch, problem, space, settings.extra_seeds)
     run_trials(study, space, arch, problem, runner, settings)

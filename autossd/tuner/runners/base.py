@@ -15,9 +15,12 @@ from ...space import Config
 @dataclass
 class Outcome:
     ok: bool
-    time_ms: float | None = None
+    time_ms: float | None = None    # what the study minimizes (the runner's objective)
     why: str = ""
     info: dict = field(default_factory=dict)
+    # launch mode -> ms, when the runner measured them ("eager", "graph"); a record is saved for
+    # each mode's best. Empty: time_ms stands for every mode (a static prediction of GPU time).
+    times: dict = field(default_factory=dict)
 
 
 class Runner(Protocol):
