@@ -2,7 +2,8 @@
 """Runtime checks of the drop-in on a GPU (the lead runs this on the H100):
 
   1. CUDA graph: autossd.mamba_chunk_scan_combined captured in a CUDA graph and replayed on new
-     inputs gives the eager result (bitwise, the same kernels run).
+     inputs gives the result of the graph-timed pick run eagerly (bitwise, the same kernels run;
+     a captured call asks the lookup for the graph record, which may differ from the eager one).
   2. torch.compile: a layer calling the drop-in traces to one graph with no graph break
      (torch._dynamo.explain), and torch.compile(fullgraph=True) matches eager.
   3. Overheads: warm get_kernel (target <= 5 us), the drop-in's host time per call, eager vs
@@ -123,8 +124,12 @@ def check_case(name: str, p: Problem, device: str, iters: int) -> dict:
                     t[k].copy_(fresh[k])
             g.replay()
             sync()
-            eager_new = f()
-            res["cuda_graph"] = {**_same(captured, eager_new), "ok": _same(captured, eager_new)["bitwise_equal"]}
+            # a captured call runs the graph-timed pick, which may be another config than the
+            # eager call's: compare with that pick run eagerly on the same inputs
+            kg = autossd.get_kernel(p, runtime.arch_of_device(torch.device(device)), launch_mode="graph")
+            eager_new = kg(*args, **kw)
+            res["cuda_graph"] = {**_same(captured, eager_new), "ok": _same(captured, eager_new)["bitwise_equal"],
+                                 "graph_pick": kg.config.as_dict(), "graph_reason": kg.reason}
             res["timing_ms"] = {"eager": _time_ms(f, iters, sync), "graph_replay": _time_ms(g.replay, iters, sync)}
         except Exception as e:  # report, go on with the other checks
             res["cuda_graph"] = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
