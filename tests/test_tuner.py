@@ -226,6 +226,26 @@ def test_each_launch_mode_gets_its_own_best_record(tmp_path):
     assert res.study_name.endswith(f"-graph:t{res.study_name.rsplit(':t', 1)[1]}")
 
 
+def test_a_candidate_timed_eagerly_but_not_by_graph_can_still_be_the_eager_pick(tmp_path):
+    """Graph timing can fail where eager timing did not (e.g. the graph's memory pool): the
+    candidate fails the graph-minimizing study, but its eager time still counts."""
+    from autossd.tuner.records import JsonlSink
+
+    class NoGraphForOneLaunch(TwoModeRunner):
+        def evaluate(self, config, prepared):
+            if config.launches == 1:
+                return Outcome(False, why="graph timing: OutOfMemoryError", times={"eager": 0.01})
+            return super().evaluate(config, prepared)
+
+    sink = JsonlSink(tmp_path / "r.jsonl")
+    st = Settings(trials=12, sampler="random", seed=2, storage=str(tmp_path / "j.journal"), progress=False)
+    res = tune_problem("sm90", SMALL, NoGraphForOneLaunch(), st, sink)
+    saved = {r["launch_mode"]: r for r in sink.load()}
+    assert saved["eager"]["config"]["launches"] == 1 and saved["eager"]["time_ms"] == 0.01
+    assert saved["graph"]["config"]["launches"] != 1 and res.best_config.launches != 1
+    assert any("graph timing" in why for _, why in res.failures)
+
+
 def test_a_runner_without_mode_times_saves_one_record_for_any_mode(tmp_path):
     from autossd.tuner.records import JsonlSink
     sink = JsonlSink(tmp_path / "r.jsonl")

@@ -268,8 +268,10 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
     dflt = default_config(arch, problem).key()
     default_ms = next((t.value for t in complete if t.user_attrs.get("seed") == "default"),
                       next((t.value for t in complete if Config(t.user_attrs["config"]).key() == dflt), None))
+    # each mode's best among every candidate timed in it: a candidate whose graph timing failed
+    # (and so failed the study) still passed the gate and has its eager time
     by_mode: dict[str, tuple[Config, float]] = {}
-    for t in complete:
+    for t in complete + failed:
         for m, ms in (t.user_attrs.get("times") or {}).items():
             if isinstance(ms, float) and (m not in by_mode or ms < by_mode[m][1]):
                 by_mode[m] = (Config(t.user_attrs["config"]), ms)
@@ -287,9 +289,10 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
               sampler: str) -> dict | None:
     """Save the best record of each launch mode the runner timed (one "any" record when it
     timed none: a static prediction); returns the record of the study's objective."""
-    if result.best_config is None or sink is None:
+    picks = result.best_by_mode or ({"any": (result.best_config, result.best_ms)}
+                                    if result.best_config is not None else {})
+    if not picks or sink is None:
         return None
-    picks = result.best_by_mode or {"any": (result.best_config, result.best_ms)}
     for mode, (cfg, ms) in sorted(picks.items()):
         rec = make_record(result.arch, result.device, result.problem, cfg, ms, provenance,
                           launch_mode=mode, floor_ms=result.floor_ms, default_ms=result.default_ms,
@@ -297,7 +300,8 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
                           trials=result.complete + result.failed)
         sink.save(rec)
         result.records.append(rec)
-        if result.record is None and cfg.key() == result.best_config.key() and ms == result.best_ms:
+        if result.record is None and result.best_config is not None and cfg == result.best_config \
+                and ms == result.best_ms:
             result.record = rec
     return result.record
 

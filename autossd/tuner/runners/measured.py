@@ -87,6 +87,7 @@ def _graph_ms(fn, n_sets: int, eager_ms: float, warmup_ms: int, rep_ms: int) -> 
     import triton.testing
     per = max(1, min(GRAPH_MAX_CALLS // n_sets, -(-GRAPH_MIN_MS // (max(eager_ms, 1e-3) * n_sets))))
     calls = int(per) * n_sets
+    torch.cuda.empty_cache()   # the graph's private pool must not sit beside the eager calls' cache
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
@@ -133,9 +134,12 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                 fn = lambda: this_run(prob, cfg, sets[next(calls) % len(sets)])  # noqa: E731
                 warm, rep = opts.get("warmup_ms", 25), opts.get("rep_ms", 100)
                 times = {"eager": _time_ms(fn, device, warm, rep)}
-                if device == "cuda":
-                    times["graph"] = _graph_ms(fn, len(sets), times["eager"], warm, rep)
                 res = {"ok": True, "times": times, "gate": gate.as_dict(), "sets": len(sets)}
+                if device == "cuda":
+                    try:
+                        times["graph"] = _graph_ms(fn, len(sets), times["eager"], warm, rep)
+                    except Exception as e:  # noqa: BLE001 - e.g. out of memory for the graph's pool
+                        res["graph_error"] = f"{type(e).__name__}: {e}"[:300]
             except Exception as e:  # noqa: BLE001 - a failure while timing fails the candidate
                 res = {"ok": False, "why": f"timing: {type(e).__name__}: {e}"}
         poisoned = device == "cuda" and not res["ok"] and not _cuda_alive()
@@ -265,6 +269,9 @@ class MeasuredRunner:
             info["gate"] = res["gate"]
         if res.get("ok"):
             times = {m: float(v) for m, v in res["times"].items()}
+            if self.objective not in times:   # right and timed eagerly, but not by its objective
+                return Outcome(False, why=f"{self.objective} timing: {res.get('graph_error', 'missing')}",
+                               info=info, times=times)
             return Outcome(True, times[self.objective], info=info, times=times)
         return Outcome(False, why=res.get("why", "failed"), info=info)
 
