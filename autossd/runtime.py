@@ -140,10 +140,13 @@ _device_arch: dict[int, str] = {}
 
 
 def clear_cache() -> None:
-    """Forget cached kernels and loaded records (e.g. after AUTOSSD_DB changes)."""
+    """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes) and the kept
+    workspaces of intermediates."""
+    from .ops.ssd.chunk import clear_workspaces
     with _kernels_lock:
         _kernels.clear()
     _clear_records()
+    clear_workspaces()
 
 
 on_write(lambda url: clear_cache())  # a write in this process may change what the lookup picks

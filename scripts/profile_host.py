@@ -114,6 +114,20 @@ def main():
         f"{len(launches)} launch(es) via triton's JIT": per_call_us(launch_all),
         "execute (launch cache)": per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod)),
     }
+    # the kept workspace (chunk.WORKSPACE_BYTES) against fresh allocations, interleaved rounds
+    ab = {"drop_in": [], "drop_in, no workspace": [], "execute": [], "execute, no workspace": []}
+    saved = ssd_chunk.WORKSPACE_BYTES
+    for _ in range(3):
+        for off in (False, True):
+            ssd_chunk.WORKSPACE_BYTES = 0 if off else saved
+            ssd_chunk.clear_workspaces()
+            tag = ", no workspace" if off else ""
+            ab["drop_in" + tag].append(per_call_us(lambda: autossd.mamba_chunk_scan_combined(*args, **kw)))
+            ab["execute" + tag].append(per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod)))
+    ssd_chunk.WORKSPACE_BYTES = saved
+    for k, v in ab.items():
+        res[f"{k} (median of 3 interleaved)"] = sorted(v)[1]
+    res["workspace_rounds"] = ab
     g_ = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_):
         launch_all()
@@ -127,7 +141,8 @@ def main():
     res["gpu_time_graph_replay"] = st.elapsed_time(en) / 100 * 1e3
     print(f"config: {cfg!r} ({kern.reason})")
     for k, v in res.items():
-        print(f"{k:32s} {v:8.1f} us", flush=True)
+        if isinstance(v, float):
+            print(f"{k:44s} {v:8.1f} us", flush=True)
     with open(os.path.join(a.out, "profile_host.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
                    "shape": a.shape, "dtype": a.dtype, "config": cfg.as_dict(), "reason": kern.reason,

@@ -339,3 +339,67 @@ def test_fused_launch_with_a_used_counter_touches_nothing(depth_):
     assert torch.equal(buf.final, before)
     if depth_ == 1:
         assert torch.isnan(buf.y).all()   # the single launch wrote nothing the second time
+
+
+# --- the kept workspace of the intermediates --------------------------------------------------
+def _call(prob, cfg, seed):
+    t = make_inputs(prob, DEV, seed=seed)
+    kw = call_kwargs(prob, t)
+    out = ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg, **kw)
+    ref_kw = {k: v for k, v in kw.items() if not k.startswith("return_")}
+    ref = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, **ref_kw)
+    return (out if isinstance(out, tuple) else (out,)), ref
+
+
+@pytest.fixture
+def workspaces(monkeypatch):
+    from autossd.ops.ssd import chunk
+    chunk.clear_workspaces()
+    yield chunk
+    chunk.clear_workspaces()
+
+
+def test_calls_reuse_the_intermediates_and_return_fresh_outputs(workspaces, depth):
+    prob = Problem(batch=1, seqlen=150, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                   has_D=True, dt_softplus=True, return_final_states=True)
+    cfg = fit(SMALL.replace(launches=depth), prob)
+    (y1, f1), ref1 = _call(prob, cfg, 1)
+    (kept,) = [w[1] for w in workspaces._workspaces.values()]
+    y1c, f1c = y1.clone(), f1.clone()
+    # NaN in every kept intermediate: whatever the next call reads, it must have written first
+    for name in ("dt", "dA", "cb", "states", "final"):
+        if getattr(kept, name) is not None:
+            getattr(kept, name).fill_(float("nan"))
+    (y2, f2), ref2 = _call(prob, cfg, 2)
+    assert len(workspaces._workspaces) == 1 and next(iter(workspaces._workspaces.values()))[1] is kept
+    assert rel_err(y2, ref2[0]) < tolerance("fp32") and rel_err(f2, ref2[1]) < tolerance("fp32")
+    assert rel_err(y1, ref1[0]) < tolerance("fp32")
+    # the first call's outputs are its own: not overwritten by the second
+    assert y1.data_ptr() != y2.data_ptr() and f1.data_ptr() != f2.data_ptr()
+    assert torch.equal(y1, y1c) and torch.equal(f1, f1c)
+
+
+def test_workspace_budget_is_least_recently_used(workspaces, monkeypatch):
+    cfg = SMALL
+    probs = [Problem(batch=1, seqlen=l, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32")
+             for l in (100, 130, 160)]
+    sizes = {}
+    for p in probs:
+        workspaces.clear_workspaces()
+        _call(p, fit(cfg, p), 0)
+        sizes[p] = next(iter(workspaces._workspaces.values()))[2]
+    workspaces.clear_workspaces()
+    monkeypatch.setattr(workspaces, "WORKSPACE_BYTES", sizes[probs[1]] + sizes[probs[2]])
+    for p in probs:
+        _call(p, fit(cfg, p), 0)
+    assert [k[0].seqlen for k in workspaces._workspaces] == [130, 160]   # the oldest went first
+    monkeypatch.setattr(workspaces, "WORKSPACE_BYTES", 0)           # AUTOSSD_WORKSPACE_MB=0: off
+    workspaces.clear_workspaces()
+    (y,), ref = _call(probs[0], fit(cfg, probs[0]), 3)
+    assert not workspaces._workspaces and rel_err(y, ref[0]) < tolerance("fp32")
+
+
+def test_poisoned_calls_never_use_the_workspace(workspaces):
+    prob = Problem(batch=1, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32")
+    check(prob, SMALL, 5)
+    assert not workspaces._workspaces
