@@ -116,8 +116,9 @@ class Kernel:
                         cu_seqlens, dt_limit, state_dtype)
 
     def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
-            state_dtype=None):
-        """Run on validated inputs (no checks beyond the device)."""
+            state_dtype=None, keep: bool = True):
+        """Run on validated inputs (no checks beyond the device). keep: reuse the kept workspace
+        of intermediates (chunk.execute); False inside the custom op torch.compile runs."""
         from .ops.ssd.chunk import execute
         x = tensors["x"]
         if x.device.type == "cpu" and not interpreting():
@@ -128,9 +129,9 @@ class Kernel:
         if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
             with torch.cuda.device(x.device):
                 return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype,
-                               self.backend, self.module())
+                               self.backend, self.module(), keep=keep)
         return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
-                       self.module())
+                       self.module(), keep=keep)
 
 
 # --- get_kernel ----------------------------------------------------------------------------
@@ -246,14 +247,14 @@ _Tensor = torch.Tensor
 
 
 def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-             dt_limit, return_final_states, return_varlen_states, state_dtype):
+             dt_limit, return_final_states, return_varlen_states, state_dtype, keep=False):
     """Validate, look up, run: y, or a tuple with what was asked (mamba_ssm's returns)."""
     prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                      dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
     kernel = get_kernel(prob, arch_of_device(x.device), None, launch_mode_of(x))
     return kernel.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                  initial_states=initial_states, seq_idx=seq_idx),
-                      cu_seqlens, dt_limit, state_dtype)
+                      cu_seqlens, dt_limit, state_dtype, keep)
 
 
 def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, chunk_size: int,
@@ -308,7 +309,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if not torch.compiler.is_compiling():
         return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                         bool(dt_softplus), (float(lo), float(hi)), bool(return_final_states),
-                        bool(return_varlen_states), state_dtype)
+                        bool(return_varlen_states), state_dtype, keep=True)
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         bool(dt_softplus), float(lo), float(hi), bool(return_final_states),

@@ -112,7 +112,7 @@ def main():
         "allocate": per_call_us(lambda: ssd_chunk.allocate(prob, cfg, "cuda")),
         "plan": per_call_us(lambda: ssd_chunk.plan(prob, cfg, tensors, buf)),
         f"{len(launches)} launch(es) via triton's JIT": per_call_us(launch_all),
-        "execute (launch cache)": per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod)),
+        "execute (launch cache)": per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod, keep=True)),
     }
     # the kept workspace (chunk.WORKSPACE_BYTES) against fresh allocations, interleaved rounds
     ab = {"drop_in": [], "drop_in, no workspace": [], "execute": [], "execute, no workspace": []}
@@ -123,7 +123,7 @@ def main():
             ssd_chunk.clear_workspaces()
             tag = ", no workspace" if off else ""
             ab["drop_in" + tag].append(per_call_us(lambda: autossd.mamba_chunk_scan_combined(*args, **kw)))
-            ab["execute" + tag].append(per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod)))
+            ab["execute" + tag].append(per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod, keep=True)))
     ssd_chunk.WORKSPACE_BYTES = saved
     for k, v in ab.items():
         res[f"{k} (median of 3 interleaved)"] = sorted(v)[1]

@@ -196,6 +196,21 @@ def test_cpu_without_interpreter_asks_for_a_gpu(monkeypatch):
         autossd.mamba_chunk_scan_combined(*args, 64, **kw)
 
 
+def test_only_eager_calls_keep_a_workspace():
+    """torch.compile runs the custom op; under mode="reduce-overhead" its warm-up allocates in the
+    CUDA graph's pool without capturing, where a kept tensor fails torch's pool check: that path
+    allocates every call. The eager drop-in keeps its intermediates."""
+    from autossd.ops.ssd import chunk
+    p = tiny(has_D=True)
+    args, kw = _args(p)
+    chunk.clear_workspaces()
+    y_op, _, _ = torch.ops.autossd.ssd_fwd(*args, 64, kw["D"], None, None, None, None, None, False,
+                                           0.0, float("inf"), False, False, None)
+    assert not chunk._workspaces
+    y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert len(chunk._workspaces) == 1 and torch.equal(y, y_op)
+
+
 def test_bad_call_is_rejected_before_any_kernel():
     args, kw = _args(tiny())
     x, dt, A, B, C = args

@@ -60,7 +60,7 @@ def default_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"
     from ..ops.ssd.chunk import execute
     kw = call_kwargs(problem, t)
     return execute(problem, config, t, cu_seqlens=kw["cu_seqlens"],
-                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend)
+                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, keep=True)
 
 
 def compare(out, ref, dtype: str, state_dtype: str = "fp32") -> GateResult:

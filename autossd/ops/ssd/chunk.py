@@ -94,9 +94,12 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
 # never leave a call, so an eager call reuses them instead of allocating them anew: ~6 us of host
 # time each (BENCHMARKS.md §42). Reuse is safe because the kernels of one stream run in order: a
 # workspace belongs to one (problem, config, device, stream), and a lock keeps two threads from
-# interleaving their launches on it. The outputs (y, final states) are always fresh. Not used
-# while a stream captures a CUDA graph (the graph's own pool serves it) or for large problems,
-# whose host time is negligible beside their GPU time; the budget is least-recently-used.
+# interleaving their launches on it. The outputs (y, final states) are always fresh. Used only
+# by eager callers (execute(keep=True): the eager drop-in, Kernel calls, ssd_forward, the tuner),
+# never by the custom op torch.compile runs (its CUDA-graph warm-up allocates in the graph's
+# pool without capturing, and a kept tensor there fails torch's pool check), nor while a stream
+# captures a CUDA graph, nor for large problems, whose host time is negligible beside their GPU
+# time. The budget is least-recently-used.
 WORKSPACE_BYTES = int(float(os.environ.get("AUTOSSD_WORKSPACE_MB", "256")) * (1 << 20))
 WORKSPACE_MAX_ONE = 64 << 20      # bytes: a larger workspace is not kept
 _workspaces: OrderedDict = OrderedDict()   # key -> (lock, Buffers of the intermediates, bytes)
@@ -284,7 +287,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
     return execute(prob, config, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                       initial_states=initial_states, seq_idx=seq_idx),
                    cu_seqlens=cu_seqlens, dt_limit=dt_limit, state_dtype=state_dtype, backend=backend,
-                   poison=poison)
+                   poison=poison, keep=True)
 
 
 # --- launch cache -------------------------------------------------------------------------
@@ -351,7 +354,10 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
-            backend="cuda", module=None, poison=False):
+            backend="cuda", module=None, poison=False, keep=False):
+    """Run the forward's launches. keep: reuse the kept workspace of intermediates (eager
+    callers only: torch.compile's CUDA-graph warm-up runs a custom op with its allocations in
+    the graph's pool, not capturing, where a kept tensor would outlive the pool's bookkeeping)."""
     x = t["x"]
     device = x.device
     # a varlen-only call allocates `final` too, as it always has; only that case rebuilds the
@@ -361,7 +367,7 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     cpu = device.type == "cpu"   # the interpreter: no compiled kernels, no streams
     stream = None if cpu else driver.active.get_current_stream(driver.active.get_current_device())
     ws = None
-    if not poison and (cpu or not torch.cuda.is_current_stream_capturing()):
+    if keep and not poison and (cpu or not torch.cuda.is_current_stream_capturing()):
         ws = _workspace(prob, config, device, state_dtype, stream)
     if ws is None:
         return _execute(prob, config, t, allocate(aprob, config, device, state_dtype, poison), cu_seqlens,
