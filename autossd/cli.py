@@ -110,9 +110,10 @@ def main() -> None:
 @click.option("--eval-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="measured: seconds before a candidate counts as hung")
 @click.option("--objective", type=click.Choice(["graph", "eager"]), default="graph", show_default=True,
-              help="measured: what the search minimizes, CUDA-graph replay time (GPU time) or eager "
-                   "time per call (host launch cost included); both are timed, and each one's best "
-                   "is stored for the runtime to pick by how the caller launches")
+              help="measured mode on a GPU: what the search minimizes, CUDA-graph replay time (GPU "
+                   "time) or eager time per call (host launch cost included); both are timed, and "
+                   "each one's best is stored for the runtime to pick by how the caller launches "
+                   "(ignored in static mode and in the CPU interpreter, which time neither)")
 @click.option("--plot-dir", type=click.Path(file_okay=False), default=None, help="write plots here")
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
@@ -222,7 +223,7 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def show(db, arch, show_all, shipped, as_json) -> None:
     """Stored tuning records, with provenance (measured / static = predicted)."""
-    from .tuner.records import best_records
+    from .tuner.records import best_records, mode_of
     recs = _load_records(db, shipped)
     if arch:
         recs = [r for r in recs if r["arch"] == arch]
@@ -237,7 +238,7 @@ def show(db, arch, show_all, shipped, as_json) -> None:
     from .problem import Problem
     from .space import Config
     rows = [[r["arch"], r["device"], _shape_str(Problem(**r["problem"])), r["provenance"],
-             r.get("launch_mode", "eager"),
+             mode_of(r),
              _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
              r["date"][:16], r.get("origin", ""), repr(Config(r["config"]))[7:-1][:80]] for r in recs]
     click.echo(_table(rows, ["arch", "device", "shape", "provenance", "timed by", "ms", "date", "from",
@@ -258,9 +259,11 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
     arch = local_arch()
     if arch is None:
         raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
-    # bench times eager calls (do_bench): the records timed that way
-    recs = {json.dumps(r["problem"], sort_keys=True): r for r in _load_records(db)
-            if r["arch"] == arch and r.get("launch_mode") != "graph"} if db else {}
+    from .tuner.records import best_records, mode_of
+    # bench times eager calls (do_bench): the best record of each problem timed that way
+    recs = {json.dumps(r["problem"], sort_keys=True): r
+            for r in best_records(r for r in _load_records(db) if r["arch"] == arch and mode_of(r) != "graph")
+            } if db else {}
     ceil = measure_ceilings()  # once, in this run: the floor is against this GPU as it is now
     click.echo(f"ceilings measured: copy {ceil['copy_GBps']:.0f} GB/s, "
                f"bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
@@ -307,7 +310,8 @@ def export(db, out_path, arch, overwrite) -> None:
 @click.option("--into", "into", required=True, help="destination store (.sqlite or .jsonl); kept records "
               "already there take part in the merge")
 def merge(sources, into) -> None:
-    """Merge record stores into one (measured beats static, then the faster record)."""
+    """Merge record stores into one: per problem, measured beats static, then the faster record;
+    measured records are kept one per launch mode (eager / CUDA graph)."""
     from .tuner.records import DbSink, JsonlSink, best_records, db_layer
     layer = db_layer()
     if layer is not None and not into.endswith(".jsonl"):

@@ -352,7 +352,7 @@ def _call(prob, cfg, seed):
 
 
 @pytest.fixture
-def workspaces(monkeypatch):
+def workspaces():
     from autossd.ops.ssd import chunk
     chunk.clear_workspaces()
     yield chunk
@@ -365,6 +365,7 @@ def test_calls_reuse_the_intermediates_and_return_fresh_outputs(workspaces, dept
     cfg = fit(SMALL.replace(launches=depth), prob)
     (y1, f1), ref1 = _call(prob, cfg, 1)
     (kept,) = [w[1] for w in workspaces._workspaces.values()]
+    assert kept.y is None                       # y is never kept: every call returns a fresh one
     y1c, f1c = y1.clone(), f1.clone()
     # NaN in every kept intermediate: whatever the next call reads, it must have written first
     for name in ("dt", "dA", "cb", "states", "final"):
@@ -403,3 +404,17 @@ def test_poisoned_calls_never_use_the_workspace(workspaces):
     prob = Problem(batch=1, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32")
     check(prob, SMALL, 5)
     assert not workspaces._workspaces
+
+
+def test_a_workspace_too_large_to_keep_allocates_nothing_extra(workspaces, monkeypatch):
+    prob = Problem(batch=1, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32")
+    monkeypatch.setattr(workspaces, "WORKSPACE_MAX_ONE", 1024)
+    devices = []
+    real = workspaces.allocate
+    monkeypatch.setattr(workspaces, "allocate", lambda p, c, device, *a, **k: devices.append(str(device))
+                        or real(p, c, device, *a, **k))
+    for seed in (0, 1):
+        (y,), ref = _call(prob, fit(SMALL, prob), seed)
+        assert rel_err(y, ref[0]) < tolerance("fp32")
+    # sized once on meta tensors, then one ordinary allocation per call
+    assert devices == ["meta", DEV, DEV] and not workspaces._workspaces

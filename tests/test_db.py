@@ -148,6 +148,7 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
     with dbengine.get_engine(url).connect() as conn:
         assert dbengine.current_revision(conn) == "0005"
         assert conn.execute(sa.text("SELECT count(*) FROM tuned_records")).scalar_one() == 3
+        assert "launch_mode" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
 
 
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):

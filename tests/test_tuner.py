@@ -223,6 +223,9 @@ def test_each_launch_mode_gets_its_own_best_record(tmp_path):
         assert saved[m]["config"] in [t.user_attrs["config"] for t in best]
     # the study minimized the objective (graph), and its record is the graph one
     assert res.best_ms == want["graph"] and res.record["launch_mode"] == "graph"
+    # each record's "default" time is the default config's time in that record's mode
+    dflt = next(t for t in done if t.user_attrs.get("seed") == "default").user_attrs["times"]
+    assert {m: saved[m]["default_ms"] for m in saved} == dflt
     assert res.study_name.endswith(f"-graph:t{res.study_name.rsplit(':t', 1)[1]}")
 
 
@@ -246,12 +249,35 @@ def test_a_candidate_timed_eagerly_but_not_by_graph_can_still_be_the_eager_pick(
     assert any("graph timing" in why for _, why in res.failures)
 
 
-def test_a_runner_without_mode_times_saves_one_record_for_any_mode(tmp_path):
+def test_a_runner_without_mode_times_saves_one_record(tmp_path):
+    """A measurement without per-mode times was an eager one (as every record before launch
+    modes); a static prediction of GPU time stands for any mode."""
     from autossd.tuner.records import JsonlSink
-    sink = JsonlSink(tmp_path / "r.jsonl")
-    st = Settings(trials=4, sampler="random", seed=5, storage=str(tmp_path / "j.journal"), progress=False)
-    tune_problem("sm90", SMALL, FakeRunner(), st, sink)
-    assert [r["launch_mode"] for r in sink.load()] == ["any"]
+
+    class Static(FakeRunner):
+        mode = provenance = "static"
+
+    for runner, want in ((FakeRunner(), "eager"), (Static(), "any")):
+        sink = JsonlSink(tmp_path / f"{want}.jsonl")
+        st = Settings(trials=4, sampler="random", seed=5, storage=str(tmp_path / f"{want}.journal"),
+                      progress=False)
+        res = tune_problem("sm90", SMALL, runner, st, sink)
+        assert [r["launch_mode"] for r in sink.load()] == [want] and res.record["launch_mode"] == want
+
+
+def test_best_records_keep_each_measured_mode_and_drop_a_prediction_beside_them():
+    from autossd.tuner.records import best_records, make_record
+    cfg = default_config("sm90", SMALL)
+    mk = lambda ms, prov="measured", mode=None, p=SMALL: make_record(  # noqa: E731
+        "sm90", "dev", p, cfg, ms, prov, launch_mode=mode)
+    old = {k: v for k, v in mk(0.09).items() if k != "launch_mode"}   # a record from before modes
+    recs = [mk(0.10, mode="eager"), mk(0.08, mode="graph"), mk(0.07, mode="graph"), old,
+            mk(0.05, "static"), mk(0.2, "static", p=SMALL.replace(seqlen=4096))]
+    kept = best_records(recs)
+    got = sorted((r["problem"]["seqlen"], r["provenance"], r.get("launch_mode", "(none)"), r["time_ms"])
+                 for r in kept)
+    assert got == [(2048, "measured", "(none)", 0.09), (2048, "measured", "graph", 0.07),
+                   (4096, "static", "any", 0.2)]
 
 
 def test_study_naming_separates_modes_devices_and_buckets():

@@ -36,7 +36,10 @@ Launch modes
     shape the two pick different configs (eager favours fewer launches, BENCHMARKS.md §41). The
     runtime asks for "graph" while the current stream is capturing a CUDA graph, else "eager";
     a record of the mode asked for ranks first, then any other of its tier and provenance
-    (static and default records are "any": a prediction of GPU time).
+    (static and default records are "any": a prediction of GPU time). Origin ranks above the
+    mode: a user record of either mode beats a shipped record of the mode asked for (a user who
+    tuned before launch modes existed, whose records are all "eager", keeps them when capturing
+    too; `autossd tune` now stores both modes).
 
 Stale records (policy)
     A record is stale when its triton version or template hash differs from the running ones.

@@ -86,7 +86,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                     p.start()
                 for p in procs:
                     p.join()
-            result = summarize(study, arch, prob, mode, runner.device)
+            result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
             save_best(result, study, runner.provenance, sink, settings.sampler)
             results.append(result)
         finally:

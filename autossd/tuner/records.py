@@ -40,15 +40,21 @@ def triton_version() -> str:
         return "none"
 
 
+def mode_of(rec: dict) -> str:
+    """A record's launch mode; a record from before launch modes was timed by eager calls when
+    measured, and is a prediction of GPU time ("any") otherwise (as migration 0006 labels them)."""
+    return rec.get("launch_mode") or ("eager" if rec.get("provenance") == "measured" else "any")
+
+
 def make_record(arch: str, device: str, problem: Problem, config: Config, time_ms: float,
-                provenance: str, launch_mode: str = "any", **extra: Any) -> dict:
+                provenance: str, launch_mode: str | None = None, **extra: Any) -> dict:
     from ..arch import get_arch
     from ..render import kernel_hash
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance: expected one of {PROVENANCES}, got {provenance!r}")
     rec = {"arch": arch, "device": device, "op": OP, "problem": problem.key(),
            "config": config.as_dict(), "time_ms": float(time_ms), "provenance": provenance,
-           "launch_mode": launch_mode,
+           "launch_mode": launch_mode or ("eager" if provenance == "measured" else "any"),
            "triton_version": triton_version(),
            # the hash of the kernels this config launches (see db.records.Record.stale_reasons)
            "template_hash": kernel_hash(config, get_arch(arch).backend),
@@ -61,8 +67,7 @@ def make_record(arch: str, device: str, problem: Problem, config: Config, time_m
 def record_key(rec: dict) -> str:
     """What a record answers, as the tuning database keys it: (arch, op, problem, launch mode;
     a record from before launch modes was timed by eager calls)."""
-    return json.dumps([rec["arch"], rec["op"], rec["problem"], rec.get("launch_mode", "eager")],
-                      sort_keys=True)
+    return json.dumps([rec["arch"], rec["op"], rec["problem"], mode_of(rec)], sort_keys=True)
 
 
 def better(a: dict, b: dict) -> dict:
@@ -103,12 +108,26 @@ class JsonlSink:
 
 
 def best_records(records: Iterable[dict]) -> list[dict]:
-    """One record per key (measured beats static, then the fastest)."""
-    keep: dict[str, dict] = {}
+    """The records worth keeping, by the tuning database's merge rule (autossd.db.exchange): per
+    (arch, op, problem) the best record (measured beats static, then the fastest); when it is
+    measured, also the best measured record of each other launch mode."""
+    groups: dict[str, list[dict]] = {}
     for r in records:
-        k = record_key(r)
-        keep[k] = better(keep[k], r) if k in keep else r
-    return list(keep.values())
+        groups.setdefault(json.dumps([r["arch"], r["op"], r["problem"]], sort_keys=True), []).append(r)
+    keep = []
+    for recs in groups.values():
+        winner = recs[0]
+        for r in recs[1:]:
+            winner = better(winner, r)
+        keep.append(winner)
+        if winner["provenance"] == "measured":
+            for mode in sorted({mode_of(r) for r in recs if r["provenance"] == "measured"} - {mode_of(winner)}):
+                best = None
+                for r in recs:
+                    if r["provenance"] == "measured" and mode_of(r) == mode:
+                        best = r if best is None else better(best, r)
+                keep.append(best)
+    return keep
 
 
 def default_records_path() -> Path:
@@ -151,7 +170,7 @@ class DbSink:
             provenance=record["provenance"], time_ms=None if static else record["time_ms"],
             predicted_ms=record["time_ms"] if static else None,
             device=_UNSAFE.sub("-", record.get("device", ""))[:128],
-            launch_mode=record.get("launch_mode", "any" if static else "eager"),
+            launch_mode=mode_of(record),
             notes=_UNSAFE.sub("-", notes)[:256])
         self.layer.add_records(self.url, [rec])
 

@@ -67,6 +67,8 @@ class TuneResult:
     record: dict | None = None        # the saved record of the study's objective
     # launch mode -> (best config, its ms) when the runner timed both modes; {} for static
     best_by_mode: dict = field(default_factory=dict)
+    default_by_mode: dict = field(default_factory=dict)   # launch mode -> the default's ms
+    objective: str | None = None      # the launch mode the study minimized (None: no mode)
     records: list = field(default_factory=list)   # every saved record (one per launch mode)
 
     @property
@@ -259,15 +261,19 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, device: str) -> TuneResult:
+def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, device: str,
+              objective: str | None = None) -> TuneResult:
+    """objective: the launch mode the study's values are times of (None: the runner timed no
+    mode, e.g. a static prediction)."""
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("evaluated")]
     failed = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("evaluated")]
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     best = min(complete, key=lambda t: t.value) if complete else None
     dflt = default_config(arch, problem).key()
-    default_ms = next((t.value for t in complete if t.user_attrs.get("seed") == "default"),
-                      next((t.value for t in complete if Config(t.user_attrs["config"]).key() == dflt), None))
+    default_trial = next((t for t in complete if t.user_attrs.get("seed") == "default"),
+                         next((t for t in complete if Config(t.user_attrs["config"]).key() == dflt), None))
+    default_ms = default_trial.value if default_trial is not None else None
     # each mode's best among every candidate timed in it: a candidate whose graph timing failed
     # (and so failed the study) still passed the gate and has its eager time
     by_mode: dict[str, tuple[Config, float]] = {}
@@ -275,8 +281,9 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
         for m, ms in (t.user_attrs.get("times") or {}).items():
             if isinstance(ms, float) and (m not in by_mode or ms < by_mode[m][1]):
                 by_mode[m] = (Config(t.user_attrs["config"]), ms)
+    default_by_mode = dict((default_trial.user_attrs.get("times") or {}) if default_trial is not None else {})
     return TuneResult(
-        best_by_mode=by_mode,
+        best_by_mode=by_mode, default_by_mode=default_by_mode, objective=objective,
         study_name=study.study_name, arch=arch, problem=problem, mode=mode, device=device,
         best_config=Config(best.user_attrs["config"]) if best else None,
         best_ms=best.value if best else None, default_ms=default_ms,
@@ -287,21 +294,22 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
 
 def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Sink | None,
               sampler: str) -> dict | None:
-    """Save the best record of each launch mode the runner timed (one "any" record when it
-    timed none: a static prediction); returns the record of the study's objective."""
-    picks = result.best_by_mode or ({"any": (result.best_config, result.best_ms)}
+    """Save the best record of each launch mode the runner timed (one record when it timed none:
+    "any" for a static prediction, "eager" for a measurement); returns the record of the study's
+    objective."""
+    picks = result.best_by_mode or ({None: (result.best_config, result.best_ms)}
                                     if result.best_config is not None else {})
     if not picks or sink is None:
         return None
-    for mode, (cfg, ms) in sorted(picks.items()):
+    for mode, (cfg, ms) in sorted(picks.items(), key=lambda kv: kv[0] or ""):
         rec = make_record(result.arch, result.device, result.problem, cfg, ms, provenance,
-                          launch_mode=mode, floor_ms=result.floor_ms, default_ms=result.default_ms,
+                          launch_mode=mode, floor_ms=result.floor_ms,
+                          default_ms=result.default_by_mode.get(mode, result.default_ms),
                           study=result.study_name, sampler=sampler,
                           trials=result.complete + result.failed)
         sink.save(rec)
         result.records.append(rec)
-        if result.record is None and result.best_config is not None and cfg == result.best_config \
-                and ms == result.best_ms:
+        if mode == result.objective:
             result.record = rec
     return result.record
 
@@ -316,7 +324,7 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     reap_stale(study)
     seed(study, arch, problem, space, settings.extra_seeds)
     run_trials(study, space, arch, problem, runner, settings)
-    result = summarize(study, arch, problem, runner.mode, runner.device)
+    result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
     if runner.mode != "simulated":
         save_best(result, study, runner.provenance, sink, settings.sampler)
     return result

@@ -92,17 +92,32 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
 # --- workspace ----------------------------------------------------------------------------
 # The intermediates (dt, dA, CB, local/passed states, the fused depths' carry and ticket words)
 # never leave a call, so an eager call reuses them instead of allocating them anew: ~6 us of host
-# time each (BENCHMARKS.md §42). Reuse is safe because the kernels of one stream run in order: a
-# workspace belongs to one (problem, config, device, stream), and a lock keeps two threads from
-# interleaving their launches on it. The outputs (y, final states) are always fresh. Used only
-# by eager callers (execute(keep=True): the eager drop-in, Kernel calls, ssd_forward, the tuner),
-# never by the custom op torch.compile runs (its CUDA-graph warm-up allocates in the graph's
-# pool without capturing, and a kept tensor there fails torch's pool check), nor while a stream
-# captures a CUDA graph, nor for large problems, whose host time is negligible beside their GPU
-# time. The budget is least-recently-used.
-WORKSPACE_BYTES = int(float(os.environ.get("AUTOSSD_WORKSPACE_MB", "256")) * (1 << 20))
+# time per tensor, ~20 us per call at 2.7b 1x2048 (BENCHMARKS.md §42). Reuse is safe because the
+# kernels of one stream run in order: a workspace belongs to one (problem, config, device,
+# stream), and a lock keeps two threads from interleaving their launches on it. The outputs
+# (y, final states) are always fresh. Used only by eager callers (execute(keep=True): the eager
+# drop-in, Kernel calls, ssd_forward, the tuner), never by the custom op torch.compile runs (its
+# CUDA-graph warm-up allocates in the graph's pool without capturing, and a kept tensor there
+# fails torch's pool check), nor while a stream captures a CUDA graph, nor for large problems,
+# whose host time is negligible beside their GPU time. The budget is least-recently-used.
+# A limit: a workspace is allocated wherever the first eager call's allocations go; code that
+# routes eager allocations into a pool it later frees (torch.cuda.use_mem_pool, offloading
+# allocators) should set AUTOSSD_WORKSPACE_MB=0.
+def _budget_from_env() -> int:
+    text = os.environ.get("AUTOSSD_WORKSPACE_MB", "256")
+    try:
+        return max(0, int(float(text) * (1 << 20)))
+    except ValueError:
+        import logging
+        logging.getLogger("autossd").warning(
+            "autossd: AUTOSSD_WORKSPACE_MB=%r is not a number of MiB; using 256", text)
+        return 256 << 20
+
+
+WORKSPACE_BYTES = _budget_from_env()
 WORKSPACE_MAX_ONE = 64 << 20      # bytes: a larger workspace is not kept
 _workspaces: OrderedDict = OrderedDict()   # key -> (lock, Buffers of the intermediates, bytes)
+_workspace_sizes: dict = {}                # key -> bytes, also for keys too large to keep
 _workspaces_lock = threading.Lock()
 _INTERNAL = ("dt", "dA", "cb", "states", "final", "sync")
 
@@ -114,6 +129,7 @@ def _nbytes(buf: Buffers) -> int:
 def clear_workspaces() -> None:
     with _workspaces_lock:
         _workspaces.clear()
+        _workspace_sizes.clear()
 
 
 def _workspace(prob, config, device, state_dtype, stream):
@@ -124,13 +140,19 @@ def _workspace(prob, config, device, state_dtype, stream):
         if ws is not None:
             _workspaces.move_to_end(key)
             return ws[:2]
-    if WORKSPACE_BYTES <= 0:
-        return None
+        size = _workspace_sizes.get(key)
     # the workspace holds `final` as the fused depths' carry; a call that returns it gets its own
-    buf = allocate(prob.replace(return_final_states=False), config, device, state_dtype)
-    size = _nbytes(buf)
+    kprob = prob.replace(return_final_states=False)
+    if size is None:   # measured on meta tensors: nothing is allocated for a key never kept
+        size = _nbytes(allocate(kprob, config, "meta", state_dtype))
+        with _workspaces_lock:
+            if len(_workspace_sizes) > 4096:
+                _workspace_sizes.clear()
+            _workspace_sizes[key] = size
     if size > min(WORKSPACE_MAX_ONE, WORKSPACE_BYTES):
         return None
+    buf = allocate(kprob, config, device, state_dtype)
+    buf.y = None   # every call returns a fresh y
     with _workspaces_lock:
         ws = _workspaces.setdefault(key, (threading.Lock(), buf, size))
         total = sum(w[2] for w in _workspaces.values())
@@ -292,7 +314,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 
 # --- launch cache -------------------------------------------------------------------------
 # A call's launches depend only on the problem, the config and the inputs' dtypes, strides and
-# 16-byte alignment (what triton specializes on); buffers are fresh allocations, always aligned.
+# 16-byte alignment (what triton specializes on); buffers (fresh or kept) are whole allocations of
+# the same shapes, always aligned.
 # The first call of such a key goes through triton's JIT (which compiles and returns the compiled
 # kernels) and records, per launch, the compiled kernel and where each argument comes from; later
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)

@@ -5,13 +5,15 @@
    on-disk cache for the launch.
 2. Each candidate is then checked and timed, one at a time, in an evaluation subprocess
    (`EvalWorker`) that keeps the inputs and the float64 reference between candidates. The gate
-   (`autossd.tuner.gate`) runs first; a wrong candidate is failed and never timed. Timing is the
-   median of CUDA-event timings (`triton.testing.do_bench(return_mode="median")`); when one input
-   set fits in L2, calls rotate over several sets so the timed kernel does not read warm L2.
-   Each candidate is timed twice: by eager calls (host launch cost included, as an eager caller
-   pays it) and by replaying a CUDA graph of the same calls (GPU time alone, as a captured
-   forward pays it). At a small shape the two rank configs differently (BENCHMARKS.md §41); the
-   study minimizes `objective` ("graph" by default) and the tuner stores each mode's best.
+   (`autossd.tuner.gate`) runs first; a wrong candidate is failed and never timed. Each right
+   candidate is then timed twice, both as medians of CUDA-event timings; when one input set fits
+   in L2, calls rotate over several sets so the timed kernels do not read warm L2:
+   - eager: batches of back-to-back calls (host launch cost included, as an eager caller pays
+     it; no cache flush between calls for the host's work to hide behind);
+   - graph: the replay of a CUDA graph of the same calls (GPU time alone, as a captured forward
+     pays it; triton.testing.do_bench of the replay).
+   At a small shape the two can rank configs differently (BENCHMARKS.md §41). The study
+   minimizes `objective` ("graph" by default) and the tuner stores each mode's best.
 3. A candidate that hangs (no answer within `timeout`) or kills its process (fault, abort) is
    recorded as failed; the worker is killed and a fresh one started; the run goes on. After a
    CUDA error the worker exits by itself, since the context is unusable.
@@ -63,10 +65,39 @@ def _input_sets(problem: Problem, device: str, max_sets: int = 8) -> list[dict]:
     return sets
 
 
-def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int) -> float:
+def _eager_ms(fn, n_sets: int, warmup_ms: int, rep_ms: int) -> float:
+    """ms per call of back-to-back eager calls (rotating over the input sets), between CUDA events
+    around whole batches: when the host enqueues slower than the GPU runs, the GPU waits and the
+    host's time is what a batch takes, as it is for an eager caller. (do_bench clears L2 with a
+    memset before each call, and the next call's host work hides behind that memset.)"""
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n_sets):
+        fn()
+    torch.cuda.synchronize()
+    est = max((time.perf_counter() - t0) * 1e3 / n_sets, 1e-3)
+    calls = n_sets * max(1, min(EAGER_MAX_CALLS // n_sets, -(-EAGER_BATCH_MS // (est * n_sets))))
+    calls = int(calls)
+    batches = max(5, min(50, int(rep_ms // (est * calls)) + 1))
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
+    for _ in range(max(1, int(warmup_ms // (est * calls)))):
+        for _ in range(calls):
+            fn()
+    for i in range(batches):
+        start[i].record()
+        for _ in range(calls):
+            fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    per = sorted(s.elapsed_time(e) / calls for s, e in zip(start, end))
+    return float(per[len(per) // 2])
+
+
+def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int, n_sets: int = 1) -> float:
     if device == "cuda":
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+        return _eager_ms(fn, n_sets, warmup_ms, rep_ms)
     times = []
     fn()
     for _ in range(3):
@@ -78,6 +109,8 @@ def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int) -> float:
 
 GRAPH_MIN_MS = 1.0   # a captured graph repeats the call until one replay lasts about this long
 GRAPH_MAX_CALLS = 64
+EAGER_BATCH_MS = 2.0  # eager calls are timed in back-to-back batches of about this long
+EAGER_MAX_CALLS = 256
 
 
 def _graph_ms(fn, n_sets: int, eager_ms: float, warmup_ms: int, rep_ms: int) -> float:
@@ -133,7 +166,7 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                 calls = iter(range(1 << 62))
                 fn = lambda: this_run(prob, cfg, sets[next(calls) % len(sets)])  # noqa: E731
                 warm, rep = opts.get("warmup_ms", 25), opts.get("rep_ms", 100)
-                times = {"eager": _time_ms(fn, device, warm, rep)}
+                times = {"eager": _time_ms(fn, device, warm, rep, len(sets))}
                 res = {"ok": True, "times": times, "gate": gate.as_dict(), "sets": len(sets)}
                 if device == "cuda":
                     try:
@@ -142,7 +175,10 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                         res["graph_error"] = f"{type(e).__name__}: {e}"[:300]
             except Exception as e:  # noqa: BLE001 - a failure while timing fails the candidate
                 res = {"ok": False, "why": f"timing: {type(e).__name__}: {e}"}
-        poisoned = device == "cuda" and not res["ok"] and not _cuda_alive()
+        if device != "cpu":   # each candidate's kept intermediates: not the next one's
+            from ...ops.ssd.chunk import clear_workspaces
+            clear_workspaces()
+        poisoned = device == "cuda" and (not res["ok"] or "graph_error" in res) and not _cuda_alive()
         res["worker_exits"] = poisoned  # said before exiting, so the parent never writes to a dead pipe
         conn.send(res)
         if poisoned:
@@ -265,6 +301,8 @@ class MeasuredRunner:
         t0 = time.perf_counter()
         res = self.worker.evaluate(config, self.timeout, self.inject.get(config.key()))
         info = {"eval_s": round(time.perf_counter() - t0, 3)}
+        if "graph_error" in res:
+            info["graph_error"] = res["graph_error"]
         if "gate" in res:
             info["gate"] = res["gate"]
         if res.get("ok"):
