@@ -417,4 +417,5 @@ def test_a_workspace_too_large_to_keep_allocates_nothing_extra(workspaces, monke
         (y,), ref = _call(prob, fit(SMALL, prob), seed)
         assert rel_err(y, ref[0]) < tolerance("fp32")
     # sized once on meta tensors, then one ordinary allocation per call
-    assert devices == ["meta", DEV, DEV] and not workspaces._workspaces
+    assert devices[0] == "meta" and len(devices) == 3 and not workspaces._workspaces
+    assert all(d.split(":")[0] == DEV for d in devices[1:])

@@ -65,39 +65,10 @@ def _input_sets(problem: Problem, device: str, max_sets: int = 8) -> list[dict]:
     return sets
 
 
-def _eager_ms(fn, n_sets: int, warmup_ms: int, rep_ms: int) -> float:
-    """ms per call of back-to-back eager calls (rotating over the input sets), between CUDA events
-    around whole batches: when the host enqueues slower than the GPU runs, the GPU waits and the
-    host's time is what a batch takes, as it is for an eager caller. (do_bench clears L2 with a
-    memset before each call, and the next call's host work hides behind that memset.)"""
-    import torch
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n_sets):
-        fn()
-    torch.cuda.synchronize()
-    est = max((time.perf_counter() - t0) * 1e3 / n_sets, 1e-3)
-    calls = n_sets * max(1, min(EAGER_MAX_CALLS // n_sets, -(-EAGER_BATCH_MS // (est * n_sets))))
-    calls = int(calls)
-    batches = max(5, min(50, int(rep_ms // (est * calls)) + 1))
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
-    for _ in range(max(1, int(warmup_ms // (est * calls)))):
-        for _ in range(calls):
-            fn()
-    for i in range(batches):
-        start[i].record()
-        for _ in range(calls):
-            fn()
-        end[i].record()
-    torch.cuda.synchronize()
-    per = sorted(s.elapsed_time(e) / calls for s, e in zip(start, end))
-    return float(per[len(per) // 2])
-
-
 def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int, n_sets: int = 1) -> float:
     if device == "cuda":
-        return _eager_ms(fn, n_sets, warmup_ms, rep_ms)
+        from ...bench import back_to_back_ms
+        return back_to_back_ms(fn, n_sets, warmup_ms, rep_ms)
     times = []
     fn()
     for _ in range(3):
@@ -109,8 +80,6 @@ def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int, n_sets: int = 1) -> f
 
 GRAPH_MIN_MS = 1.0   # a captured graph repeats the call until one replay lasts about this long
 GRAPH_MAX_CALLS = 64
-EAGER_BATCH_MS = 2.0  # eager calls are timed in back-to-back batches of about this long
-EAGER_MAX_CALLS = 256
 
 
 def _graph_ms(fn, n_sets: int, eager_ms: float, warmup_ms: int, rep_ms: int) -> float:
