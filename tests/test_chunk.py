@@ -419,3 +419,34 @@ def test_a_workspace_too_large_to_keep_allocates_nothing_extra(workspaces, monke
     # sized once on meta tensors, then one ordinary allocation per call
     assert devices[0] == "meta" and len(devices) == 3 and not workspaces._workspaces
     assert all(d.split(":")[0] == DEV for d in devices[1:])
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs need a GPU")
+def test_a_capture_never_uses_or_makes_a_workspace(workspaces):
+    """A captured call allocates in the graph's pool: no kept intermediates may be baked into the
+    graph, nor created inside the capture."""
+    prob = Problem(batch=1, seqlen=300, nheads=4, headdim=64, dstate=64, ngroups=1, dtype="fp16",
+                   has_D=True, dt_softplus=True)
+    cfg = fit(SMALL.replace(chunk_size=128), prob)
+    (y_eager,), _ = _call(prob, cfg, 1)
+    assert len(workspaces._workspaces) == 1
+    t = make_inputs(prob, DEV, seed=2)
+    kw = call_kwargs(prob, t)
+    run = lambda: ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=cfg, **kw)  # noqa: E731
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()                     # warm-up on the capture's kind of side stream: its own workspace
+    torch.cuda.current_stream().wait_stream(s)
+    before = dict(workspaces._workspaces)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = run()
+    # nothing made while capturing (the capture runs on a stream of its own, so a kept workspace
+    # would have been a new key)
+    assert dict(workspaces._workspaces) == before
+    g.replay()
+    torch.cuda.synchronize()
+    ref = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size,
+                      **{k: v for k, v in kw.items() if not k.startswith("return_")})[0]
+    assert rel_err(y, ref) < tolerance("fp16")
