@@ -198,15 +198,13 @@ def _detect(idx: int) -> str:
     return near
 
 
-LAUNCH_MODES = ("eager", "graph")
-
-
 def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: str = "eager") -> Kernel:
     """The Kernel for a problem: `problem_or_shape` is a Problem, a dict of its fields, or a
     tuple (batch, seqlen, nheads, headdim, dstate, ngroups, dtype). arch: "sm90", ... (default:
     the local GPU's). db: the user database (URL or path; default env AUTOSSD_DB, else the cache
     file). launch_mode: "eager" for calls launched one by one, "graph" for a forward captured in
-    a CUDA graph (the records timed that way are preferred; see autossd.db.lookup). Cached per
+    a CUDA graph (the records timed that way are preferred; see autossd.db.lookup, which
+    refuses any other value). Cached per
     process: a warm call is one dict lookup."""
     try:
         return _kernels[(problem_or_shape, arch, db, launch_mode)]
@@ -215,8 +213,6 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
 
 
 def _get_kernel_cold(problem_or_shape, arch, db, launch_mode) -> Kernel:
-    if launch_mode not in LAUNCH_MODES:
-        raise ValueError(f"get_kernel: launch_mode: expected one of {LAUNCH_MODES}, got {launch_mode!r}")
     problem = _as_problem(problem_or_shape)
     arch_name = get_arch(arch).name if arch is not None else arch_of_device()
     url = user_db_url(db)

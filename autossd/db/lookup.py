@@ -76,6 +76,7 @@ DISTANCE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
 EXACT_FIELDS = tuple(f for f in Problem.field_names() if f not in DISTANCE_DIMS)
 PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}
 ORIGIN_RANK = {"user": 0, "shipped": 1}
+CALLER_MODES = ("eager", "graph")   # how a caller launches: the launch modes a lookup asks for
 USER_DB_FILE = "tuning.sqlite"
 
 
@@ -227,8 +228,8 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
          launch_mode: str = "eager") -> Match:
     """Choose the config for `problem` from `records` (see the module docstring for the rules).
     launch_mode: "eager" or "graph", how the caller launches (the records timed that way first)."""
-    if launch_mode not in ("eager", "graph"):
-        raise ValueError(f"launch_mode: expected 'eager' or 'graph', got {launch_mode!r}")
+    if launch_mode not in CALLER_MODES:
+        raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
     triton_v, th = _freshness()
     exact, near = [], []
     best_d = math.inf

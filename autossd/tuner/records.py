@@ -54,7 +54,7 @@ def make_record(arch: str, device: str, problem: Problem, config: Config, time_m
         raise ValueError(f"provenance: expected one of {PROVENANCES}, got {provenance!r}")
     rec = {"arch": arch, "device": device, "op": OP, "problem": problem.key(),
            "config": config.as_dict(), "time_ms": float(time_ms), "provenance": provenance,
-           "launch_mode": launch_mode or ("eager" if provenance == "measured" else "any"),
+           "launch_mode": mode_of({"launch_mode": launch_mode, "provenance": provenance}),
            "triton_version": triton_version(),
            # the hash of the kernels this config launches (see db.records.Record.stale_reasons)
            "template_hash": kernel_hash(config, get_arch(arch).backend),

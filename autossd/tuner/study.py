@@ -69,7 +69,6 @@ class TuneResult:
     best_by_mode: dict = field(default_factory=dict)
     default_by_mode: dict = field(default_factory=dict)   # launch mode -> the default's ms
     objective: str | None = None      # the launch mode the study minimized (None: no mode)
-    records: list = field(default_factory=list)   # every saved record (one per launch mode)
 
     @property
     def pct_floor(self) -> float | None:
@@ -308,7 +307,6 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
                           study=result.study_name, sampler=sampler,
                           trials=result.complete + result.failed)
         sink.save(rec)
-        result.records.append(rec)
         if mode == result.objective:
             result.record = rec
     return result.record
