@@ -42,7 +42,7 @@ KNOBS: tuple[Knob, ...] = (
     # 3: bmm | cumsum + chunk state + ordered state passing | chunk scan;
     # 1: everything in one launch, state passing ordered across programs (see fused.jinja)
     Knob("launches", (5, 3, 1), 5, "fusion depth: number of kernel launches for the forward"),
-    Knob("chunk_size", (64, 128, 256), 256, "tokens per chunk"),
+    Knob("chunk_size", (64, 128, 256, 512), 256, "tokens per chunk"),
     Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
          "storage dtype of the inter-chunk states (local chunk states and passed states)"),
     Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum", depths=(5,)),

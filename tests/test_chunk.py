@@ -69,7 +69,7 @@ def test_every_feature_every_dtype(dtype, state_dtype, depth):
     check(prob, SMALL.replace(state_dtype=state_dtype), depth)
 
 
-@pytest.mark.parametrize("chunk", [64, 128, 256])
+@pytest.mark.parametrize("chunk", [64, 128, 256, 512])
 def test_chunk_sizes_with_ragged_length(chunk, depth):
     prob = Problem(batch=1, seqlen=2 * chunk + 37, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",
                    has_D=True, dt_softplus=True, has_initial_states=True, return_final_states=True)
