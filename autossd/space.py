@@ -67,6 +67,12 @@ KNOBS: tuple[Knob, ...] = (
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
          "chunk_state", depths=(5,)),
+    # True: the cumsum and C·Bᵀ run inside the chunk-state launch (five launches become three).
+    # Each state program folds its own chunk's cumsum; the C·Bᵀ tiles are extra programs of
+    # the same grid. At small shapes each launch is a few µs of ramp and one load chain.
+    Knob("fold_prep", (False, True), False,
+         "cumsum and C·Bᵀ folded into the chunk-state launch (3 launches instead of 5)",
+         "chunk_state", depths=(5,), measured_only=True),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
@@ -214,6 +220,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
+        if config.fold_prep:
+            why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

@@ -151,6 +151,41 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
         assert "launch_mode" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
 
 
+def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
+    """Before fold_prep every record ran the five separate launches: an older row gains
+    "fold_prep": false in its canonical config_json and in cfg_fold_prep; a downgrade drops the
+    folded rows, whose time would otherwise read as the unfolded kernel's, and the key."""
+    url = to_url(tmp_path / "v6.sqlite")
+    assert migrate(url, "0006") == "0006"
+    with dbengine.get_engine(url).connect() as conn:
+        v6_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    assert "cfg_fold_prep" not in v6_cols
+    v6_cfg = json.loads(TUNED.key())
+    v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob
+    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v6_cols},
+           "config_json": json.dumps(v6_cfg, sort_keys=True)}
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
+    assert migrate(url) == HEAD
+    with dbengine.get_engine(url).connect() as conn:
+        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_fold_prep FROM tuned_records")).fetchall()
+    assert json.loads(text)["fold_prep"] is False and not col
+    assert text == TUNED.key()   # canonical, as Config.key() writes it
+    (r,) = read_records(url)
+    assert r.config == TUNED and r.config.fold_prep is False
+    add_records(url, [rec(config=TUNED.replace(fold_prep=True), time_ms=0.3)])
+    from alembic import command
+    cfg = dbengine.alembic_config()
+    with dbengine.get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+    with dbengine.get_engine(url).connect() as conn:
+        assert dbengine.current_revision(conn) == "0006"
+        assert "cfg_fold_prep" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
+    assert json.loads(text) == v6_cfg   # the folded row is gone, the other lost only the key
+
+
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):
     assert dblookup.choose(PROB, "sm90").kind == "default"
     assert not (tmp_path / "user.sqlite").exists()

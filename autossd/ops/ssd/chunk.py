@@ -234,25 +234,37 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                  s_D_h=s_D[0], s_D_p=s_D[1], **seq_strides, **init_strides, **dt_out, **st_strides, **fin),
             dict(**flags, HAS_INIT=init is not None, HAS_SEQ=seq is not None,
                  HAS_STATES=buf.states is not None, **epilogue), opts["fused"])]
+    state_grid0 = triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h
+    passing = Launch("state_passing", "ssd_state_passing", (triton.cdiv(p * n, config.pass_block), b * h),
+                     dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final, seq_ptr=seq,
+                          L=l, H=h, N=n, PN=p * n, nchunks=nc,
+                          s_st_b=buf.states.stride(0), s_st_c=buf.states.stride(1),
+                          s_st_h=buf.states.stride(2), s_dA_b=s_dt[0], s_dA_h=s_dt[1], s_dA_c=s_dt[2],
+                          **init_strides, **fin, **seq_strides),
+                     dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
+                     opts["state_passing"])
+    if config.fold_prep:
+        # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
+        return [Launch(
+            "chunk_state", "ssd_chunk_state_prep", (state_grid0 + bmm.grid[0], nc, b),
+            dict(x_ptr=x, **dt_in, B_ptr=B, C_ptr=C, seq_ptr=seq, st_ptr=buf.states, cb_ptr=buf.cb,
+                 dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                 dt_lo=lo, dt_hi=hi, **_named("s_x", "blhp", x), **dt_strides,
+                 **_named("s_B", "blgn", B), **_named("s_C", "blgn", C),
+                 **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb), **dt_out, **seq_strides, **st_strides),
+            dict(**flags, HAS_SEQ=seq is not None), opts["chunk_state"]), passing, scan]
     return [
         Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
                dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
                     **dt_strides, **dt_out), flags, opts["cumsum"]),
         bmm,
-        Launch("chunk_state", "ssd_chunk_state",
-               (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b),
+        Launch("chunk_state", "ssd_chunk_state", (state_grid0, nc, b),
                dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
                     L=l, H=h, P=p, N=n, heads_per_group=hpg,
                     **_named("s_x", "blhp", x), **_named("s_B", "blgn", B),
                     s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **seq_strides, **st_strides),
                dict(HAS_SEQ=seq is not None), opts["chunk_state"]),
-        Launch("state_passing", "ssd_state_passing", (triton.cdiv(p * n, config.pass_block), b * h),
-               dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final, seq_ptr=seq,
-                    L=l, H=h, N=n, PN=p * n, nchunks=nc,
-                    s_st_b=buf.states.stride(0), s_st_c=buf.states.stride(1), s_st_h=buf.states.stride(2),
-                    s_dA_b=s_dt[0], s_dA_h=s_dt[1], s_dA_c=s_dt[2], **init_strides, **fin, **seq_strides),
-               dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
-               opts["state_passing"]),
+        passing,
         scan,
     ]
 
