@@ -69,22 +69,24 @@ def test_every_feature_every_dtype(dtype, state_dtype, depth):
     check(prob, SMALL.replace(state_dtype=state_dtype), depth)
 
 
+@pytest.mark.parametrize("fold", [1, 2])
 @pytest.mark.parametrize("dtype,state_dtype", [("fp32", "fp32"), ("fp16", "fp16"), ("bf16", "fp32")])
-def test_fold_prep_every_feature(dtype, state_dtype):
-    # several state tiles per (batch, chunk, head), all writing that chunk's dt' and dA, and
-    # several C·Bᵀ tiles per chunk and group after them in the same grid
+def test_fold_prep_every_feature(dtype, state_dtype, fold):
+    # several state tiles per (batch, chunk, head), all writing that chunk's dt' and dA (fold 2),
+    # and several C·Bᵀ tiles per chunk and group after them in the same grid
     prob = Problem(batch=2, seqlen=150, nheads=4, headdim=32, dstate=32, ngroups=2, dtype=dtype, **FULL)
-    cfg = SMALL.replace(state_dtype=state_dtype, fold_prep=True)
-    assert [ln.kernel for ln in _launches(prob, cfg)] == ["ssd_chunk_state_prep", "ssd_state_passing",
-                                                          "ssd_chunk_scan"]
+    cfg = SMALL.replace(state_dtype=state_dtype, fold_prep=fold)
+    assert [ln.kernel for ln in _launches(prob, cfg)] == ["ssd_cumsum"] * (fold == 1) + [
+        "ssd_chunk_state_prep", "ssd_state_passing", "ssd_chunk_scan"]
     check(prob, cfg, 5)
 
 
+@pytest.mark.parametrize("fold", [1, 2])
 @pytest.mark.parametrize("seqlen", [1, 64, 300])
-def test_fold_prep_with_ragged_and_single_chunks(seqlen):
+def test_fold_prep_with_ragged_and_single_chunks(seqlen, fold):
     prob = Problem(batch=1, seqlen=seqlen, nheads=3, headdim=16, dstate=16, ngroups=1, dtype="fp16",
                    has_D=True, dt_softplus=True, has_dt_bias=True, return_final_states=True)
-    check(prob, SMALL.replace(fold_prep=True, bmm_block_m=16, bmm_block_n=16), 5)
+    check(prob, SMALL.replace(fold_prep=fold, bmm_block_m=16, bmm_block_n=16), 5)
 
 
 def _launches(prob, cfg):
@@ -193,7 +195,7 @@ def test_random_configs(seed, depth):
     prob = Problem(batch=1, seqlen=130, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
                    has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
     over = {k.name: rng.choice([v for v in k.values if isinstance(v, bool) or not isinstance(v, int) or v >= 32 or "warps" in k.name
-                                 or "stages" in k.name or k.name == "cumsum_block_h"])
+                                 or "stages" in k.name or k.name in ("cumsum_block_h", "fold_prep")])
             for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches", "smem_pad")}
     cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small
     check(prob, cfg, depth)

@@ -153,7 +153,7 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
 
 def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
     """Before fold_prep every record ran the five separate launches: an older row gains
-    "fold_prep": false in its canonical config_json and in cfg_fold_prep; a downgrade drops the
+    "fold_prep": 0 in its canonical config_json and in cfg_fold_prep; a downgrade drops the
     folded rows, whose time would otherwise read as the unfolded kernel's, and the key."""
     url = to_url(tmp_path / "v6.sqlite")
     assert migrate(url, "0006") == "0006"
@@ -169,11 +169,11 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
     assert migrate(url) == HEAD
     with dbengine.get_engine(url).connect() as conn:
         (text, col), = conn.execute(sa.text("SELECT config_json, cfg_fold_prep FROM tuned_records")).fetchall()
-    assert json.loads(text)["fold_prep"] is False and not col
+    assert json.loads(text)["fold_prep"] == 0 and col == 0
     assert text == TUNED.key()   # canonical, as Config.key() writes it
     (r,) = read_records(url)
-    assert r.config == TUNED and r.config.fold_prep is False
-    add_records(url, [rec(config=TUNED.replace(fold_prep=True), time_ms=0.3)])
+    assert r.config == TUNED and r.config.fold_prep == 0
+    add_records(url, [rec(config=TUNED.replace(fold_prep=2), time_ms=0.3)])
     from alembic import command
     cfg = dbengine.alembic_config()
     with dbengine.get_engine(url).begin() as conn:

@@ -1,7 +1,7 @@
-"""Schema 7: the fold_prep knob (cumsum and C·Bᵀ folded into the chunk-state launch).
+"""Schema 7: the fold_prep knob (C·Bᵀ, and the cumsum, folded into the chunk-state launch).
 
-Rows written before it ran the five separate launches, i.e. fold_prep = false: the column
-defaults to false and each row's canonical config_json gains "fold_prep": false, so it still
+Rows written before it ran the five separate launches, i.e. fold_prep = 0: the column
+defaults to 0 and each row's canonical config_json gains "fold_prep": 0, so it still
 matches its knob columns.
 
 Revision ID: 0007
@@ -32,19 +32,19 @@ def _rewrite_config_json(edit) -> None:
 
 def upgrade() -> None:
     with op.batch_alter_table("tuned_records") as batch:
-        batch.add_column(sa.Column("cfg_fold_prep", sa.Boolean(), nullable=False, server_default=sa.false()))
-    _rewrite_config_json(lambda cfg: cfg.setdefault("fold_prep", False))
+        batch.add_column(sa.Column("cfg_fold_prep", sa.Integer(), nullable=False, server_default="0"))
+    _rewrite_config_json(lambda cfg: cfg.setdefault("fold_prep", 0))
     # the column follows the JSON, so a row whose JSON already names the knob stays consistent
     conn = op.get_bind()
     for rid, text in conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall():
         conn.execute(sa.text("UPDATE tuned_records SET cfg_fold_prep = :v WHERE id = :i"),
-                     {"v": bool(json.loads(text)["fold_prep"]), "i": rid})
+                     {"v": int(json.loads(text)["fold_prep"]), "i": rid})
 
 
 def downgrade() -> None:
     # a folded-launch record cannot be expressed without the knob: dropping it would relabel
     # one kernel's time as another's
-    op.execute("DELETE FROM tuned_records WHERE cfg_fold_prep")
+    op.execute("DELETE FROM tuned_records WHERE cfg_fold_prep != 0")
     _rewrite_config_json(lambda cfg: cfg.pop("fold_prep", None))
     with op.batch_alter_table("tuned_records") as batch:
         batch.drop_column("cfg_fold_prep")
