@@ -110,6 +110,7 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert all(not violations(c, "sm90", SMALL) for c in seeds)
     assert {c.launches for c in seeds} == {5, 3, 1}                # every fusion depth is seeded
     assert default_config("sm90", SMALL, launches=1) in seeds
+    assert {c.fold_prep for c in seeds if c.launches == 5} == {0, 1, 2}   # each fold of the small stages
 
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():

@@ -158,8 +158,8 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
 
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
     """Known-good starting points enqueued before sampling: the arch default (fitted to the
-    problem), the default at every other fusion depth, and the default at each chunk size. Only
-    those inside the space and feasible."""
+    problem), the default at every other fusion depth, at each chunk size and at each fold of
+    the small stages (fold_prep). Only those inside the space and feasible."""
     base = default_config(arch, problem, launches=space.pinned.get("launches"))
     base = base.replace(**{k: v for k, v in space.pins(base.launches).items() if base[k] != v})
     depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
@@ -168,6 +168,9 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         **{k: v for k, v in space.pins(d).items() if k != "launches"}) for d in depths[1:]]
     cands += [fit(base.replace(chunk_size=q), problem)
               for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
+    if base.launches in KNOB_BY_NAME["fold_prep"].depths and "fold_prep" not in space.pinned:
+        # the folds change the launch count as depths do: too few trials would never draw them
+        cands += [base.replace(fold_prep=f) for f in KNOB_BY_NAME["fold_prep"].values if f != base.fold_prep]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
