@@ -14,7 +14,7 @@ import torch
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-CHUNK_SIZES = (64, 128, 256, 512)
+CHUNK_SIZES = (64, 128, 256)
 MAX_GRID_YZ = 65535  # CUDA/HIP limit on grid dims 1 and 2
 
 

@@ -42,7 +42,7 @@ KNOBS: tuple[Knob, ...] = (
     # 3: bmm | cumsum + chunk state + ordered state passing | chunk scan;
     # 1: everything in one launch, state passing ordered across programs (see fused.jinja)
     Knob("launches", (5, 3, 1), 5, "fusion depth: number of kernel launches for the forward"),
-    Knob("chunk_size", (64, 128, 256, 512), 256, "tokens per chunk"),
+    Knob("chunk_size", (64, 128, 256), 256, "tokens per chunk"),
     Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
          "storage dtype of the inter-chunk states (local chunk states and passed states)"),
     Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum", depths=(5,)),
@@ -67,12 +67,13 @@ KNOBS: tuple[Knob, ...] = (
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
          "chunk_state", depths=(5,)),
-    # Small stages folded into the chunk-state launch, whose grid gains ssd_bmm's C·Bᵀ tiles as
-    # extra programs (1), and whose programs also compute their own chunk's cumsum (2): five
-    # launches become four or three. At small shapes each launch is a few µs of ramp and one load
-    # chain; the folded cumsum lengthens every chunk-state program, which costs at large shapes.
-    Knob("fold_prep", (0, 1, 2), 0,
-         "0: five launches; 1: C·Bᵀ inside the chunk-state launch (4); 2: the cumsum too (3)",
+    # 1: the cumsum and C·Bᵀ run inside the chunk-state launch (five launches become three).
+    # Each state program computes its own chunk's cumsum; the C·Bᵀ tiles are extra programs of
+    # the same grid. At small shapes each launch is a few µs of ramp and one load chain; the
+    # folded cumsum lengthens every chunk-state program, which costs at larger shapes. (Folding
+    # C·Bᵀ alone, cumsum kept, lost at every shape measured: BENCHMARKS.md §45.)
+    Knob("fold_prep", (0, 1), 0,
+         "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5)",
          "chunk_state", depths=(5,), measured_only=True),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),

@@ -173,7 +173,7 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
     assert text == TUNED.key()   # canonical, as Config.key() writes it
     (r,) = read_records(url)
     assert r.config == TUNED and r.config.fold_prep == 0
-    add_records(url, [rec(config=TUNED.replace(fold_prep=2), time_ms=0.3)])
+    add_records(url, [rec(config=TUNED.replace(fold_prep=1), time_ms=0.3)])
     from alembic import command
     cfg = dbengine.alembic_config()
     with dbengine.get_engine(url).begin() as conn:

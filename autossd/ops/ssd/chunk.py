@@ -247,9 +247,8 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                     dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
                          **dt_strides, **dt_out), flags, opts["cumsum"])
     if config.fold_prep:
-        # C·Bᵀ inside the chunk-state launch, its tiles after the state programs; at 2 the state
-        # programs fold the cumsum too
-        return [cumsum] * (config.fold_prep == 1) + [Launch(
+        # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
+        return [Launch(
             "chunk_state", "ssd_chunk_state_prep", (state_grid0 + bmm.grid[0], nc, b),
             dict(x_ptr=x, **dt_in, B_ptr=B, C_ptr=C, seq_ptr=seq, st_ptr=buf.states, cb_ptr=buf.cb,
                  dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, P=p, N=n, heads_per_group=hpg,

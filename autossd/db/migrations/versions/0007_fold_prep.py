@@ -1,4 +1,4 @@
-"""Schema 7: the fold_prep knob (C·Bᵀ, and the cumsum, folded into the chunk-state launch).
+"""Schema 7: the fold_prep knob (the cumsum and C·Bᵀ folded into the chunk-state launch).
 
 Rows written before it ran the five separate launches, i.e. fold_prep = 0: the column
 defaults to 0 and each row's canonical config_json gains "fold_prep": 0, so it still
