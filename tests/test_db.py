@@ -123,6 +123,14 @@ def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     assert dblookup.choose(PROB, "sm90").kind == "exact"
 
 
+def _downgrade(url, rev):
+    from alembic import command
+    cfg = dbengine.alembic_config()
+    with dbengine.get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, rev)
+
+
 def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
     """Before launch modes the tuner timed eager calls: measured rows become "eager", static and
     default rows (predictions of GPU time) "any"; a downgrade drops the graph rows, whose time
@@ -140,11 +148,7 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
     assert sorted((r.provenance, r.launch_mode) for r in read_records(url)) == [
         ("default", "any"), ("measured", "eager"), ("static", "any")]
     add_records(url, [rec(config=TUNED, launch_mode="graph", time_ms=0.3)])
-    from alembic import command
-    cfg = dbengine.alembic_config()
-    with dbengine.get_engine(url).begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0005")
+    _downgrade(url, "0005")
     with dbengine.get_engine(url).connect() as conn:
         assert dbengine.current_revision(conn) == "0005"
         assert conn.execute(sa.text("SELECT count(*) FROM tuned_records")).scalar_one() == 3
@@ -174,11 +178,7 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
     (r,) = read_records(url)
     assert r.config == TUNED and r.config.fold_prep == 0
     add_records(url, [rec(config=TUNED.replace(fold_prep=1), time_ms=0.3)])
-    from alembic import command
-    cfg = dbengine.alembic_config()
-    with dbengine.get_engine(url).begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0006")
+    _downgrade(url, "0006")
     with dbengine.get_engine(url).connect() as conn:
         assert dbengine.current_revision(conn) == "0006"
         assert "cfg_fold_prep" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
