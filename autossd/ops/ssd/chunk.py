@@ -243,9 +243,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                           **init_strides, **fin, **seq_strides),
                      dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
                      opts["state_passing"])
-    cumsum = Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
-                    dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
-                         **dt_strides, **dt_out), flags, opts["cumsum"])
     if config.fold_prep:
         # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
         return [Launch(
@@ -257,7 +254,9 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                  **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb), **dt_out, **seq_strides, **st_strides),
             dict(**flags, HAS_SEQ=seq is not None), opts["chunk_state"]), passing, scan]
     return [
-        cumsum,
+        Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
+               dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
+                    **dt_strides, **dt_out), flags, opts["cumsum"]),
         bmm,
         Launch("chunk_state", "ssd_chunk_state", (state_grid0, nc, b),
                dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
