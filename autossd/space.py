@@ -78,12 +78,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
-    # >1: state passing loads this many chunks' local states at once and runs the recurrence over
-    # them as an associative scan, so its dependent chain is nchunks / pass_chunks steps long. At a
-    # small shape (8 chunks of 2048 tokens) the one-chunk loop is a chain of 8 load latencies.
-    Knob("pass_chunks", (1, 2, 4, 8, 16, 32), 1,
-         "chunks per state-passing step (an associative scan over them), 1 = one chunk per step",
-         "state_passing", depths=(5,), measured_only=True),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
     Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
@@ -230,12 +224,6 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += _gluon_state_violations(config, arch, problem)
         if config.fold_prep:
             why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
-    if config.launches in KNOB_BY_NAME["pass_chunks"].depths:
-        # the step's tiles (local states, decays, scan results) live in registers
-        per_thread = config.pass_chunks * config.pass_block // (config.pass_warps * arch.warp_size)
-        if config.pass_chunks > 1 and per_thread > 64:
-            why.append(f"pass_chunks={config.pass_chunks} x pass_block={config.pass_block} is {per_thread} "
-                       f"state elements per thread at pass_warps={config.pass_warps}; at most 64")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

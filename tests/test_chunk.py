@@ -87,22 +87,6 @@ def test_fold_prep_with_ragged_and_single_chunks(seqlen):
     check(prob, SMALL.replace(fold_prep=1, bmm_block_m=16, bmm_block_n=16), 5)
 
 
-@pytest.mark.parametrize("pass_chunks,seqlen", [(2, 600), (4, 600), (8, 300), (32, 700)])
-@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-def test_pass_chunks_every_feature(pass_chunks, seqlen, state_dtype):
-    # state passing by an associative scan over pass_chunks chunks per step: whole steps, a
-    # ragged last step, and one step wider than the sequence (rows past its end carry through);
-    # seq_idx cuts the decay inside a step and across steps, initial and final states included
-    prob = Problem(batch=2, seqlen=seqlen, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16", **FULL)
-    check(prob, SMALL.replace(state_dtype=state_dtype, pass_chunks=pass_chunks), 5)
-
-
-def test_pass_chunks_with_the_fold_and_one_chunk():
-    prob = Problem(batch=1, seqlen=40, nheads=3, headdim=16, dstate=16, ngroups=1, dtype="bf16",
-                   has_D=True, dt_softplus=True, has_initial_states=True, return_final_states=True)
-    check(prob, SMALL.replace(pass_chunks=4, fold_prep=1, bmm_block_m=16, bmm_block_n=16), 5)
-
-
 def _launches(prob, cfg):
     from autossd.compile import meta_inputs
     from autossd.ops.ssd.chunk import allocate, plan
@@ -209,11 +193,9 @@ def test_random_configs(seed, depth):
     prob = Problem(batch=1, seqlen=130, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
                    has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
     over = {k.name: rng.choice([v for v in k.values if isinstance(v, bool) or not isinstance(v, int) or v >= 32 or "warps" in k.name
-                                 or "stages" in k.name or k.name in ("cumsum_block_h", "fold_prep", "pass_chunks")])
+                                 or "stages" in k.name or k.name in ("cumsum_block_h", "fold_prep")])
             for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches", "smem_pad")}
     cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small
-    while any("pass_chunks" in w for w in violations(cfg, ARCH, prob)):   # its register budget
-        cfg = cfg.replace(pass_chunks=cfg.pass_chunks // 2)
     check(prob, cfg, depth)
 
 
