@@ -92,6 +92,16 @@ def test_space_drops_values_over_the_problem_and_pins_single_values():
     assert {"waves_per_eu", "matrix_instr_nonkdim", "kpack"} <= amd
 
 
+def test_space_never_offers_states_of_a_narrower_range_than_the_inputs():
+    states = lambda prob, **kw: next(d.values for d in build_space("sm90", prob, **kw).dims
+                                     if d.name == "state_dtype")
+    assert set(states(SMALL.replace(dtype="fp16"))) == {"fp32", "bf16", "fp16"}
+    assert set(states(SMALL.replace(dtype="bf16"))) == {"fp32", "bf16"}
+    assert set(states(SMALL.replace(dtype="fp32"))) == {"fp32", "bf16"}
+    pinned = build_space("sm90", SMALL.replace(dtype="bf16"), fixed={"state_dtype": "fp16"})
+    assert pinned.pinned["state_dtype"] == "fp16"   # an explicit request still holds
+
+
 def test_space_params_round_trip_and_fix():
     space = build_space("gfx942", SMALL, fixed={"chunk_size": 128})
     cfg = default_config("gfx942", SMALL).replace(chunk_size=128, scan_block_m=32)

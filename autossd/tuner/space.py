@@ -23,6 +23,13 @@ from ..problem import Problem
 from ..space import KNOB_BY_NAME, KNOBS, Config, caps, default_config, fit, violations
 
 
+# State dtypes a tune never picks for an input dtype: fp16's range (65504) is narrower than bf16's
+# and fp32's, so its states could overflow to inf where the inputs' own dtype would not. The
+# tuner's gate checks random inputs, which cannot show that; a caller may still ask for fp16
+# states explicitly (state_dtype=, or --fix state_dtype=fp16).
+NARROWER_STATES = {"bf16": ("fp16",), "fp32": ("fp16",)}
+
+
 @dataclass(frozen=True)
 class Dim:
     """One searched knob: its name and the values offered for this (arch, problem)."""
@@ -148,7 +155,8 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
                 pinned_at.setdefault(d, {})[knob.name] = default_config(arch, problem, launches=d)[knob.name]
             continue
         values = tuple(v for v in knob.values_on(arch)
-                       if knob.name not in limit or v <= limit[knob.name])
+                       if (knob.name not in limit or v <= limit[knob.name])
+                       and (knob.name != "state_dtype" or v not in NARROWER_STATES.get(problem.dtype, ())))
         if len(values) > 1 and ("launches" not in fixed or fixed["launches"] in knob.depths):
             dims.append(Dim(knob.name, values))
         else:   # one value here, or unused by the pinned depth's kernels
