@@ -532,3 +532,16 @@ def test_merge_reads_an_older_source_without_changing_it(tmp_path):
     with pytest.raises(TuningDBError, match="no such file"):
         merge_dbs([str(tmp_path / "typo.sqlite")], tmp_path / "o2.sqlite")
     assert not (tmp_path / "typo.sqlite").exists()
+
+
+def test_shipped_records_never_store_states_narrower_than_their_inputs():
+    # fp16 states overflow where bf16/fp32 inputs would not (tuner/space.NARROWER_STATES); a
+    # tune no longer offers them, and no shipped record may carry one from before (§49)
+    from autossd.tuner.space import NARROWER_STATES
+    path = dblookup.shipped_db_path("sm90")
+    assert path is not None
+    recs = read_records(to_url(path), readonly=True)
+    assert recs
+    bad = [(r.problem.dtype, r.config.state_dtype) for r in recs
+           if r.config.state_dtype in NARROWER_STATES.get(r.problem.dtype, ())]
+    assert not bad, bad
