@@ -144,6 +144,7 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
     if problem.chunk_size is not None:
         fixed.setdefault("chunk_size", problem.chunk_size)
     limit = caps(problem)
+    excluded = {"state_dtype": NARROWER_STATES.get(problem.dtype, ())}
     dims, pinned, pinned_at = [], {}, {}
     for knob in KNOBS:
         if knob.name in fixed:
@@ -156,7 +157,7 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
             continue
         values = tuple(v for v in knob.values_on(arch)
                        if (knob.name not in limit or v <= limit[knob.name])
-                       and (knob.name != "state_dtype" or v not in NARROWER_STATES.get(problem.dtype, ())))
+                       and v not in excluded.get(knob.name, ()))
         if len(values) > 1 and ("launches" not in fixed or fixed["launches"] in knob.depths):
             dims.append(Dim(knob.name, values))
         else:   # one value here, or unused by the pinned depth's kernels
