@@ -85,13 +85,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("decay_split", (False, True), False,
          "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    # 1: a per-head D enters through the diagonal of the intra-chunk weights, (w + D I) x, and
-    # the scalars a scan program needs late (D, dA_r) are loaded with its first tiles. The plain
-    # kernel ends on two dependent loads (x and D for D·x) and waits on dA_r after the C·state
-    # product; a scan program is a short chain of such waits (BENCHMARKS.md §31, §50).
-    Knob("scan_fold_d", (False, True), False,
-         "D·x through the diagonal of the intra-chunk weights, late scalars loaded up front",
-         "chunk_scan", measured_only=True),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "

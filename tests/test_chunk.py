@@ -169,20 +169,6 @@ def test_decay_split_with_headdim_and_dstate_not_multiples_of_tiles(decay_split)
     check(prob, SMALL.replace(decay_split=decay_split, scan_block_m=16))
 
 
-@pytest.mark.parametrize("d", ["per_head", "per_headdim", "none"])
-@pytest.mark.parametrize("decay_split", [False, True])
-def test_scan_fold_d(d, decay_split, depth):
-    """scan_fold_d: a per-head D enters through the diagonal of the intra-chunk weights, every
-    row's diagonal column lies in one of its program's blocks (scan tiles narrower and wider than
-    the k blocks, ragged last chunk); a per-headdim D stays in the epilogue; no D adds nothing."""
-    flags = dict(has_D=d != "none", D_has_hdim=d == "per_headdim", has_z=True, has_dt_bias=True,
-                 dt_softplus=True, has_seq_idx=True, has_initial_states=True, return_final_states=True)
-    prob = Problem(batch=2, seqlen=150, nheads=4, headdim=32, dstate=32, ngroups=2, dtype="fp16", **flags)
-    for bm, bk in ((16, 32), (32, 16)):
-        check(prob, SMALL.replace(scan_fold_d=True, decay_split=decay_split, scan_block_m=bm,
-                                  scan_block_k=bk, scan_block_n=32, scan_block_d=32), depth)
-
-
 def test_scan_tiles_wider_than_the_chunk_keep_their_masks():
     """ssd_forward runs any valid Config, also one whose scan tiles exceed the chunk (violations()
     would refuse it, fit() would shrink it): full chunks must not drop the masks then, or the

@@ -165,8 +165,7 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
         v6_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
     assert "cfg_fold_prep" not in v6_cols
     v6_cfg = json.loads(TUNED.key())
-    v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob (nor any later one)
-    v6_cfg.pop("scan_fold_d")
+    v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob
     row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v6_cols},
            "config_json": json.dumps(v6_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
@@ -185,38 +184,6 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
         assert "cfg_fold_prep" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
         (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
     assert json.loads(text) == v6_cfg   # the folded row is gone, the other lost only the key
-
-
-def test_schema_8_gives_older_rows_the_plain_chunk_scan(tmp_path):
-    """Before scan_fold_d every record ran the plain chunk scan: an older row gains
-    "scan_fold_d": false in its canonical config_json and in cfg_scan_fold_d; a downgrade drops
-    the folded rows and the key."""
-    url = to_url(tmp_path / "v7.sqlite")
-    assert migrate(url, "0007") == "0007"
-    with dbengine.get_engine(url).connect() as conn:
-        v7_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    assert "cfg_scan_fold_d" not in v7_cols
-    v7_cfg = json.loads(TUNED.key())
-    v7_cfg.pop("scan_fold_d")   # as schema 7 wrote it
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v7_cols},
-           "config_json": json.dumps(v7_cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
-    assert migrate(url) == HEAD
-    with dbengine.get_engine(url).connect() as conn:
-        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_scan_fold_d FROM tuned_records")).fetchall()
-    assert json.loads(text)["scan_fold_d"] is False and not col
-    assert text == TUNED.key()
-    (r,) = read_records(url)
-    assert r.config == TUNED and r.config.scan_fold_d is False
-    add_records(url, [rec(config=TUNED.replace(scan_fold_d=True), time_ms=0.3)])
-    assert len(read_records(url)) == 2
-    _downgrade(url, "0007")
-    with dbengine.get_engine(url).connect() as conn:
-        assert dbengine.current_revision(conn) == "0007"
-        assert "cfg_scan_fold_d" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
-    assert json.loads(text) == v7_cfg
 
 
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):
