@@ -116,9 +116,10 @@ class Kernel:
                         cu_seqlens, dt_limit, state_dtype)
 
     def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
-            state_dtype=None, keep: bool = True):
+            state_dtype=None, keep: bool = True, sig=None, capturing=None):
         """Run on validated inputs (no checks beyond the device). keep: reuse the kept workspace
-        of intermediates (chunk.execute); False inside the custom op torch.compile runs."""
+        of intermediates (chunk.execute); False inside the custom op torch.compile runs. sig,
+        capturing: what the caller already knows (chunk.execute)."""
         from .ops.ssd.chunk import execute
         x = tensors["x"]
         if x.device.type == "cpu" and not interpreting():
@@ -129,9 +130,9 @@ class Kernel:
         if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
             with torch.cuda.device(x.device):
                 return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype,
-                               self.backend, self.module(), keep=keep)
+                               self.backend, self.module(), keep=keep, sig=sig, capturing=capturing)
         return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
-                       self.module(), keep=keep)
+                       self.module(), keep=keep, sig=sig, capturing=capturing)
 
 
 # --- get_kernel ----------------------------------------------------------------------------
@@ -146,6 +147,7 @@ def clear_cache() -> None:
     from .ops.ssd.chunk import clear_workspaces
     with _kernels_lock:
         _kernels.clear()
+        _calls.clear()
     _clear_records()
     clear_workspaces()
 
@@ -242,15 +244,54 @@ def launch_mode_of(x: torch.Tensor) -> str:
 _Tensor = torch.Tensor
 
 
+# Validated calls: (input signature, the other arguments, arch, launch mode) -> (Problem, Kernel).
+# from_args checks only what the signature holds (types, dtypes, shapes, strides, devices) and
+# the scalars beside it, so an equal key is a call that validated before; the key also carries
+# what the launch cache keys on, so the check and the replay share one signature. A warm eager
+# call then spends ~3 µs here instead of ~25 (BENCHMARKS.md §52). Forgotten by clear_cache.
+_calls: dict[tuple, tuple[Problem, Kernel]] = {}
+_CALLS_MAX = 4096   # distinct call shapes kept (varying sequence lengths); then start over
+
+
+def _call_key(tensors: dict, cu_seqlens, chunk_size, dt_softplus, dt_limit, return_final_states,
+              return_varlen_states, state_dtype, mode: str):
+    """The cache key of a call, or None where it has no cheap exact key (a non-tensor input, an
+    unhashable argument): such a call always takes the checked path."""
+    from .ops.ssd.chunk import input_sig
+    try:
+        cu = None if cu_seqlens is None else (cu_seqlens.dtype, cu_seqlens.shape, cu_seqlens.device)
+        # the types too: from_args refuses chunk_size=256.0, which equals and hashes as 256
+        key = (input_sig(tensors), cu, type(chunk_size), chunk_size, dt_softplus, type(dt_limit),
+               tuple(map(type, dt_limit)), tuple(dt_limit), return_final_states, return_varlen_states,
+               state_dtype, mode)
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
 def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
              dt_limit, return_final_states, return_varlen_states, state_dtype, keep=False):
     """Validate, look up, run: y, or a tuple with what was asked (mamba_ssm's returns)."""
-    prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                     dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
-    kernel = get_kernel(prob, arch_of_device(x.device), None, launch_mode_of(x))
-    return kernel.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                 initial_states=initial_states, seq_idx=seq_idx),
-                      cu_seqlens, dt_limit, state_dtype, keep)
+    tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                   seq_idx=seq_idx)
+    mode = launch_mode_of(x) if isinstance(x, torch.Tensor) else "eager"   # else from_args refuses x
+    capturing = mode == "graph"
+    key = _call_key(tensors, cu_seqlens, chunk_size, dt_softplus, dt_limit, return_final_states,
+                    return_varlen_states, state_dtype, mode)
+    hit = _calls.get(key) if key is not None else None
+    if hit is not None and hit[1].arch == arch_of_device(x.device):
+        prob, kernel = hit
+    else:
+        prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                         dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+        kernel = get_kernel(prob, arch_of_device(x.device), None, mode)
+        if key is not None:
+            if len(_calls) >= _CALLS_MAX:
+                _calls.clear()
+            _calls[key] = (prob, kernel)
+    return kernel.run(prob, tensors, cu_seqlens, dt_limit, state_dtype, keep,
+                      sig=key[0] if key is not None else None, capturing=capturing)
 
 
 def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, chunk_size: int,
@@ -298,7 +339,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                               return_varlen_states=False, state_dtype=None):
     """Drop-in for mamba_ssm's mamba_chunk_scan_combined (forward): same arguments, same
     returns: y; or (y, final_states); or (y, varlen_states); or (y, final_states, varlen_states)."""
-    lo, hi = dt_limit
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
     # Eager calls skip torch's custom-op dispatcher (~250 us per call measured on the H100 host,
     # BENCHMARKS.md) and its fixed three outputs (two empty placeholders to allocate); torch.compile
     # traces the registered op, so it still sees no graph break.

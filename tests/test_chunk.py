@@ -279,15 +279,19 @@ def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
     assert calls == [("runner", (1, 1, 1)), ("launcher",)]
 
 
-def test_launch_cache_key_sees_aliasing_and_strides():
-    from autossd.ops.ssd.chunk import _input_sig
+def test_launch_cache_key_sees_aliasing_strides_alignment_and_shapes():
+    from autossd.ops.ssd.chunk import input_sig
     prob = Problem(batch=1, seqlen=64, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16")
     t = make_inputs(prob, seed=3)
     aliased = dict(t, C=t["B"])
-    assert _input_sig(t) != _input_sig(aliased)
+    assert input_sig(t) != input_sig(aliased)
     wide = dict(t, x=torch.randn(1, 64, 2, 32, dtype=torch.float16)[..., :16])
-    assert _input_sig(t) != _input_sig(wide)
-    assert _input_sig(t) == _input_sig(make_inputs(prob, seed=4))
+    assert input_sig(t) != input_sig(wide)
+    shifted = dict(t, x=torch.randn(1 * 64 * 2 * 16 + 1, dtype=torch.float16)[1:].view(1, 64, 2, 16))
+    assert input_sig(t) != input_sig(shifted)          # 2 bytes off a 16-byte boundary
+    longer = make_inputs(prob.replace(seqlen=65), seed=3)
+    assert input_sig(t) != input_sig(longer)
+    assert input_sig(t) == input_sig(make_inputs(prob, seed=4))
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="reorders the interpreter's programs")

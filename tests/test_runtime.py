@@ -211,6 +211,58 @@ def test_only_eager_calls_keep_a_workspace():
     assert len(chunk._workspaces) == 1 and torch.equal(y, y_op)
 
 
+def test_a_repeated_call_skips_the_checks_and_a_changed_one_is_checked_again(monkeypatch):
+    """The drop-in keeps validated calls by their input signature: a call with new tensors of the
+    same dtypes, shapes, strides and devices is not validated again, and runs on its own inputs;
+    a call that differs in anything from_args checks is validated (and refused) as ever."""
+    checked = []
+    real = runtime.from_args
+    monkeypatch.setattr(runtime, "from_args", lambda *a, **k: checked.append(1) or real(*a, **k))
+    p = tiny(has_D=True, has_dt_bias=True, dt_softplus=True)
+    for seed in (0, 1):
+        args, kw = _args(p, seed=seed)
+        y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+        assert rel_err(y, _reference(args, 64, kw)[0]) < tolerance("fp32")
+    assert len(checked) == 1
+    x, dt, A, B, C = args
+    bad = [  # each differs from the cached call in one thing from_args checks
+        (dict(chunk_size=64.0), ValueError, "chunk_size"),
+        (dict(B=torch.randn(1, 130, 1, 32)[..., ::2]), ValueError, "B: last dimension"),
+        (dict(dt=dt.to(torch.int32)), TypeError, "dt"),
+        (dict(D=torch.randn(3)), ValueError, "D: expected shape"),
+        (dict(dt_limit=(1.0, 0.0)), ValueError, "dt_limit"),
+        (dict(dt_limit=(0.0, "x")), ValueError, "dt_limit"),
+        (dict(x=x.double()), TypeError, "x"),
+        (dict(x=x.tolist()), TypeError, "x: expected a torch.Tensor"),   # no signature: checked
+    ]
+    for change, exc, match in bad:
+        call = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=64, **kw)
+        call.update(change)
+        with pytest.raises(exc, match=match):
+            autossd.mamba_chunk_scan_combined(**call)
+    n = len(checked)
+    assert n == len(bad)   # the first call, and every bad one but dt_limit=(0.0, "x"): the drop-in refuses that itself
+    autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert len(checked) == n
+    runtime.clear_cache()
+    autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert len(checked) == n + 1
+
+
+def test_a_record_written_after_a_call_serves_the_next_call(tmp_path, monkeypatch):
+    p = tiny(has_D=True)
+    ran = []
+    real_run = runtime.Kernel.run
+    monkeypatch.setattr(runtime.Kernel, "run", lambda self, *a, **k: ran.append(self.config) or real_run(self, *a, **k))
+    args, kw = _args(p)
+    autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    cfg = tuned_for(p)
+    assert ran == [default_config("sm90", p)] != [cfg]
+    add_records(str(tmp_path / "user.sqlite"), [make_record(p, cfg, "sm90", provenance="measured", time_ms=0.02)])
+    autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert ran[-1] == cfg
+
+
 def test_bad_call_is_rejected_before_any_kernel():
     args, kw = _args(tiny())
     x, dt, A, B, C = args
