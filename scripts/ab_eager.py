@@ -80,7 +80,7 @@ def main():
     res = {s: {t: [] for t in trees} for s in a.shapes.split(",")}
     for r in range(a.rounds):
         for s in res:
-            for t in trees:
+            for t in (trees if r % 2 == 0 else trees[::-1]):   # alternate the order: no tree always runs first
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([t, os.environ.get("PYTHONPATH", "")]))
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", s, a.dtype],
                                      env=env, cwd=t, capture_output=True, text=True)
