@@ -45,9 +45,26 @@ def history_plot(study, path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def roofline_points(records: Iterable[dict]) -> dict[str, list[tuple[str, float, float]]]:
+    """(arch, intensity, TFLOP/s) per record, grouped by what its time measured: "gpu" (a
+    measured graph replay, or a measured record from before launch modes), "static" (a model's
+    prediction of GPU time) and "eager" (back-to-back eager calls: the host's launch time is in
+    it, so at a small shape the point says how fast the host is, not the GPU). Intensity = causal
+    FLOPs / min bytes, rate = FLOPs / time."""
+    out: dict[str, list] = {"gpu": [], "static": [], "eager": []}
+    for r in records:
+        prob = Problem(**r["problem"])
+        flops = prob.flops(r["config"].get("chunk_size", 256))
+        group = ("static" if r["provenance"] != "measured"
+                 else "eager" if r.get("launch_mode") == "eager" else "gpu")
+        out[group].append((r["arch"], flops / prob.min_bytes(), flops / (r["time_ms"] * 1e-3) / 1e12))
+    return out
+
+
 def roofline_plot(records: Iterable[dict], path: str | Path) -> Path:
-    """Records as points (intensity = causal FLOPs / min bytes, rate = FLOPs / time) under each
-    arch's roofline min(peak, intensity x bandwidth). Static records are hollow: predictions."""
+    """Records as points under each arch's roofline min(peak, intensity x bandwidth): filled
+    circles are measured GPU times, hollow ones static predictions, crosses eager-call times
+    (host included; roofline_points)."""
     recs = list(records)
     fig, ax = plt.subplots(figsize=(7, 5))
     colors = dict(zip(sorted(ARCHS), ("tab:blue", "tab:orange", "tab:green", "tab:red")))
@@ -58,18 +75,20 @@ def roofline_plot(records: Iterable[dict], path: str | Path) -> Path:
         xs = [2.0 ** k for k in range(-2, 12)]
         ax.plot(xs, [min(a.matmul_tflops, x * a.hbm_gbps / 1e3) for x in xs], color=colors[arch],
                 lw=1, label=f"{arch} roofline")
-    for r in recs:
-        prob = Problem(**r["problem"])
-        ai = prob.flops(r["config"].get("chunk_size", 256)) / prob.min_bytes()
-        rate = prob.flops(r["config"].get("chunk_size", 256)) / (r["time_ms"] * 1e-3) / 1e12
-        measured = r["provenance"] == "measured"
-        ax.scatter([ai], [rate], color=colors.get(r["arch"], "k"),
-                   facecolors=colors.get(r["arch"], "k") if measured else "none", s=30)
+    style = {"gpu": dict(marker="o", filled=True, label="measured (GPU time)"),
+             "static": dict(marker="o", filled=False, label="static prediction"),
+             "eager": dict(marker="x", filled=True, label="eager calls (host time included)")}
+    for group, pts in roofline_points(recs).items():
+        st = style[group]
+        for i, (arch, ai, rate) in enumerate(pts):
+            c = colors.get(arch, "k")
+            ax.scatter([ai], [rate], marker=st["marker"], s=30, color=c,
+                       facecolors=c if st["filled"] else "none", label=st["label"] if i == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / min byte)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title("SSD forward records (filled: measured, hollow: static prediction)", fontsize=9)
+    ax.set_title("SSD forward records", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
