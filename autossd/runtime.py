@@ -45,7 +45,7 @@ class Kernel:
     Callable with mamba_chunk_scan_combined's arguments after chunk_size (the problem fixes it);
     returns what that function returns."""
 
-    __slots__ = ("problem", "arch", "launch_mode", "backend", "match", "_module")
+    __slots__ = ("problem", "arch", "launch_mode", "backend", "match", "_module", "_checked")
 
     def __init__(self, problem: Problem, arch: str, match: Match, launch_mode: str = "eager") -> None:
         self.problem = problem
@@ -54,6 +54,7 @@ class Kernel:
         self.backend = get_arch(arch).backend
         self.match = match
         self._module = None
+        self._checked: dict[tuple, Problem] = {}   # call key (_call_key) -> its validated Problem
 
     # --- what was chosen, and why ----------------------------------------------------
     @property
@@ -106,14 +107,25 @@ class Kernel:
                  seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                  return_final_states=False, return_varlen_states=False, state_dtype=None):
         chunk = self.problem.chunk_size or self.config.chunk_size
-        prob = from_args(x, dt, A, B, C, chunk, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                         dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
-        if prob != self.problem.replace(chunk_size=chunk):
-            raise ValueError(f"kernel: built for {self.problem}, called with {prob}; "
-                             f"use autossd.get_kernel for the new problem")
-        return self.run(prob, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                   initial_states=initial_states, seq_idx=seq_idx),
-                        cu_seqlens, dt_limit, state_dtype)
+        tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                       seq_idx=seq_idx)
+        # as the drop-in does (_forward): a call with the metadata of one checked before skips
+        # the checks; the launch mode plays no part in which kernel runs here
+        key = _call_key(tensors, cu_seqlens, chunk, dt_softplus, dt_limit, return_final_states,
+                        return_varlen_states, state_dtype, "")
+        prob = self._checked.get(key) if key is not None else None
+        if prob is None:
+            prob = from_args(x, dt, A, B, C, chunk, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                             dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+            if prob != self.problem.replace(chunk_size=chunk):
+                raise ValueError(f"kernel: built for {self.problem}, called with {prob}; "
+                                 f"use autossd.get_kernel for the new problem")
+            if key is not None:
+                if len(self._checked) >= _CALLS_MAX:
+                    self._checked.clear()
+                self._checked[key] = prob
+        return self.run(prob, tensors, cu_seqlens, dt_limit, state_dtype,
+                        sig=key[0] if key is not None else None)
 
     def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
             state_dtype=None, keep: bool = True, sig=None, capturing=None):

@@ -249,6 +249,22 @@ def test_a_repeated_call_skips_the_checks_and_a_changed_one_is_checked_again(mon
     assert len(checked) == n + 1
 
 
+def test_a_kernel_checks_a_call_once_per_signature(monkeypatch):
+    checked = []
+    real = runtime.from_args
+    monkeypatch.setattr(runtime, "from_args", lambda *a, **k: checked.append(1) or real(*a, **k))
+    p = tiny(has_D=True)
+    k = autossd.get_kernel(p, "sm90")
+    for seed in (0, 1):
+        args, kw = _args(p, seed=seed)
+        assert rel_err(k(*args, **kw), _reference(args, 64, kw)[0]) < tolerance("fp32")
+    assert len(checked) == 1
+    with pytest.raises(ValueError, match="get_kernel for the new problem"):
+        k(*_args(p.replace(seqlen=100))[0], **kw)
+    with pytest.raises(TypeError, match="dt"):
+        k(args[0], args[1].to(torch.int32), *args[2:], **kw)
+
+
 def test_a_record_written_after_a_call_serves_the_next_call(tmp_path, monkeypatch):
     p = tiny(has_D=True)
     ran = []
