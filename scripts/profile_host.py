@@ -114,6 +114,21 @@ def main():
         f"{len(launches)} launch(es) via triton's JIT": per_call_us(launch_all),
         "execute (launch cache)": per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod, keep=True)),
     }
+    # the launch cache's replay alone, and inside it the launcher calls alone (arguments prebuilt)
+    key = next((k for k in ssd_chunk._launch_cache if k[0] == prob and k[1] == cfg), None)
+    if key is not None:
+        cached = ssd_chunk._launch_cache[key]
+        stream = torch.cuda.current_stream().cuda_stream
+        # 50 calls: few enough launches that the queue never fills and blocks the host
+        res[f"replay of {len(cached)} launch(es)"] = per_call_us(lambda: ssd_chunk._replay(cached, tensors, buf, stream), n=50)
+        pre = [(ck, grid, [tensors[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else k
+                           for kind, k in srcs]) for ck, grid, srcs in cached]
+
+        def launcher_only():
+            for ck, grid, args_ in pre:
+                ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args_)
+        res["launcher calls alone (arguments prebuilt)"] = per_call_us(launcher_only, n=50)
+        res["arguments per launch"] = float(sum(len(a) for _, _, a in pre) / len(pre))
     # the kept workspace (chunk.WORKSPACE_BYTES) against fresh allocations, interleaved rounds
     ab = {"drop_in": [], "drop_in, no workspace": [], "execute": [], "execute, no workspace": []}
     saved = ssd_chunk.WORKSPACE_BYTES
