@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--config", default=None, help="with --once: JSON overrides of the sm90 default")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="cProfile 300 warm eager drop-in calls; print and write the top functions")
     ap.add_argument("--compare", action="store_true",
                     help="GPU time of the drop-in vs ssd_forward with the same config, interleaved "
                          "(do_bench and graph replay)")
@@ -86,6 +88,25 @@ def main():
             cfg = fit(default_config("sm90", prob).replace(**json.loads(a.config)), prob)
             ssd_chunk.ssd_forward(*args, **kw, config=cfg)
         torch.cuda.synchronize()
+        return
+    if a.cprofile:
+        import cProfile
+        import io
+        import pstats
+        for _ in range(20):
+            autossd.mamba_chunk_scan_combined(*args, **kw)
+        torch.cuda.synchronize()
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(300):
+            autossd.mamba_chunk_scan_combined(*args, **kw)
+        pr.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(30)
+        print(out.getvalue())
+        with open(os.path.join(a.out, "cprofile_drop_in.txt"), "w") as f:
+            f.write(out.getvalue())
         return
     prob = from_args(*args, **kw)
     kern = autossd.get_kernel(prob, runtime.arch_of_device(t["x"].device))
