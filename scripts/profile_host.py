@@ -143,13 +143,25 @@ def main():
         # 50 calls: few enough launches that the queue never fills and blocks the host
         res[f"replay of {len(cached)} launch(es)"] = per_call_us(lambda: ssd_chunk._replay(cached, tensors, buf, stream), n=50)
         pre = [(ck, grid, [tensors[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else k
-                           for kind, k in srcs]) for ck, grid, srcs in cached]
+                           for kind, k in srcs]) for ck, grid, srcs, *_ in cached]
 
         def launcher_only():
             for ck, grid, args_ in pre:
                 ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args_)
         res["launcher calls alone (arguments prebuilt)"] = per_call_us(launcher_only, n=50)
         res["arguments per launch"] = float(sum(len(a) for _, _, a in pre) / len(pre))
+
+        def replay_per_argument():   # the replay before argument templates (§53): every argument's source looked at
+            for ck, grid, srcs, *_ in cached:
+                ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
+                       *[tensors[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf"
+                         else k for kind, k in srcs])
+        rounds = {"templates": [], "per-argument": []}
+        for _ in range(5):
+            rounds["templates"].append(per_call_us(lambda: ssd_chunk._replay(cached, tensors, buf, stream), n=50))
+            rounds["per-argument"].append(per_call_us(replay_per_argument, n=50))
+        for k, v in rounds.items():
+            res[f"replay, {k} (median of 5 interleaved)"] = sorted(v)[2]
     # the kept workspace (chunk.WORKSPACE_BYTES) against fresh allocations, interleaved rounds
     ab = {"drop_in": [], "drop_in, no workspace": [], "execute": [], "execute, no workspace": []}
     saved = ssd_chunk.WORKSPACE_BYTES

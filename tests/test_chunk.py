@@ -240,13 +240,15 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
     stubs = [Stub() for _ in launches1]
     rec = chunk._record(launches1, stubs, t1, buf1, mod)
     buf2, launches2 = planned(t2)
-    chunk._replay(rec, t2, buf2, stream=7)
-    for ln, stub in zip(launches2, stubs):
-        (grid, args), = stub.calls
-        want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
-        assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want)
-        for a, w in zip(args, want):  # tensors go to the launcher as their addresses
-            assert a == w.data_ptr() if isinstance(w, torch.Tensor) else a == w
+    buf3, launches3 = planned(t1)   # a third call, on the first call's inputs and new buffers
+    for bufn, tn, lns in ((buf2, t2, launches2), (buf3, t1, launches3)):
+        chunk._replay(rec, tn, bufn, stream=7)   # the recorded argument templates stay as recorded
+        for ln, stub in zip(lns, stubs):
+            grid, args = stub.calls.pop()
+            want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
+            assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want)
+            for a, w in zip(args, want):  # tensors go to the launcher as their addresses
+                assert a == w.data_ptr() if isinstance(w, torch.Tensor) else a == w
 
 
 def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
@@ -268,7 +270,7 @@ def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
             calls.append(("launcher",))
 
     t = {"x": torch.zeros(4)}
-    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)))]
+    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)), [None, 3], ((0, True, "x"),))]
     hook = lambda meta: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:

@@ -356,7 +356,9 @@ def input_sig(t: dict) -> tuple:
 
 
 def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, module) -> list:
-    """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order)."""
+    """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order,
+    the argument list with every constant in place and None for each pointer, and the pointers'
+    (position, from an input?, name)): a replay copies the list and fills in only the pointers."""
     ids = {id(v): ("in", k) for k in INPUTS if (v := t.get(k)) is not None}
     ids.update({id(v): ("buf", k) for k in _BUFFERS if (v := getattr(buf, k)) is not None})
     out = []
@@ -367,7 +369,9 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
             v = values[name]
             srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
         ck._init_handles()  # loads the module once, so the replay can take ck.function directly
-        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs)))  # the runner wants 3-D
+        template = [k if kind == "const" else None for kind, k in srcs]
+        slots = tuple((i, kind == "in", k) for i, (kind, k) in enumerate(srcs) if kind != "const")
+        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots))  # 3-D grid
     return out
 
 
@@ -387,14 +391,15 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
     hooked = _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
     if stream is None and not hooked:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
-    for ck, grid, srcs in cached:
+    for ck, grid, srcs, template, slots in cached:
         if hooked:
             ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k
                        for kind, k in srcs])
             continue
-        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
-               *[t[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else k
-                 for kind, k in srcs])
+        args = template.copy()
+        for i, from_input, k in slots:
+            args[i] = (t[k] if from_input else getattr(buf, k)).data_ptr()
+        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
