@@ -111,9 +111,8 @@ class Kernel:
                        seq_idx=seq_idx)
         # as the drop-in does (_forward): a call with the metadata of one checked before skips
         # the checks; the launch mode plays no part in which kernel runs here
-        key = _call_key(tensors, cu_seqlens, chunk, dt_softplus, dt_limit, return_final_states,
-                        return_varlen_states, state_dtype, "")
-        prob = self._checked.get(key) if key is not None else None
+        prob, key = _cached(self._checked, _call_key(tensors, cu_seqlens, chunk, dt_softplus, dt_limit,
+                                                     return_final_states, return_varlen_states, state_dtype, ""))
         if prob is None:
             prob = from_args(x, dt, A, B, C, chunk, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                              dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
@@ -256,11 +255,13 @@ def launch_mode_of(x: torch.Tensor) -> str:
 _Tensor = torch.Tensor
 
 
-# Validated calls: (input signature, the other arguments, arch, launch mode) -> (Problem, Kernel).
-# from_args checks only what the signature holds (types, dtypes, shapes, strides, devices) and
-# the scalars beside it, so an equal key is a call that validated before; the key also carries
-# what the launch cache keys on, so the check and the replay share one signature. A warm eager
-# call then spends ~3 µs here instead of ~25 (BENCHMARKS.md §52). Forgotten by clear_cache.
+# Validated calls: (input signature, the other arguments, launch mode) -> (Problem, Kernel); the
+# Kernel's arch is checked against the device's on each hit (AUTOSSD_ARCH may change). from_args
+# checks only what the signature holds (types, dtypes, shapes, strides, devices) and the scalars
+# beside it, so an equal key is a call that validated before; the key also carries what the
+# launch cache keys on, so the check and the replay share one signature. Key and lookup take
+# 9.6 µs where from_args and the old launch signature took 24.4 (BENCHMARKS.md §52). Forgotten
+# by clear_cache.
 _calls: dict[tuple, tuple[Problem, Kernel]] = {}
 _CALLS_MAX = 4096   # distinct call shapes kept (varying sequence lengths); then start over
 
@@ -276,10 +277,20 @@ def _call_key(tensors: dict, cu_seqlens, chunk_size, dt_softplus, dt_limit, retu
         key = (input_sig(tensors), cu, type(chunk_size), chunk_size, dt_softplus, type(dt_limit),
                tuple(map(type, dt_limit)), tuple(dt_limit), return_final_states, return_varlen_states,
                state_dtype, mode)
-        hash(key)
     except (AttributeError, TypeError):
         return None
     return key
+
+
+def _cached(cache: dict, key):
+    """(cache[key] or None, key), or (None, None) for an unhashable key (no cache for that call).
+    The key is hashed once, by this lookup."""
+    if key is None:
+        return None, None
+    try:
+        return cache.get(key), key
+    except TypeError:
+        return None, None
 
 
 def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
@@ -289,9 +300,8 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                    seq_idx=seq_idx)
     mode = launch_mode_of(x) if isinstance(x, torch.Tensor) else "eager"   # else from_args refuses x
     capturing = mode == "graph"
-    key = _call_key(tensors, cu_seqlens, chunk_size, dt_softplus, dt_limit, return_final_states,
-                    return_varlen_states, state_dtype, mode)
-    hit = _calls.get(key) if key is not None else None
+    hit, key = _cached(_calls, _call_key(tensors, cu_seqlens, chunk_size, dt_softplus, dt_limit,
+                                         return_final_states, return_varlen_states, state_dtype, mode))
     if hit is not None and hit[1].arch == arch_of_device(x.device):
         prob, kernel = hit
     else:
