@@ -259,31 +259,6 @@ def test_the_call_cache_is_bounded(monkeypatch):
         assert 1 <= len(runtime._calls) <= 2
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter is not thread-safe")
-def test_threads_calling_different_shapes_at_once_get_their_own_results():
-    import threading
-    probs = [tiny(has_D=True).replace(seqlen=l) for l in (70, 130, 200)]
-    results, errors = {}, []
-
-    def worker(p):
-        try:
-            for seed in range(4):
-                t = make_inputs(p, "cuda", seed=seed)
-                args, kw = tuple(t[k] for k in ("x", "dt", "A", "B", "C")), call_kwargs(p, t)
-                y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
-                torch.cuda.synchronize()
-                results[(p.seqlen, seed)] = rel_err(y, _reference(args, 64, kw)[0])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=worker, args=(p,)) for p in probs]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
-    assert len(results) == 12 and all(e < tolerance("fp32") for e in results.values()), results
-
-
 def test_a_kernel_checks_a_call_once_per_signature(monkeypatch):
     checked = []
     real = runtime.from_args
