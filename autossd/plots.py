@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .arch import ARCHS  # noqa: E402
 from .problem import Problem  # noqa: E402
+from .tuner.records import mode_of  # noqa: E402
 
 
 def _slug(text: str) -> str:
@@ -47,16 +48,16 @@ def history_plot(study, path: str | Path) -> Path:
 
 def roofline_points(records: Iterable[dict]) -> dict[str, list[tuple[str, float, float]]]:
     """(arch, intensity, TFLOP/s) per record, grouped by what its time measured: "gpu" (a
-    measured graph replay, or a measured record from before launch modes), "static" (a model's
-    prediction of GPU time) and "eager" (back-to-back eager calls: the host's launch time is in
-    it, so at a small shape the point says how fast the host is, not the GPU). Intensity = causal
-    FLOPs / min bytes, rate = FLOPs / time."""
+    measured graph replay), "static" (a model's prediction of GPU time) and "eager" (eager calls,
+    also every measured record from before launch modes: tuner.records.mode_of; the host's
+    launch time is in it, so at a small shape the point says how fast the host is, not the
+    GPU). Intensity = causal FLOPs / min bytes, rate = FLOPs / time."""
     out: dict[str, list] = {"gpu": [], "static": [], "eager": []}
     for r in records:
         prob = Problem(**r["problem"])
         flops = prob.flops(r["config"].get("chunk_size", 256))
         group = ("static" if r["provenance"] != "measured"
-                 else "eager" if r.get("launch_mode") == "eager" else "gpu")
+                 else "eager" if mode_of(r) == "eager" else "gpu")
         out[group].append((r["arch"], flops / prob.min_bytes(), flops / (r["time_ms"] * 1e-3) / 1e12))
     return out
 

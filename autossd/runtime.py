@@ -107,6 +107,8 @@ class Kernel:
                  seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                  return_final_states=False, return_varlen_states=False, state_dtype=None):
         chunk = self.problem.chunk_size or self.config.chunk_size
+        dt_softplus, dt_limit, return_final_states, return_varlen_states = _scalars(
+            dt_softplus, dt_limit, return_final_states, return_varlen_states)
         tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                        seq_idx=seq_idx)
         # as the drop-in does (_forward): a call with the metadata of one checked before skips
@@ -273,13 +275,24 @@ def _call_key(tensors: dict, cu_seqlens, chunk_size, dt_softplus, dt_limit, retu
     from .ops.ssd.chunk import input_sig
     try:
         cu = None if cu_seqlens is None else (cu_seqlens.dtype, cu_seqlens.shape, cu_seqlens.device)
-        # the types too: from_args refuses chunk_size=256.0, which equals and hashes as 256
-        key = (input_sig(tensors), cu, type(chunk_size), chunk_size, dt_softplus, type(dt_limit),
-               tuple(map(type, dt_limit)), tuple(dt_limit), return_final_states, return_varlen_states,
-               state_dtype, mode)
+        # chunk_size's type too: from_args refuses 256.0, which equals and hashes as 256; the
+        # flags and dt_limit come normalized (_scalars)
+        key = (input_sig(tensors), cu, type(chunk_size), chunk_size, dt_softplus, dt_limit,
+               return_final_states, return_varlen_states, state_dtype, mode)
     except (AttributeError, TypeError):
         return None
     return key
+
+
+def _scalars(dt_softplus, dt_limit, return_final_states, return_varlen_states):
+    """The flags as bools and dt_limit as a pair of floats, as the kernels take them: converted
+    before a call is keyed, so equal keys mean equal values (a 0-d tensor in dt_limit would
+    otherwise key by identity, and its value could change in place)."""
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
+    return bool(dt_softplus), (lo, hi), bool(return_final_states), bool(return_varlen_states)
 
 
 def _cached(cache: dict, key):
@@ -361,21 +374,18 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                               return_varlen_states=False, state_dtype=None):
     """Drop-in for mamba_ssm's mamba_chunk_scan_combined (forward): same arguments, same
     returns: y; or (y, final_states); or (y, varlen_states); or (y, final_states, varlen_states)."""
-    try:
-        lo, hi = (float(v) for v in dt_limit)
-    except (TypeError, ValueError):
-        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
+    dt_softplus, (lo, hi), return_final_states, return_varlen_states = _scalars(
+        dt_softplus, dt_limit, return_final_states, return_varlen_states)
     # Eager calls skip torch's custom-op dispatcher (~250 us per call measured on the H100 host,
     # BENCHMARKS.md) and its fixed three outputs (two empty placeholders to allocate); torch.compile
     # traces the registered op, so it still sees no graph break.
     if not torch.compiler.is_compiling():
         return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                        bool(dt_softplus), (float(lo), float(hi)), bool(return_final_states),
-                        bool(return_varlen_states), state_dtype, keep=True)
+                        dt_softplus, (lo, hi), return_final_states, return_varlen_states, state_dtype,
+                        keep=True)
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        bool(dt_softplus), float(lo), float(hi), bool(return_final_states),
-        bool(return_varlen_states), state_dtype)
+        dt_softplus, lo, hi, return_final_states, return_varlen_states, state_dtype)
     if not return_varlen_states:
         return (y, final) if return_final_states else y
     return (y, final, varlen) if return_final_states else (y, varlen)

@@ -249,6 +249,8 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
             assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want)
             for a, w in zip(args, want):  # tensors go to the launcher as their addresses
                 assert a == w.data_ptr() if isinstance(w, torch.Tensor) else a == w
+    for _, _, _, template, slots in rec:   # a replay fills a copy: concurrent replays share these
+        assert all(template[i] is None for i, _, _ in slots)
 
 
 def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():

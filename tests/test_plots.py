@@ -22,3 +22,6 @@ def test_roofline_groups_records_by_what_their_time_measured(tmp_path):
     (_, ai_g, rate_g), (_, ai_e, rate_e) = pts["gpu"][0], pts["eager"][0]
     assert ai_g == ai_e and abs(rate_e / rate_g - 0.5) < 1e-9
     assert roofline_plot(recs, tmp_path / "r.png").stat().st_size > 1000
+    # a measured record from before launch modes was timed by eager calls (tuner.records.mode_of)
+    legacy = {k: v for k, v in _rec("eager").items() if k != "launch_mode"}
+    assert [len(roofline_points([legacy])[g]) for g in ("gpu", "eager")] == [0, 1]

@@ -259,6 +259,40 @@ def test_the_call_cache_is_bounded(monkeypatch):
         assert 1 <= len(runtime._calls) <= 2
 
 
+def test_a_cached_call_follows_autossd_arch_and_checks_cu_seqlens(monkeypatch):
+    """A hit still runs the kernel of the arch the device maps to now (AUTOSSD_ARCH may change
+    between calls), and a call whose cu_seqlens differs from a checked one is checked."""
+    ran = []
+    real_run = runtime.Kernel.run
+    monkeypatch.setattr(runtime.Kernel, "run", lambda self, *a, **k: ran.append(self.arch) or real_run(self, *a, **k))
+    p = Problem(1, 150, 2, 16, 16, 1, "fp32", 64, has_seq_idx=True, return_varlen_states=True)
+    args, kw = _args(p, seed=2)
+    autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    monkeypatch.setenv("AUTOSSD_ARCH", "sm80")
+    autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert ran == ["sm90", "sm80"]
+    for bad, exc, match in ((kw["cu_seqlens"].to(torch.int16), TypeError, "cu_seqlens: expected int32"),
+                            (kw["cu_seqlens"][:1], ValueError, "cu_seqlens: expected at least 2")):
+        with pytest.raises(exc, match=match):
+            autossd.mamba_chunk_scan_combined(*args, 64, **{**kw, "cu_seqlens": bad})
+
+
+def test_a_kernel_keys_dt_limit_by_value(monkeypatch):
+    """Kernel calls normalize dt_limit before keying: 0-d tensors hash by identity, so a cached
+    key would otherwise let an in-place change to lo > hi skip the check."""
+    p = tiny(has_D=True, has_dt_limit=True)
+    k = autossd.get_kernel(p, "sm90")
+    args, kw = _args(p)
+    lo, hi = torch.tensor(0.001), torch.tensor(0.1)
+    k(*args, **{**kw, "dt_limit": (lo, hi)})
+    lo.fill_(1.0)
+    hi.fill_(0.0)
+    with pytest.raises(ValueError, match="dt_limit: expected lo <= hi"):
+        k(*args, **{**kw, "dt_limit": (lo, hi)})
+    with pytest.raises(ValueError, match="dt_limit: expected a pair of floats"):
+        k(*args, **{**kw, "dt_limit": (0j, float("inf"))})
+
+
 def test_a_kernel_checks_a_call_once_per_signature(monkeypatch):
     checked = []
     real = runtime.from_args
