@@ -253,6 +253,28 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
         assert all(template[i] is None for i, _, _ in slots)
 
 
+def test_launch_cache_is_bounded(monkeypatch):
+    """At most LAUNCH_CACHE_MAX recorded calls are kept (one per sequence length and config),
+    then the cache starts over; a call after that records again (plan and compile stubbed)."""
+    from types import SimpleNamespace
+
+    from autossd.ops.ssd import chunk
+    monkeypatch.setattr(chunk, "LAUNCH_CACHE_MAX", 2)
+    monkeypatch.setattr(chunk, "_launch_cache", {})
+    recorded = []
+    monkeypatch.setattr(chunk, "plan", lambda *a, **k: ["launch"])
+    monkeypatch.setattr(chunk, "run", lambda launches, module: ["compiled"])
+    monkeypatch.setattr(chunk, "_record", lambda *a: recorded.append(a[0]) or [])
+    monkeypatch.setattr(chunk, "_replay", lambda *a: None)
+    buf = SimpleNamespace(y="y")
+    for l in (64, 65, 66, 64, 66):
+        prob = Problem(batch=1, seqlen=l, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16")
+        assert chunk._execute(prob, SMALL, {}, buf, None, (0.0, 1.0), None, "cuda", None, 7, sig=()) == "y"
+        assert 1 <= len(chunk._launch_cache) <= 2
+    # 64, 65 recorded; 66 starts over; 64 again (gone) records; 66 is still there
+    assert len(recorded) == 4
+
+
 def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
     """A profiler's launch hook (triton.knobs.runtime.launch_enter_hook) still sees every launch:
     with one set, the replay calls triton's runner, which calls the hooks, not the launcher."""

@@ -335,6 +335,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 _BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync")
 _launch_cache: dict[tuple, list] = {}
+LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
 
 
@@ -448,6 +449,8 @@ def _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, m
         launches = plan(prob, config, t, buf, backend, dt_limit)
         compiled = run(launches, module)
         if fast and all(c is not None for c in compiled):
+            if len(_launch_cache) >= LAUNCH_CACHE_MAX:   # e.g. a server seeing every prompt length
+                _launch_cache.clear()
             _launch_cache[key] = _record(launches, compiled, t, buf, module)
     if not (prob.return_final_states or prob.return_varlen_states):
         return buf.y
