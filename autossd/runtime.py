@@ -29,6 +29,7 @@ from .arch import ARCHS, get_arch
 from .db.lookup import Match, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, on_write
+from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
 from .problem import Problem, from_args
 from .render import interpreting, load
 from .space import Config
@@ -122,9 +123,7 @@ class Kernel:
                 raise ValueError(f"kernel: built for {self.problem}, called with {prob}; "
                                  f"use autossd.get_kernel for the new problem")
             if key is not None:
-                if len(self._checked) >= _CALLS_MAX:
-                    self._checked.clear()
-                self._checked[key] = prob
+                remember(self._checked, key, prob, _CALLS_MAX)
         return self.run(prob, tensors, cu_seqlens, dt_limit, state_dtype,
                         sig=key[0] if key is not None else None)
 
@@ -133,7 +132,6 @@ class Kernel:
         """Run on validated inputs (no checks beyond the device). keep: reuse the kept workspace
         of intermediates (chunk.execute); False inside the custom op torch.compile runs. sig,
         capturing: what the caller already knows (chunk.execute)."""
-        from .ops.ssd.chunk import execute
         x = tensors["x"]
         if x.device.type == "cpu" and not interpreting():
             raise RuntimeError(
@@ -157,7 +155,6 @@ _device_arch: dict[int, str] = {}
 def clear_cache() -> None:
     """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes) and the kept
     workspaces of intermediates."""
-    from .ops.ssd.chunk import clear_workspaces
     with _kernels_lock:
         _kernels.clear()
         _calls.clear()
@@ -272,7 +269,6 @@ def _call_key(tensors: dict, cu_seqlens, chunk_size, dt_softplus, dt_limit, retu
               return_varlen_states, state_dtype, mode: str):
     """The cache key of a call, or None where it has no cheap exact key (a non-tensor input, an
     unhashable argument): such a call always takes the checked path."""
-    from .ops.ssd.chunk import input_sig
     try:
         cu = None if cu_seqlens is None else (cu_seqlens.dtype, cu_seqlens.shape, cu_seqlens.device)
         # chunk_size's type too: from_args refuses 256.0, which equals and hashes as 256; the
@@ -322,9 +318,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                          dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
         kernel = get_kernel(prob, arch_of_device(x.device), None, mode)
         if key is not None:
-            if len(_calls) >= _CALLS_MAX:
-                _calls.clear()
-            _calls[key] = (prob, kernel)
+            remember(_calls, key, (prob, kernel), _CALLS_MAX)
     return kernel.run(prob, tensors, cu_seqlens, dt_limit, state_dtype, keep,
                       sig=key[0] if key is not None else None, capturing=capturing)
 

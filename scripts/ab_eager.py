@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+# (heads, headdim, dstate, groups), as autossd.tuner.shapes.MODELS. Kept here, not imported: this
+# file must not put any tree's autossd on sys.path, or a child would import it instead of its own.
 MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
 
 

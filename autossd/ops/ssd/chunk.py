@@ -339,6 +339,14 @@ LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and con
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
 
 
+def remember(cache: dict, key, value, limit: int) -> None:
+    """cache[key] = value, starting the cache over once it holds `limit` entries (a server sees
+    every prompt length: the per-call caches must not grow without bound)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+
+
 def input_sig(t: dict) -> tuple:
     """What a launch specializes on, per input: dtype, shape, strides, device, 16-byte alignment,
     and the aliasing pattern (a record made when B is C must not serve a call where they
@@ -449,9 +457,7 @@ def _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, m
         launches = plan(prob, config, t, buf, backend, dt_limit)
         compiled = run(launches, module)
         if fast and all(c is not None for c in compiled):
-            if len(_launch_cache) >= LAUNCH_CACHE_MAX:   # e.g. a server seeing every prompt length
-                _launch_cache.clear()
-            _launch_cache[key] = _record(launches, compiled, t, buf, module)
+            remember(_launch_cache, key, _record(launches, compiled, t, buf, module), LAUNCH_CACHE_MAX)
     if not (prob.return_final_states or prob.return_varlen_states):
         return buf.y
     out = (buf.y,)
