@@ -371,29 +371,38 @@ def test_fused_depths_ignore_program_start_order(depth_, monkeypatch):
 
 
 @pytest.mark.parametrize("depth_", [3, 1])
-def test_fused_launch_with_a_used_counter_touches_nothing(depth_):
-    """Relaunching fused kernels on a ticket counter that was not reset (execute always
-    allocates a zeroed one) must not write out of bounds: every ticket lies past the grid and its
-    program returns at once."""
+def test_fused_launches_reuse_their_ticket_words_without_a_reset(depth_):
+    """The fused depths' ticket counter and flags are zeroed once, at allocation, and only grow:
+    the e-th launch on a buffer takes tickets e*G.., and its chunk c waits for flag e*NC + c.
+    Relaunch on the same (never reset) words with fresh inputs each time: every launch is right,
+    and the words hold exactly what three launches leave."""
     from autossd.ops.ssd import chunk
     from autossd.render import load
 
-    prob = Problem(batch=1, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
-                   has_D=True, return_final_states=True)
+    prob = Problem(batch=2, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                   has_D=True, has_initial_states=True, return_final_states=True)
     cfg = fit(SMALL.replace(launches=depth_), prob)
     t = make_inputs(prob, DEV, seed=5)
-    buf = chunk.allocate(prob, cfg, DEV)
+    buf = chunk.allocate(prob, cfg, DEV, poison=True)
     launches = chunk.plan(prob, cfg, t, buf)
     mod = load(cfg)
-    chunk.run(launches, mod)
-    assert int(buf.sync[0]) == sum(ln.grid[0] for ln in launches if ln.stage in ("fused", "state_fused"))
     fused = [ln for ln in launches if ln.stage in ("fused", "state_fused")]
-    before = buf.final.clone()
-    buf.y.fill_(float("nan"))
-    chunk.run(fused, mod)
-    assert torch.equal(buf.final, before)
-    if depth_ == 1:
-        assert torch.isnan(buf.y).all()   # the single launch wrote nothing the second time
+    assert len(fused) == 1
+    grid, nc, chains = fused[0].grid[0], -(-prob.seqlen // cfg.chunk_size), chunk.chains(prob, cfg)
+    for e in range(1, 4):
+        fresh = make_inputs(prob, DEV, seed=5 + e)
+        for k, v in t.items():
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                v.copy_(fresh[k])           # the launches hold these tensors
+        buf.y.fill_(float("nan"))
+        chunk.run(launches, mod)
+        y_ref, f_ref, _ = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, D=t["D"],
+                                      dt_bias=t["dt_bias"], initial_states=t["initial_states"])
+        tol = tolerance(prob.dtype)
+        assert rel_err(buf.y, y_ref) <= tol and rel_err(buf.final, f_ref) <= tol, e
+        assert int(buf.sync[0]) == e * grid
+        assert buf.sync[1:1 + chains].tolist() == [e * nc] * chains   # one flag per chain
+        assert not buf.sync[1 + chains:].any()                         # the AMD fences' scratch
 
 
 # --- the kept workspace of the intermediates --------------------------------------------------

@@ -41,7 +41,8 @@ class Buffers:
     cb: torch.Tensor | None      # (b, c, g, q, q), launches 5 and 3
     states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
     final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
-    sync: torch.Tensor | None = None  # int32 zeros: ticket counter, then one flag per chain
+    # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
+    sync: torch.Tensor | None = None
 
 
 def _strides(t, n):
@@ -80,7 +81,7 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
-        sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int32, device=device)
+        sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int64, device=device)
         if depth != 5 else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
@@ -441,8 +442,6 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
                       final=torch.empty(prob.batch, prob.nheads, prob.headdim, prob.dstate,
                                         dtype=torch.float32, device=device)
                       if aprob.return_final_states else kept.final)
-        if buf.sync is not None:   # the fused depths' ticket counter and flags start at zero
-            buf.sync.zero_()
         return _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, module, stream, sig)
 
 
