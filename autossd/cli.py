@@ -178,6 +178,9 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
             for _, why in r.failures:
                 reasons[why.split(":")[0]] = reasons.get(why.split(":")[0], 0) + 1
             click.echo(f"  failures: {dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}")
+    if mode == "measured" and objective == "graph" and any(r.objective == "eager" for r in results):
+        click.echo("note: this device could not capture a CUDA/HIP graph, so the studies minimized "
+                   "eager time (records are stored for the eager launch mode only)")
     if mode == "static":
         click.echo("(static: predicted times from the performance model in autossd/tuner/model.py)")
     if plot_dir:

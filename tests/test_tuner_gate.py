@@ -91,3 +91,33 @@ def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
     assert why["wrong"].startswith("gate")
     assert res.complete >= 2 and res.best_config not in bad.values()   # the run went on
     assert res.default_ms is not None and runner.worker.restarts >= 2
+
+
+def test_graph_objective_falls_back_to_eager_where_capture_fails(monkeypatch):
+    """Some ROCm stacks cannot capture graphs: a graph-objective study there would time no
+    candidate at all. The runner asks its worker before the study is named, and minimizes eager
+    time instead, saying why."""
+    from autossd.tuner.runners import measured
+    if not torch.cuda.is_available():   # the probe itself: no device, a reason
+        assert "Error" in measured.graph_capture_error()
+    assert measured.objective_on("graph", None) == ("graph", None)
+    assert measured.objective_on("eager", "RuntimeError: x") == ("eager", None)
+
+    def no_capture(self):
+        self.graph_error = "RuntimeError: hipErrorStreamCaptureUnsupported"
+    monkeypatch.setattr(measured.EvalWorker, "_start", no_capture)
+    runner = MeasuredRunner("gfx942", TINY, device="cuda", compile_workers=0, precompile=False)
+    try:
+        assert runner.objective == "eager"
+        assert "hipErrorStreamCaptureUnsupported" in runner.objective_note
+    finally:
+        runner.close()
+
+    def captures(self):
+        self.graph_error = None
+    monkeypatch.setattr(measured.EvalWorker, "_start", captures)
+    runner = MeasuredRunner("sm90", TINY, device="cuda", compile_workers=0, precompile=False)
+    try:
+        assert runner.objective == "graph" and runner.objective_note is None
+    finally:
+        runner.close()

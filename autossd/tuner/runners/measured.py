@@ -104,6 +104,32 @@ def _graph_ms(fn, n_sets: int, eager_ms: float, warmup_ms: int, rep_ms: int) -> 
         torch.cuda.synchronize()
 
 
+def graph_capture_error() -> str | None:
+    """None when this device captures and replays a CUDA graph (HIP graph on ROCm); else why
+    not. Some ROCm stacks cannot capture; the tuner then has no graph times at all."""
+    try:
+        import torch
+        x = torch.zeros(1, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        if float(x) != 1.0:
+            return f"a captured add replayed to {float(x)}, not 1.0"
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure means no graph timing here
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+def objective_on(objective: str, graph_error: str | None) -> tuple[str, str | None]:
+    """The objective a study can minimize on a device, and why it differs from the one asked:
+    a device that cannot capture graphs has eager times only."""
+    if objective == "graph" and graph_error:
+        return "eager", f"graph capture fails on this device ({graph_error}); minimizing eager time"
+    return objective, None
+
+
 def worker_main(conn, problem: dict, opts: dict) -> None:
     """The evaluation subprocess: build inputs + reference once, then judge configs on request."""
     from ..gate import check, default_run, reference
@@ -114,7 +140,8 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
     backend = opts.get("backend", "cuda")
     sets = _input_sets(prob, device)
     ref = reference(prob, sets[0])
-    conn.send({"ready": True, "sets": len(sets)})
+    no_graphs = graph_capture_error() if device == "cuda" else "no CUDA graphs on the CPU"
+    conn.send({"ready": True, "sets": len(sets), "graph_error": no_graphs})
     run = lambda p, c, t: default_run(p, c, t, backend)  # noqa: E731
     while True:
         try:
@@ -137,7 +164,7 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                 warm, rep = opts.get("warmup_ms", 25), opts.get("rep_ms", 100)
                 times = {"eager": _time_ms(fn, device, warm, rep, len(sets))}
                 res = {"ok": True, "times": times, "gate": gate.as_dict(), "sets": len(sets)}
-                if device == "cuda":
+                if not no_graphs:   # a device that cannot capture is not asked to, per candidate
                     try:
                         times["graph"] = _graph_ms(fn, len(sets), times["eager"], warm, rep)
                     except Exception as e:  # noqa: BLE001 - e.g. out of memory for the graph's pool
@@ -163,6 +190,7 @@ class EvalWorker:
         self.proc: mp.process.BaseProcess | None = None
         self.conn = None
         self.restarts = 0
+        self.graph_error: str | None = None   # the worker's graph-capture probe, once started
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -176,7 +204,7 @@ class EvalWorker:
             self.kill()
             raise RuntimeError("evaluation worker did not start (inputs/reference timed out)")
         try:
-            parent.recv()
+            self.graph_error = parent.recv().get("graph_error")
         except EOFError:
             code = self.proc.exitcode
             self.kill()
@@ -254,6 +282,15 @@ class MeasuredRunner:
         self.worker = EvalWorker(problem, {"device": device, "backend": backend,
                                            "warmup_ms": warmup_ms, "rep_ms": rep_ms})
         self.device = _device_name(device)
+        self.objective_note: str | None = None
+        if self.objective == "graph":
+            # the study is named after its objective before the first candidate runs: start the
+            # worker now and ask whether this device can capture graphs at all
+            self.worker._start()
+            self.objective, self.objective_note = objective_on(self.objective, self.worker.graph_error)
+            if self.objective_note:
+                import logging
+                logging.getLogger("autossd").warning("autossd tune: %s", self.objective_note)
 
     def prepare(self, configs: list[Config]) -> list[Any]:
         if not self.precompile:
