@@ -29,6 +29,7 @@ from .arch import ARCHS, get_arch
 from .db.lookup import Match, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, on_write
+from .grad import any_requires_grad, forward_only
 from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
 from .problem import Problem, from_args
 from .render import interpreting, load
@@ -124,8 +125,8 @@ class Kernel:
                                  f"use autossd.get_kernel for the new problem")
             if key is not None:
                 remember(self._checked, key, prob, _CALLS_MAX)
-        return self.run(prob, tensors, cu_seqlens, dt_limit, state_dtype,
-                        sig=key[0] if key is not None else None)
+        return forward_only(lambda: self.run(prob, tensors, cu_seqlens, dt_limit, state_dtype,
+                                              sig=key[0] if key is not None else None), tensors)
 
     def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
             state_dtype=None, keep: bool = True, sig=None, capturing=None):
@@ -374,9 +375,13 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     # BENCHMARKS.md) and its fixed three outputs (two empty placeholders to allocate); torch.compile
     # traces the registered op, so it still sees no graph break.
     if not torch.compiler.is_compiling():
-        return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                        dt_softplus, (lo, hi), return_final_states, return_varlen_states, state_dtype,
-                        keep=True)
+        run = lambda: _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,  # noqa: E731
+                               cu_seqlens, dt_softplus, (lo, hi), return_final_states,
+                               return_varlen_states, state_dtype, keep=True)
+        if not (torch.is_grad_enabled() and any_requires_grad(x, dt, A, B, C, D, z, dt_bias, initial_states)):
+            return run()   # inference: nothing for autograd to record
+        return forward_only(run, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                       initial_states=initial_states))
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         dt_softplus, lo, hi, return_final_states, return_varlen_states, state_dtype)

@@ -17,6 +17,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 
 from ... import problem as _problem
+from ...grad import forward_only
 from ...render import launch_options, load
 from ...space import STATE_DTYPES, Config
 
@@ -319,10 +320,11 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
                               return_varlen_states, state_dtype)
     if config is None:
         config = default_config("gfx942" if backend == "hip" else "sm90", prob)
-    return execute(prob, config, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                      initial_states=initial_states, seq_idx=seq_idx),
-                   cu_seqlens=cu_seqlens, dt_limit=dt_limit, state_dtype=state_dtype, backend=backend,
-                   poison=poison, keep=True)
+    t = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+             seq_idx=seq_idx)
+    return forward_only(lambda: execute(prob, config, t, cu_seqlens=cu_seqlens, dt_limit=dt_limit,
+                                        state_dtype=state_dtype, backend=backend, poison=poison,
+                                        keep=True), t)
 
 
 # --- launch cache -------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""autossd has forward kernels only: outputs that depend on inputs requiring grad (grad mode on)
+must refuse a backward, naming those inputs, instead of carrying no grad_fn (a training step
+would then silently drop every gradient through the SSD). Inference runs either way."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autossd
+from autossd.grad import any_requires_grad, requiring_grad
+from autossd.ops.ssd.chunk import ssd_forward
+from autossd.problem import Problem
+from autossd.space import default_config
+from autossd.testing import make_inputs
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+PROB = Problem(1, 96, 2, 16, 16, 1, "fp32", chunk_size=64, has_D=True, has_dt_bias=True, dt_softplus=True,
+               has_initial_states=True, return_final_states=True)
+
+
+@pytest.fixture
+def t():
+    return make_inputs(PROB, DEV, seed=11)
+
+
+def _calls(t):
+    """The three public entry points, each returning (y, final_states)."""
+    kw = dict(D=t["D"], dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,
+              return_final_states=True)
+    cfg = default_config("sm80", PROB).replace(chunk_size=64)
+    kern = autossd.get_kernel(PROB, "sm90" if DEV == "cuda" else "sm80")
+    return {
+        "drop-in": lambda x, A: autossd.mamba_chunk_scan_combined(x, t["dt"], A, t["B"], t["C"], 64, **kw),
+        "ssd_forward": lambda x, A: ssd_forward(x, t["dt"], A, t["B"], t["C"], 64, config=cfg, **kw),
+        "kernel": lambda x, A: kern(x, t["dt"], A, t["B"], t["C"], **kw),
+    }
+
+
+@pytest.mark.parametrize("entry", ["drop-in", "ssd_forward", "kernel"])
+def test_backward_through_the_forward_refuses_and_names_the_inputs(t, entry):
+    call = _calls(t)[entry]
+    with torch.no_grad():
+        y0, f0 = call(t["x"], t["A"])
+    x = t["x"].clone().requires_grad_()
+    A = t["A"].clone().requires_grad_()     # e.g. -exp(A_log), a parameter
+    y, f = call(x, A)
+    assert torch.equal(y, y0) and torch.equal(f, f0)        # the same kernels, the same values
+    assert y.requires_grad and f.requires_grad
+    for out in (y, f):
+        with pytest.raises(RuntimeError, match=r"no backward.*x, A require grad"):
+            out.sum().backward(retain_graph=True)
+    assert x.grad is None and A.grad is None
+
+
+@pytest.mark.parametrize("entry", ["drop-in", "ssd_forward", "kernel"])
+def test_inference_records_nothing(t, entry):
+    call = _calls(t)[entry]
+    x = t["x"].clone().requires_grad_()
+    with torch.no_grad():
+        y, f = call(x, t["A"])
+    assert not y.requires_grad and y.grad_fn is None
+    with torch.inference_mode():
+        y, f = call(x, t["A"])
+    assert not y.requires_grad
+    y, f = call(t["x"], t["A"])                          # grad mode on, nothing requires grad
+    assert y.grad_fn is None and f.grad_fn is None
+
+
+def test_which_inputs_count():
+    x = torch.zeros(2, requires_grad=True)
+    assert any_requires_grad(None, 3, torch.zeros(1), x) and not any_requires_grad(None, torch.zeros(1))
+    assert requiring_grad({"x": x, "seq_idx": x, "A": None}) == ("x",)   # seq_idx is an index
+    with torch.no_grad():
+        assert requiring_grad({"x": x}) == ()
