@@ -10,7 +10,10 @@ result is on the GPU (synchronized), and a later call. The same run also prints 
 speed-of-light floor (min HBM bytes / measured copy bandwidth), for scale.
 
     python scripts/bench_cold_start.py --out DIR [--shape mamba2-2.7b:b=1,l=2048] [--dtype fp16]
-        [--rounds 2] [--no-peer]
+        [--rounds 2] [--no-peer] [--trees OLD_DIR,.]
+
+--trees: autossd checkouts (repo roots) whose code the autossd processes import, interleaved in
+each round (an A/B of two versions in one run); default: this checkout.
 """
 from __future__ import annotations
 
@@ -66,9 +69,9 @@ def child(impl: str, shape: str, dtype: str) -> dict:
     return {"import_s": import_s, "first_call_s": first_s, "later_call_ms": later_ms}
 
 
-def run_child(impl: str, shape: str, dtype: str, caches: Path) -> dict:
+def run_child(impl: str, shape: str, dtype: str, caches: Path, tree: Path = ROOT) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(caches / "triton"), AUTOSSD_CACHE_DIR=str(caches / "autossd"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     env.pop("AUTOSSD_DB", None)     # the shipped database only
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, __file__, "--child", impl, "--shape", shape, "--dtype", dtype],
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--trees", default=str(ROOT), help="comma-separated autossd checkouts")
     ap.add_argument("--child", choices=IMPLS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -99,34 +103,37 @@ def main(argv: list[str] | None = None) -> int:
     prob = parse_shape(a.shape, a.dtype)
     ceilings = measure_ceilings()
     floor = floor_ms(prob, ceilings)
-    impls = IMPLS[:1] if a.no_peer else IMPLS
-    rows: dict[str, list[dict]] = {f"{i} {m}": [] for i in impls for m in ("cold", "warm")}
+    trees = [Path(p).resolve() for p in a.trees.split(",")]
+    runs = [(f"autossd{'' if len(trees) == 1 else ' (' + t.name + ')'}", "autossd", t) for t in trees]
+    if not a.no_peer:
+        runs.append(("mamba_ssm", "mamba_ssm", ROOT))
+    rows: dict[str, list[dict]] = {f"{name} {m}": [] for name, _, _ in runs for m in ("cold", "warm")}
     for r in range(a.rounds):
-        for impl in impls:
+        for name, impl, tree in runs:
             with tempfile.TemporaryDirectory(prefix="cold-") as d:
                 for mode in ("cold", "warm"):   # warm reuses what cold left in d
-                    res = run_child(impl, a.shape, a.dtype, Path(d))
-                    rows[f"{impl} {mode}"].append(res)
+                    res = run_child(impl, a.shape, a.dtype, Path(d), tree)
+                    rows[f"{name} {mode}"].append(res)
                     shown = {k: round(v, 3) for k, v in res.items() if isinstance(v, float)}
-                    print(f"round {r} {impl:9s} {mode}: {shown}{'  ' + res['error'][-300:] if 'error' in res else ''}",
+                    print(f"round {r} {name:9s} {mode}: {shown}{'  ' + res['error'][-300:] if 'error' in res else ''}",
                           flush=True)
     print(f"\n{a.shape} {a.dtype}: floor {floor * 1e3:.1f} us per call "
           f"({ceilings['copy_GBps']:.0f} GB/s copy)")
-    print(f"{'':22s} {'import s':>9s} {'first call s':>13s} {'import+first s':>15s} {'later call ms':>14s}")
+    print(f"{'':30s} {'import s':>9s} {'first call s':>13s} {'import+first s':>15s} {'later call ms':>14s}")
     summary = {}
     for name, rs in rows.items():
         ok = [x for x in rs if "first_call_s" in x]
         if not ok:
-            print(f"{name:22s} {'(no result: ' + (rs[0].get('skipped') or 'error') + ')' if rs else ''}")
+            print(f"{name:30s} {'(no result: ' + (rs[0].get('skipped') or 'error') + ')' if rs else ''}")
             continue
         med = {k: statistics.median(x[k] for x in ok) for k in ("import_s", "first_call_s", "later_call_ms")}
         med["import_plus_first_s"] = statistics.median(x["import_s"] + x["first_call_s"] for x in ok)
         summary[name] = med
-        print(f"{name:22s} {med['import_s']:9.2f} {med['first_call_s']:13.2f} "
+        print(f"{name:30s} {med['import_s']:9.2f} {med['first_call_s']:13.2f} "
               f"{med['import_plus_first_s']:15.2f} {med['later_call_ms']:14.3f}")
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "bench_cold_start.json").write_text(json.dumps(
-        {"meta": run_meta(shape=a.shape, dtype=a.dtype), "ceilings": ceilings, "floor_ms": floor,
+        {"meta": run_meta(shape=a.shape, dtype=a.dtype, trees=[str(t) for t in trees]), "ceilings": ceilings, "floor_ms": floor,
          "rounds": rows, "median": summary}, indent=1))
     return 0
 
