@@ -103,21 +103,19 @@ def test_graph_objective_falls_back_to_eager_where_capture_fails(monkeypatch):
     assert measured.objective_on("graph", None) == ("graph", None)
     assert measured.objective_on("eager", "RuntimeError: x") == ("eager", None)
 
-    def no_capture(self):
-        self.graph_error = "RuntimeError: hipErrorStreamCaptureUnsupported"
-    monkeypatch.setattr(measured.EvalWorker, "_start", no_capture)
+    monkeypatch.setattr(measured, "probe_graph_capture",
+                        lambda: "RuntimeError: hipErrorStreamCaptureUnsupported")
     runner = MeasuredRunner("gfx942", TINY, device="cuda", compile_workers=0, precompile=False)
     try:
         assert runner.objective == "eager"
         assert "hipErrorStreamCaptureUnsupported" in runner.objective_note
+        assert runner.worker.opts["no_graphs"]          # its worker does not try, per candidate
     finally:
         runner.close()
-
-    def captures(self):
-        self.graph_error = None
-    monkeypatch.setattr(measured.EvalWorker, "_start", captures)
+    monkeypatch.setattr(measured, "probe_graph_capture", lambda: None)
     runner = MeasuredRunner("sm90", TINY, device="cuda", compile_workers=0, precompile=False)
     try:
         assert runner.objective == "graph" and runner.objective_note is None
+        assert runner.worker.opts["no_graphs"] is None
     finally:
         runner.close()

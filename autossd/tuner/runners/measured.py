@@ -122,6 +122,22 @@ def graph_capture_error() -> str | None:
         return f"{type(e).__name__}: {e}"[:300]
 
 
+_probed: dict[str, str | None] = {}
+
+
+def probe_graph_capture() -> str | None:
+    """graph_capture_error() of the local GPU, asked once per process of a spawned child (this
+    process keeps no CUDA context: the evaluation workers own the GPU)."""
+    if "cuda" not in _probed:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(1) as pool:
+            try:
+                _probed["cuda"] = pool.apply_async(graph_capture_error).get(READY_TIMEOUT)
+            except mp.TimeoutError:
+                _probed["cuda"] = "the capture probe did not answer"
+    return _probed["cuda"]
+
+
 def objective_on(objective: str, graph_error: str | None) -> tuple[str, str | None]:
     """The objective a study can minimize on a device, and why it differs from the one asked:
     a device that cannot capture graphs has eager times only."""
@@ -140,8 +156,9 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
     backend = opts.get("backend", "cuda")
     sets = _input_sets(prob, device)
     ref = reference(prob, sets[0])
-    no_graphs = graph_capture_error() if device == "cuda" else "no CUDA graphs on the CPU"
-    conn.send({"ready": True, "sets": len(sets), "graph_error": no_graphs})
+    # the runner's probe said whether this device captures graphs (probe_graph_capture)
+    no_graphs = opts.get("no_graphs") if device == "cuda" else "no CUDA graphs on the CPU"
+    conn.send({"ready": True, "sets": len(sets)})
     run = lambda p, c, t: default_run(p, c, t, backend)  # noqa: E731
     while True:
         try:
@@ -190,7 +207,6 @@ class EvalWorker:
         self.proc: mp.process.BaseProcess | None = None
         self.conn = None
         self.restarts = 0
-        self.graph_error: str | None = None   # the worker's graph-capture probe, once started
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -204,7 +220,7 @@ class EvalWorker:
             self.kill()
             raise RuntimeError("evaluation worker did not start (inputs/reference timed out)")
         try:
-            self.graph_error = parent.recv().get("graph_error")
+            parent.recv()
         except EOFError:
             code = self.proc.exitcode
             self.kill()
@@ -279,18 +295,16 @@ class MeasuredRunner:
         self.precompile = precompile
         self.pool = CompilePool(compile_workers)
         backend = get_arch(arch).backend
-        self.worker = EvalWorker(problem, {"device": device, "backend": backend,
+        # the study is named after its objective before the first candidate runs: ask now
+        # whether this device can capture graphs at all
+        no_graphs = probe_graph_capture() if self.objective == "graph" else None
+        self.objective, self.objective_note = objective_on(self.objective, no_graphs)
+        if self.objective_note:
+            import logging
+            logging.getLogger("autossd").warning("autossd tune: %s", self.objective_note)
+        self.worker = EvalWorker(problem, {"device": device, "backend": backend, "no_graphs": no_graphs,
                                            "warmup_ms": warmup_ms, "rep_ms": rep_ms})
         self.device = _device_name(device)
-        self.objective_note: str | None = None
-        if self.objective == "graph":
-            # the study is named after its objective before the first candidate runs: start the
-            # worker now and ask whether this device can capture graphs at all
-            self.worker._start()
-            self.objective, self.objective_note = objective_on(self.objective, self.worker.graph_error)
-            if self.objective_note:
-                import logging
-                logging.getLogger("autossd").warning("autossd tune: %s", self.objective_note)
 
     def prepare(self, configs: list[Config]) -> list[Any]:
         if not self.precompile:
