@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if "--child" not in sys.argv:   # a child imports the tree its PYTHONPATH names (--trees), not ROOT
+    sys.path.insert(0, str(ROOT))
 
 IMPLS = ("autossd", "mamba_ssm")
 
@@ -38,16 +39,19 @@ def child(impl: str, shape: str, dtype: str) -> dict:
     import torch
     torch.zeros(1, device="cuda")   # the CUDA context: paid by any GPU program, not counted
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
     if impl == "autossd":
+        t0 = time.perf_counter()
         import autossd
         fn = autossd.mamba_chunk_scan_combined
+        import_s = time.perf_counter() - t0
     else:
-        from autossd.peer import load_mamba_ssm
+        import autossd
+        from autossd.peer import load_mamba_ssm   # autossd's import is not mamba_ssm's
+        t0 = time.perf_counter()
         fn = load_mamba_ssm()
+        import_s = time.perf_counter() - t0
         if fn is None:
             return {"skipped": "mamba_ssm is not installed"}
-    import_s = time.perf_counter() - t0
     from autossd.testing import make_inputs
     from autossd.tuner.shapes import parse_shape
     prob = parse_shape(shape, dtype)
@@ -66,7 +70,8 @@ def child(impl: str, shape: str, dtype: str) -> dict:
     call()
     torch.cuda.synchronize()
     later_ms = (time.perf_counter() - t0) * 1e3
-    return {"import_s": import_s, "first_call_s": first_s, "later_call_ms": later_ms}
+    return {"import_s": import_s, "first_call_s": first_s, "later_call_ms": later_ms,
+            "autossd_file": autossd.__file__}   # which tree this process ran
 
 
 def run_child(impl: str, shape: str, dtype: str, caches: Path, tree: Path = ROOT) -> dict:
@@ -74,13 +79,18 @@ def run_child(impl: str, shape: str, dtype: str, caches: Path, tree: Path = ROOT
                PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     env.pop("AUTOSSD_DB", None)     # the shipped database only
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--child", impl, "--shape", shape, "--dtype", dtype],
-                         env=env, capture_output=True, text=True, timeout=900)
+    try:
+        out = subprocess.run([sys.executable, __file__, "--child", impl, "--shape", shape, "--dtype", dtype],
+                             env=env, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": "no result within 900 s", "process_s": 900.0}
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         return {"error": out.stderr[-2000:], "process_s": wall}
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["process_s"] = wall
+    if impl == "autossd" and not res.get("autossd_file", "").startswith(str(tree)):
+        res = {"error": f"imported {res.get('autossd_file')}, not the tree {tree}", "process_s": wall}
     return res
 
 

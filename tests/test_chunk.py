@@ -3,6 +3,7 @@ in Triton's interpreter on the CPU (on a GPU when there is one): every contract 
 state dtype, fp32/bf16/fp16 inputs, several configs. Fresh random inputs per case, outputs
 poisoned with NaN before each run."""
 import random
+import types
 
 import pytest
 import torch
@@ -514,3 +515,51 @@ def test_a_capture_never_uses_or_makes_a_workspace(workspaces):
     ref = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size,
                       **{k: v for k, v in kw.items() if not k.startswith("return_")})[0]
     assert rel_err(y, ref) < tolerance("fp16")
+
+
+# --- first-call compile ------------------------------------------------------------------------
+def test_warm_up_compiles_only_never_compiled_kernels_side_by_side(monkeypatch):
+    """On a GPU a call's first launches compile each kernel and its launcher in turn; warm_up
+    compiles the ones this process never compiled, each in its own thread, and re-raises a
+    compile error. (The interpreter compiles nothing: there it does nothing.)"""
+    import contextlib
+    import threading
+
+    from autossd.ops.ssd import chunk
+    if not torch.cuda.is_available():
+        assert chunk.warm_up([object(), object()], None) == 0     # interpreter: nothing to do
+    monkeypatch.setattr(chunk, "interpreting", lambda: False)
+    monkeypatch.setattr(chunk.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(chunk.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(chunk.torch.cuda, "current_device", lambda: 3)
+    seen, barrier = [], threading.Barrier(2, timeout=10)   # both cold kernels compile at once
+
+    class Compiled:
+        def _init_handles(self):
+            seen.append(("loaded", threading.current_thread().name))
+
+    class Fn:
+        def __init__(self, name, compiled_on=(), fail=False):
+            self.name, self.fail = name, fail
+            self.device_caches = {d: ({"key": Compiled()}, {}, None, None, None) for d in compiled_on}
+
+        def warmup(self, grid, **kw):
+            barrier.wait()
+            if self.fail:
+                raise RuntimeError(f"{self.name}: compile error")
+            seen.append((self.name, kw["a"], grid))
+            return Compiled()
+
+    def launches(*names):
+        return [chunk.Launch(n, n, (n.__len__(), 1, 1), {"a": n}, {}) for n in names]
+
+    module = types.SimpleNamespace(one=Fn("one"), two=Fn("two"), done=Fn("done", compiled_on=(3,)),
+                                   other=Fn("other", compiled_on=(0,)))
+    assert chunk.warm_up(launches("one", "done", "two"), module) == 2
+    assert sorted(s for s in seen if s[0] != "loaded") == [("one", "one", (3, 1, 1)), ("two", "two", (3, 1, 1))]
+    assert [s[1].startswith("autossd-compile") for s in seen if s[0] == "loaded"] == [True, True]
+    assert chunk.warm_up(launches("one", "done"), module) == 0       # one cold kernel: the JIT's job
+    seen.clear()
+    module.bad = Fn("bad", fail=True)
+    with pytest.raises(RuntimeError, match="bad: compile error"):
+        chunk.warm_up(launches("other", "bad"), module)              # compiled for device 0 only

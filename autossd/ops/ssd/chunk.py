@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +19,7 @@ from triton.runtime.driver import driver
 
 from ... import problem as _problem
 from ...grad import forward_only
-from ...render import launch_options, load
+from ...render import interpreting, launch_options, load
 from ...space import STATE_DTYPES, Config
 
 _TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
@@ -282,6 +283,40 @@ def run(launches: list[Launch], module) -> list:
             for ln in launches]
 
 
+def _never_compiled(fn, device: int) -> bool:
+    """Whether this process has compiled nothing of `fn` for `device` (triton 3.6's JIT keeps
+    its compiled kernels per device in device_caches; False where that is not so)."""
+    caches = getattr(fn, "device_caches", None)
+    if caches is None or not hasattr(caches, "get"):
+        return False
+    entry = caches.get(device)
+    return entry is None or not entry[0]
+
+
+def warm_up(launches: list[Launch], module) -> int:
+    """Compile a call's kernels side by side when this process has compiled none of them yet.
+    Left to triton's JIT, the first call compiles them one after another at their launches, each
+    kernel and then its C launcher (a gcc run), which made a cold first call 4.6 s at 2.7b 1x2048
+    (BENCHMARKS.md §56). Threads overlap ptxas and gcc, which run as subprocesses. Nothing is
+    launched here; each thread compiles (JITFunction.warmup) and loads (_init_handles) one
+    kernel, and the launches that follow find them compiled. Returns how many were compiled."""
+    if interpreting() or len(launches) < 2 or torch.cuda.is_current_stream_capturing():
+        return 0
+    device = torch.cuda.current_device()   # what triton's driver reports (CUDA and ROCm)
+    cold = [ln for ln in launches if _never_compiled(getattr(module, ln.kernel), device)]
+    if len(cold) < 2:
+        return 0
+
+    def one(ln):
+        with torch.cuda.device(device):   # a new thread starts on device 0
+            ck = getattr(module, ln.kernel).warmup(**ln.args, **ln.constexprs, **ln.options, grid=ln.grid)
+            ck._init_handles()
+
+    with ThreadPoolExecutor(len(cold), thread_name_prefix="autossd-compile") as ex:
+        list(ex.map(one, cold))   # re-raises a compile error here, as the launch would
+    return len(cold)
+
+
 def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
     """States at the last token of each packed sequence (batch 1): the state entering that
     token's chunk, decayed, plus the chunk's tokens of the same sequence up to it."""
@@ -456,6 +491,8 @@ def _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, m
         _replay(cached, t, buf, stream)
     else:
         launches = plan(prob, config, t, buf, backend, dt_limit)
+        if stream is not None:
+            warm_up(launches, module)
         compiled = run(launches, module)
         if fast and all(c is not None for c in compiled):
             remember(_launch_cache, key, _record(launches, compiled, t, buf, module), LAUNCH_CACHE_MAX)
