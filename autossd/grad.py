@@ -5,7 +5,7 @@ outputs would carry no grad_fn: a training step would run and silently drop ever
 through the SSD. Where grad mode is on and an input requires grad, the outputs come from an
 autograd node whose backward refuses, naming those inputs; inference that leaves grad mode on (an
 eval loop without no_grad) still runs. torch.compile traces the registered custom op instead
-(runtime.ssd_fwd), whose backward torch itself refuses.
+(runtime.ssd_fwd), whose registered backward refuses the same way when it runs.
 """
 from __future__ import annotations
 
@@ -47,9 +47,14 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError(NO_BACKWARD.format(names=", ".join(ctx.names)))
 
 
+def forward_only_as(run, names: tuple[str, ...], tensors: dict):
+    """run() inside _ForwardOnly, tied to the inputs `names` (which require grad)."""
+    return _ForwardOnly.apply(run, names, *(tensors[k] for k in names))
+
+
 def forward_only(run, tensors: dict):
     """run() as it is, or inside _ForwardOnly where an input requires grad."""
-    names = requiring_grad(tensors)
-    if not names:
+    if not torch.is_grad_enabled():   # inference: one check per call
         return run()
-    return _ForwardOnly.apply(run, names, *(tensors[k] for k in names))
+    names = requiring_grad(tensors)
+    return forward_only_as(run, names, tensors) if names else run()

@@ -29,7 +29,7 @@ from .arch import ARCHS, get_arch
 from .db.lookup import Match, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, on_write
-from .grad import any_requires_grad, forward_only
+from .grad import DIFFERENTIABLE, NO_BACKWARD, any_requires_grad, forward_only, forward_only_as
 from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
 from .problem import Problem, from_args
 from .render import interpreting, load
@@ -130,7 +130,8 @@ class Kernel:
 
     def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
             state_dtype=None, keep: bool = True, sig=None, capturing=None):
-        """Run on validated inputs (no checks beyond the device). keep: reuse the kept workspace
+        """Run on validated inputs (no checks beyond the device), as the library's entry points do
+        after their checks; outputs are not tied to autograd here (see grad.py). keep: reuse the kept workspace
         of intermediates (chunk.execute); False inside the custom op torch.compile runs. sig,
         capturing: what the caller already knows (chunk.execute)."""
         x = tensors["x"]
@@ -345,6 +346,45 @@ def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, 
 ssd_fwd = torch.library.custom_op("autossd::ssd_fwd", mutates_args=())(_ssd_fwd_eager)
 
 
+# The op's backward refuses, as the eager path's does (grad.py), but at run time: torch.compile
+# traces a backward whenever an input requires grad, so without a formula a compiled model that
+# runs inference with grad mode on would fail to compile. The refusing op's fake returns
+# gradients of the right shapes for the trace; its real kernel raises. It takes an incoming
+# gradient so that no partitioner can move it into the forward graph.
+@torch.library.custom_op("autossd::refuse_backward", mutates_args=())
+def _refuse_backward(grad: torch.Tensor, inputs: list[torch.Tensor], names: str) -> list[torch.Tensor]:
+    raise RuntimeError(NO_BACKWARD.format(names=names))
+
+
+@_refuse_backward.register_fake
+def _refuse_backward_fake(grad, inputs, names):
+    return [torch.empty_like(t) for t in inputs]
+
+
+_OP_GRAD_ARGS = dict(zip(DIFFERENTIABLE, (0, 1, 2, 3, 4, 6, 7, 8, 9)))   # name -> ssd_fwd argument
+
+
+def _ssd_fwd_setup(ctx, inputs, output):
+    ctx.pos = [(k, i) for k, i in _OP_GRAD_ARGS.items() if isinstance(inputs[i], torch.Tensor)]
+    ctx.save_for_backward(*(inputs[i] for _, i in ctx.pos))
+    ctx.n_args = len(inputs)
+
+
+def _ssd_fwd_backward(ctx, *grads):
+    need = [(k, i, t) for (k, i), t in zip(ctx.pos, ctx.saved_tensors) if ctx.needs_input_grad[i]]
+    out = [None] * ctx.n_args
+    grad = next((g for g in grads if g is not None), None)
+    if need and grad is not None:
+        refused = torch.ops.autossd.refuse_backward(grad, [t for _, _, t in need],
+                                                    ", ".join(k for k, _, _ in need))
+        for (_, i, _), g in zip(need, refused):
+            out[i] = g
+    return tuple(out)
+
+
+ssd_fwd.register_autograd(_ssd_fwd_backward, setup_context=_ssd_fwd_setup)
+
+
 @ssd_fwd.register_fake
 def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                   dt_softplus, dt_lo, dt_hi, return_final_states, return_varlen_states, state_dtype):
@@ -380,8 +420,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                                return_varlen_states, state_dtype, keep=True)
         if not (torch.is_grad_enabled() and any_requires_grad(x, dt, A, B, C, D, z, dt_bias, initial_states)):
             return run()   # inference: nothing for autograd to record
-        return forward_only(run, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                       initial_states=initial_states))
+        names = tuple(k for k, v in zip(DIFFERENTIABLE, (x, dt, A, B, C, D, z, dt_bias, initial_states))
+                      if isinstance(v, torch.Tensor) and v.requires_grad)
+        return forward_only_as(run, names, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                                initial_states=initial_states))
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         dt_softplus, lo, hi, return_final_states, return_varlen_states, state_dtype)

@@ -72,3 +72,35 @@ def test_which_inputs_count():
     assert requiring_grad({"x": x, "seq_idx": x, "A": None}) == ("x",)   # seq_idx is an index
     with torch.no_grad():
         assert requiring_grad({"x": x}) == ()
+
+
+def test_varlen_states_under_grad_refuse_too():
+    prob = Problem(1, 96, 2, 16, 16, 1, "fp32", has_seq_idx=True, return_varlen_states=True)
+    t = make_inputs(prob, DEV, seed=12)
+    B = t["B"].clone().requires_grad_()
+    y, varlen = autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], B, t["C"], 64,
+                                                  seq_idx=t["seq_idx"], cu_seqlens=t["cu_seqlens"],
+                                                  return_varlen_states=True)
+    assert varlen.requires_grad
+    with pytest.raises(RuntimeError, match=r"no backward.*B require grad"):
+        varlen.sum().backward()
+
+
+def test_compiled_inference_with_grad_on_runs_and_its_backward_refuses(t):
+    """torch.compile traces a backward whenever an input requires grad: the custom op's
+    registered backward lets the trace through (a compiled model can run inference with grad
+    mode on) and refuses when it runs, with the same message."""
+    lin = torch.nn.Linear(16, 16).to(DEV)
+
+    def f(x):
+        return autossd.mamba_chunk_scan_combined(lin(x), t["dt"], t["A"], t["B"], t["C"], 64, D=t["D"],
+                                                 dt_bias=t["dt_bias"], dt_softplus=True)
+    torch._dynamo.reset()
+    y = torch.compile(f, backend="aot_eager", fullgraph=True)(t["x"])
+    with torch.no_grad():
+        ref = f(t["x"])
+    assert torch.isfinite(ref).all() and torch.equal(y.detach(), ref)
+    assert y.requires_grad
+    with pytest.raises(RuntimeError, match=r"no backward.*x require grad"):
+        y.sum().backward()
+    assert lin.weight.grad is None
