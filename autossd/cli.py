@@ -114,11 +114,14 @@ def main() -> None:
                    "time) or eager time per call (host launch cost included); both are timed, and "
                    "each one's best is stored for the runtime to pick by how the caller launches "
                    "(ignored in static mode and in the CPU interpreter, which time neither)")
+@click.option("--confirm", type=click.IntRange(0), default=3, show_default=True,
+              help="measured mode: re-time each launch mode's N fastest candidates twice more, "
+                   "interleaved, and store the best median (a single noisy sample no longer wins); 0: off")
 @click.option("--plot-dir", type=click.Path(file_okay=False), default=None, help="write plots here")
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
 def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, fix,
-         seed, compile_workers, eval_timeout, objective, plot_dir, progress) -> None:
+         seed, compile_workers, eval_timeout, objective, confirm, plot_dir, progress) -> None:
     """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
     from .tuner import Settings, choose_mode, open_sink, tune as run_tune
     from .tuner.storage import describe
@@ -148,7 +151,7 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     click.echo(f"storage: {describe(storage)}   records: {sink!r}   sampler: {sampler}   "
                f"trials/shape: {trials}")
     settings = Settings(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
-                        batch=max(1, compile_workers), fixed=fix, progress=progress)
+                        batch=max(1, compile_workers), fixed=fix, progress=progress, confirm=confirm)
     runner_kw = {"compile_workers": compile_workers}
     if mode == "measured":
         runner_kw["timeout"] = eval_timeout

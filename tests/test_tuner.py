@@ -408,3 +408,57 @@ def test_brute_force_needs_a_pinned_depth():
     from autossd.tuner.strategies import brute
     with pytest.raises(ValueError, match="fix launches"):
         brute.make(build_space("sm90", SMALL), seed=0)
+
+
+def test_confirm_re_times_each_modes_finalists_and_keeps_the_best_median():
+    """A mode's best is re-timed with the runners-up, interleaved: a lucky single sample
+    (BENCHMARKS.md §57) loses to the best median; a finalist failing a re-timing is dropped;
+    static runners and top < 2 change nothing."""
+    from types import SimpleNamespace
+
+    from optuna.trial import TrialState
+
+    from autossd.tuner.study import CONFIRM_ROUNDS, TuneResult, confirm
+
+    base = default_config("sm90", SMALL)
+    c = [base.replace(scan_warps=2), base.replace(scan_warps=8), base.replace(bmm_warps=2),
+         base.replace(bmm_warps=8)]
+    true = {c[0].key(): {"eager": 60.0, "graph": 30.0}, c[1].key(): {"eager": 50.0, "graph": 31.0},
+            c[2].key(): {"eager": 55.0, "graph": 29.0}, c[3].key(): {"eager": 90.0, "graph": 50.0}}
+    seen = [{"eager": 40.0, "graph": 30.0}, {"eager": 52.0, "graph": 31.0},   # c[0]: a lucky sample
+            {"eager": 56.0, "graph": 29.0}, {"eager": 90.0, "graph": 50.0}]
+    trials = [SimpleNamespace(state=TrialState.COMPLETE, user_attrs={"config": cfg.as_dict(), "times": ts})
+              for cfg, ts in zip(c, seen)]
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: trials)
+
+    class Runner:
+        provenance = "measured"
+
+        def __init__(self, failing=()):
+            self.calls, self.failing = [], failing
+
+        def evaluate(self, cfg, prepared):
+            self.calls.append(cfg.key())
+            if cfg.key() in self.failing:
+                return Outcome(False, why="hang")
+            return Outcome(True, true[cfg.key()]["graph"], times=dict(true[cfg.key()]))
+
+    def result():
+        return TuneResult(study_name="s", arch="sm90", problem=SMALL, mode="measured", device="x",
+                          best_config=c[2], best_ms=29.0, default_ms=None, floor_ms=1.0, complete=4,
+                          failed=0, pruned=0, failures=[], objective="graph",
+                          best_by_mode={"eager": (c[0], 40.0), "graph": (c[2], 29.0)})
+    r, runner = result(), Runner()
+    samples = confirm(r, study, runner, top=3)
+    assert r.best_by_mode["eager"] == (c[1], 50.0)          # medians 60, 50, 55: not the lucky 40
+    assert r.best_by_mode["graph"] == (c[2], 29.0) and (r.best_config, r.best_ms) == (c[2], 29.0)
+    assert samples["eager"][c[0].key()] == [40.0] + [60.0] * CONFIRM_ROUNDS
+    assert sorted(set(runner.calls)) == sorted(k.key() for k in c[:3])   # c[3] is no finalist
+    assert len(runner.calls) == 3 * CONFIRM_ROUNDS
+
+    r = result()
+    confirm(r, study, Runner(failing={c[1].key()}), top=3)
+    assert r.best_by_mode["eager"][0] == c[2]                # c[1] failed a re-timing: dropped
+    for runner, top in ((SimpleNamespace(provenance="static"), 3), (Runner(), 1)):
+        r = result()
+        assert confirm(r, study, runner, top=top) == {} and r.best_by_mode["eager"] == (c[0], 40.0)

@@ -10,7 +10,8 @@ from typing import Any
 from ..arch import get_arch, local_arch
 from ..problem import Problem
 from .records import Sink
-from .study import Settings, TuneResult, open_study, reap_stale, run_trials, save_best, seed, summarize
+from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best, seed,
+                    summarize)
 
 MODES = ("auto", "measured", "static")
 
@@ -87,6 +88,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                 for p in procs:
                     p.join()
             result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
+            confirm(result, study, runner, settings.confirm)
             save_best(result, study, runner.provenance, sink, settings.sampler)
             results.append(result)
         finally:
