@@ -88,7 +88,12 @@ def test_get_kernel_default_and_nearest(tmp_path):
     assert (k.source, k.provenance, k.distance) == ("nearest", "static", 1.0)
 
 
-def test_first_call_renders_and_loads_only_the_chosen_config():
+def test_first_call_renders_and_loads_only_the_chosen_config(monkeypatch):
+    # a fresh process's state: no kernels, no loaded modules (an earlier test in this worker may
+    # have loaded this very config)
+    runtime.clear_cache()
+    monkeypatch.setattr(render, "_modules", {})
+    monkeypatch.setattr(render, "_by_config", {})
     p = tiny()
     before = set(render._modules)
     k = autossd.get_kernel(p, "sm90")
