@@ -172,6 +172,8 @@ def _compile_pool():
         os.environ["TRITON_INTERPRET"] = "0"
         try:
             _pool = mp.get_context("spawn").Pool(1)
+            import atexit   # closed before interpreter teardown, not by Pool.__del__ after it
+            atexit.register(_pool.terminate)
         finally:
             if old is None:
                 os.environ.pop("TRITON_INTERPRET")
