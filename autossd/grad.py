@@ -47,14 +47,9 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError(NO_BACKWARD.format(names=", ".join(ctx.names)))
 
 
-def forward_only_as(run, names: tuple[str, ...], tensors: dict):
-    """run() inside _ForwardOnly, tied to the inputs `names` (which require grad)."""
-    return _ForwardOnly.apply(run, names, *(tensors[k] for k in names))
-
-
 def forward_only(run, tensors: dict):
-    """run() as it is, or inside _ForwardOnly where an input requires grad."""
-    if not torch.is_grad_enabled():   # inference: one check per call
+    """run() as it is, or inside _ForwardOnly, tied to the inputs that require grad."""
+    names = requiring_grad(tensors)   # () at once where grad mode is off
+    if not names:
         return run()
-    names = requiring_grad(tensors)
-    return forward_only_as(run, names, tensors) if names else run()
+    return _ForwardOnly.apply(run, names, *(tensors[k] for k in names))

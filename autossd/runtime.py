@@ -17,6 +17,7 @@ what mamba_ssm returns.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -29,7 +30,7 @@ from .arch import ARCHS, get_arch
 from .db.lookup import Match, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, on_write
-from .grad import DIFFERENTIABLE, NO_BACKWARD, any_requires_grad, forward_only, forward_only_as
+from .grad import DIFFERENTIABLE, NO_BACKWARD, any_requires_grad, forward_only
 from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
 from .problem import Problem, from_args
 from .render import interpreting, load
@@ -361,7 +362,8 @@ def _refuse_backward_fake(grad, inputs, names):
     return [torch.empty_like(t) for t in inputs]
 
 
-_OP_GRAD_ARGS = dict(zip(DIFFERENTIABLE, (0, 1, 2, 3, 4, 6, 7, 8, 9)))   # name -> ssd_fwd argument
+_OP_ARGS = list(inspect.signature(_ssd_fwd_eager).parameters)
+_OP_GRAD_ARGS = {k: _OP_ARGS.index(k) for k in DIFFERENTIABLE}   # name -> ssd_fwd argument position
 
 
 def _ssd_fwd_setup(ctx, inputs, output):
@@ -419,11 +421,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                                cu_seqlens, dt_softplus, (lo, hi), return_final_states,
                                return_varlen_states, state_dtype, keep=True)
         if not (torch.is_grad_enabled() and any_requires_grad(x, dt, A, B, C, D, z, dt_bias, initial_states)):
-            return run()   # inference: nothing for autograd to record
-        names = tuple(k for k, v in zip(DIFFERENTIABLE, (x, dt, A, B, C, D, z, dt_bias, initial_states))
-                      if isinstance(v, torch.Tensor) and v.requires_grad)
-        return forward_only_as(run, names, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                                initial_states=initial_states))
+            return run()   # inference: nothing for autograd to record (no dict built per call)
+        return forward_only(run, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                       initial_states=initial_states))
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         dt_softplus, lo, hi, return_final_states, return_varlen_states, state_dtype)

@@ -296,8 +296,9 @@ def _never_compiled(fn, device: int) -> bool:
 def warm_up(launches: list[Launch], module) -> int:
     """Compile a call's kernels side by side when this process has compiled none of them yet.
     Left to triton's JIT, the first call compiles them one after another at their launches, each
-    kernel and then its C launcher (a gcc run), which made a cold first call 4.6 s at 2.7b 1x2048
-    (BENCHMARKS.md §56). Threads overlap ptxas and gcc, which run as subprocesses. Nothing is
+    kernel and then its C launcher (a gcc run); side by side, a cold first call at 2.7b 1x2048
+    took 3.5 s instead of 5.4 s on a slow host (BENCHMARKS.md §56): the compilers' subprocesses
+    (ptxas, gcc) overlap, the Python front end does not. Nothing is
     launched here; each thread compiles (JITFunction.warmup) and loads (_init_handles) one
     kernel, and the launches that follow find them compiled. Returns how many were compiled."""
     if interpreting() or len(launches) < 2 or torch.cuda.is_current_stream_capturing():
@@ -491,8 +492,7 @@ def _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, m
         _replay(cached, t, buf, stream)
     else:
         launches = plan(prob, config, t, buf, backend, dt_limit)
-        if stream is not None:
-            warm_up(launches, module)
+        warm_up(launches, module)
         compiled = run(launches, module)
         if fast and all(c is not None for c in compiled):
             remember(_launch_cache, key, _record(launches, compiled, t, buf, module), LAUNCH_CACHE_MAX)
