@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from .arch import ARCHS, get_arch
 from .db.lookup import Match, load_records, pick, user_db_url
@@ -34,7 +35,7 @@ from .grad import DIFFERENTIABLE, NO_BACKWARD, any_requires_grad, forward_only
 from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
 from .problem import Problem, from_args
 from .render import interpreting, load
-from .space import Config
+from .space import Config, default_config
 
 log = logging.getLogger("autossd")
 
@@ -141,12 +142,46 @@ class Kernel:
                 "autossd: the inputs are on the CPU, but the SSD kernels need a CUDA or ROCm GPU. "
                 "Move the tensors to the GPU, or set TRITON_INTERPRET=1 before importing triton "
                 "to run Triton's (slow) CPU interpreter.")
-        if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
-            with torch.cuda.device(x.device):
-                return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype,
-                               self.backend, self.module(), keep=keep, sig=sig, capturing=capturing)
-        return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
-                       self.module(), keep=keep, sig=sig, capturing=capturing)
+        while True:
+            try:
+                if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
+                    with torch.cuda.device(x.device):
+                        return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype,
+                                       self.backend, self.module(), keep=keep, sig=sig, capturing=capturing)
+                return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
+                               self.module(), keep=keep, sig=sig, capturing=capturing)
+            except OutOfResources as e:
+                self._fall_back(e)   # raises where no smaller config is left; else run again
+
+    def _fall_back(self, err) -> None:
+        """A config this GPU cannot load (Triton's OutOfResources at a kernel's first load: e.g. a
+        record tuned on a GPU with more shared memory per block than this one, such as an H100's
+        227 KB against 99 KB on sm86/sm89/sm120 parts that borrow sm80/sm90 records). Nothing
+        was launched with it yet, so the call can run again with a config that fits: the arch
+        default, then that default with no software pipelining. The user's program goes on,
+        with a warning that says which record did not fit."""
+        chain = fallback_configs(self.arch, self.problem)
+        left = chain[chain.index(self.config) + 1:] if self.config in chain else chain
+        if not left:
+            raise RuntimeError(f"autossd: no config fits this GPU for {self.problem} ({err}); the "
+                               f"{self.arch} default without pipelining was the last one tried") from err
+        cand = left[0]
+        was = self.match
+        why = (f"{was.kind} config ({was.reason}) needs more {err.name} than this GPU has "
+               f"({err.required} > {err.limit}); fell back to the {self.arch} default"
+               + ("" if cand == chain[0] else " without pipelining"))
+        log.warning("autossd: %s", why)
+        self.match = Match("default", cand, was.distance, why)
+        self._module = None
+
+
+def fallback_configs(arch: str, problem: Problem) -> list[Config]:
+    """What a Kernel falls back to when its config does not fit the GPU (Kernel._fall_back), in
+    order: the arch default, then the same with every stage unpipelined (the least shared
+    memory the default's tiles can take)."""
+    base = default_config(arch, problem)
+    flat = base.replace(**{k: 1 for k in ("bmm_stages", "state_stages", "scan_stages")})
+    return [base] if flat == base else [base, flat]
 
 
 # --- get_kernel ----------------------------------------------------------------------------

@@ -163,6 +163,41 @@ def test_drop_in_runs_the_tuned_config(tmp_path):
     assert k.config == cfg and render.load(cfg) is k.module()
 
 
+def test_a_config_the_gpu_cannot_load_falls_back_to_one_that_fits(tmp_path, monkeypatch, caplog):
+    # e.g. an H100-tuned record (227 KB of shared memory per block) on a 99 KB sm89 part: Triton
+    # raises OutOfResources at the kernel's first load; the call runs again, on the arch default
+    from triton.runtime.errors import OutOfResources
+    p = tiny(has_D=True)
+    cfg = tuned_for(p)
+    add_records(str(tmp_path / "user.sqlite"), [make_record(p, cfg, "sm90", provenance="measured", time_ms=0.02)])
+    real = runtime.execute
+    too_big = {cfg}
+
+    def execute(prob, config, *a, **k):
+        if config in too_big:
+            raise OutOfResources(232448, 101376, "shared memory")
+        return real(prob, config, *a, **k)
+
+    monkeypatch.setattr(runtime, "execute", execute)
+    args, kw = _args(p)
+    ref = _reference(args, 64, kw)[0]
+    with caplog.at_level(logging.WARNING, logger="autossd"):
+        y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    assert rel_err(y, ref) < tolerance("fp32")
+    k = runtime.get_kernel(p, "sm90")
+    base, flat = runtime.fallback_configs("sm90", k.problem)
+    assert k.config == base and k.source == "default" and "shared memory" in k.reason
+    assert "232448 > 101376" in caplog.text and "fell back" in caplog.text
+    # the default does not fit either: its unpipelined form; then nothing is left, and the
+    # error says so (never a loop, never a GPU fault)
+    too_big.add(base)
+    assert rel_err(autossd.mamba_chunk_scan_combined(*args, 64, **kw), ref) < tolerance("fp32")
+    assert k.config == flat and flat.scan_stages == flat.state_stages == flat.bmm_stages == 1
+    too_big.add(flat)
+    with pytest.raises(RuntimeError, match="no config fits this GPU.*shared memory"):
+        autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+
+
 def test_a_captured_call_runs_the_graph_timed_record(tmp_path, monkeypatch):
     p = tiny(has_D=True)
     eager, graph = tuned_for(p), tuned_for(p).replace(scan_warps=4, launches=3)
