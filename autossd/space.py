@@ -281,6 +281,12 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
         # SM; uncapped these take ~156), 2.80 -> 2.45 ms (BENCHMARKS.md, 2026-11-22c)
         base = base.replace(state_warps=2, pass_warps=2, decay_split=True, scan_block_k=64,
                             scan_block_d=128, scan_maxnreg=128, scan_stages=1, state_stages=3)
+        if base.launches == 5:
+            # the whole dstate in one chunk-state tile: x is read once per chunk and head, not
+            # once per dstate tile; the chunk state 9-16% and the forward 1.7-3.7% faster at every
+            # large shape in both dtypes (BENCHMARKS.md §60, §61). Not at depth 3, whose hand-off
+            # would then hold a 64x128 fp32 carry in 2 warps (its registers are its bound, §24).
+            base = base.replace(state_block_n=128)
         if base.launches == 1:
             # the single launch's best in sweep 3: 128-token chunks, 64-token k blocks, 4 warps;
             # a register cap made it slower at every value tried (168: 5.2 -> 7.1 ms)
