@@ -139,7 +139,7 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     try:
         sink = open_sink(db)
     except RuntimeError as e:
-        raise click.BadParameter(str(e), ctx=ctx, param_hint="'--db'") from None
+        raise click.BadParameter(str(e), ctx=ctx, param_hint="'--db'" if db else "AUTOSSD_DB") from None
     if mode == "measured":
         click.echo(f"== MEASURED tuning on the local GPU ({arch}): every candidate is checked "
                    "against the float64 reference, then timed ==")

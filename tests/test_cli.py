@@ -3,6 +3,7 @@ runtime then resolves from; argument errors; show / export / merge / plot / doct
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -52,6 +53,13 @@ def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
     assert r.exit_code == 0, r.output
     row = [ln for ln in r.output.splitlines() if ln.startswith("b=1,l=512")][0].split()
     assert int(row[2]) + int(row[3]) == 7      # ok + failed across both runs
+
+    # the .sqlite file alone holds the records (a user copies or ships just that file; under
+    # WAL they would sit in the -wal file until every connection closed)
+    alone = env / "copied" / "alone.sqlite"
+    alone.parent.mkdir()
+    shutil.copyfile(db, alone)
+    assert len(json.loads(invoke("show", "--db", alone, "--json").output)) == 1
 
     out = env / "gfx942.sqlite"
     assert invoke("export", "--db", db, "--out", out, "--arch", "gfx942").exit_code == 0
@@ -150,3 +158,17 @@ def test_show_migrates_a_store_from_an_earlier_autossd(env, tmp_path):
     assert shown["config"]["scan_block_k"] == 32 and shown["config"]["scan_maxnreg"] == 0
     with engine.get_engine(url).connect() as conn:
         assert engine.current_revision(conn) == HEAD
+
+
+def test_tune_refuses_a_store_that_is_no_database_before_any_trial(env, monkeypatch):
+    bad = env / "notes.sqlite"
+    bad.write_text("not a database\n")
+    r = CliRunner().invoke(main, ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 2,
+                                  "--db", str(bad), "--storage", str(env / "j.journal"), "--no-progress"])
+    assert r.exit_code == 2 and "'--db'" in r.output and "file is not a database" in r.output
+    assert "STATIC tuning" not in r.output and bad.read_text() == "not a database\n"
+    monkeypatch.setenv("AUTOSSD_DB", str(bad))      # the same, named by the environment
+    r = CliRunner().invoke(main, ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 2,
+                                  "--storage", str(env / "j.journal"), "--no-progress"])
+    assert r.exit_code == 2 and "AUTOSSD_DB" in r.output
+

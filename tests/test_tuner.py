@@ -291,15 +291,37 @@ def test_best_records_keep_each_measured_mode_and_drop_a_prediction_beside_them(
                    (4096, "static", "any", 0.2)]
 
 
-def test_study_naming_separates_modes_devices_and_buckets():
+def test_study_naming_separates_modes_devices_problems_and_pins():
     a = study_name("sm90", SMALL, "measured", "NVIDIA H100")
     assert a != study_name("sm90", SMALL, "static", "H100 model")
     assert a != study_name("sm90", SMALL, "measured", "NVIDIA H200")
     assert a != study_name("sm90", SMALL, "measured", "NVIDIA H100", "graph")
     assert study_name("sm90", SMALL, "measured", "NVIDIA H100", "eager") != \
         study_name("sm90", SMALL, "measured", "NVIDIA H100", "graph")
-    assert bucket(SMALL) == bucket(SMALL.replace(seqlen=1500))      # same power-of-two bucket
-    assert bucket(SMALL) != bucket(SMALL.replace(seqlen=4096))
+    # one study per problem: a time in it is this problem's time, never a neighbour's
+    assert bucket(SMALL) != bucket(SMALL.replace(seqlen=1500))
+    assert bucket(SMALL) != bucket(SMALL.replace(batch=2))
+    # other pins, another study; the same pins in another order, the same study
+    assert a != study_name("sm90", SMALL, "measured", "NVIDIA H100", pinned={"launches": 5})
+    assert study_name("sm90", SMALL, "measured", "NVIDIA H100", pinned={"launches": 5, "chunk_size": 256}) == \
+        study_name("sm90", SMALL, "measured", "NVIDIA H100", pinned={"chunk_size": 256, "launches": 5})
+
+
+def test_a_resumed_storage_never_stores_a_best_from_another_shape_or_other_pins(tmp_path):
+    # both defects seen by a user: tuning l=1500 after l=2048 (one power-of-two bucket then)
+    # evaluated nothing and stored l=2048's time; --fix on a second run stored a best that broke it
+    st = Settings(trials=3, sampler="random", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
+    first = tune_problem("sm90", SMALL, FakeRunner(), st)
+    other = SMALL.replace(seqlen=1500)
+    runner = FakeRunner()
+    second = tune_problem("sm90", other, runner, st)
+    assert second.study_name != first.study_name and second.complete == 3 and len(runner.prepared) >= 3
+    pinned = Settings(trials=3, sampler="random", seed=2, storage=st.storage, progress=False,
+                      fixed={"scan_block_m": 32})
+    runner = FakeRunner()
+    third = tune_problem("sm90", SMALL, runner, pinned)
+    assert third.complete == 3 and runner.prepared
+    assert third.best_config.scan_block_m == 32      # FakeRunner's fastest is 16: the pin holds
 
 
 # --- model ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from ..arch import ARCHS, get_arch
 from ..problem import Problem
 from ..space import KNOB_BY_NAME, Config, ConfigError, violations
-from .engine import (TuningDBError, current_revision, get_engine, migrate, to_url, with_retries,
+from .engine import (TuningDBError, checkpoint, current_revision, get_engine, migrate, to_url, with_retries,
                      write_transaction)
 from .models import (FIGURE_COLUMNS, KNOB_COLUMNS, LAUNCH_MODES, OPS, PROBLEM_COLUMNS, PROVENANCES,
                      TEXT_COLUMNS, tuned_records)
@@ -309,6 +309,7 @@ def add_records(db: str, records: Iterable[Record], batch_size: int = 500) -> in
             with write_transaction(eng) as conn:
                 conn.execute(tuned_records.insert(), chunk)
         with_retries(_insert)
+    checkpoint(eng)
     for fn in _listeners:
         fn(url)
     return len(rows)

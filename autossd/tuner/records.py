@@ -161,6 +161,16 @@ class DbSink:
         self.layer = layer
         self.url = layer.user_db_url(db)
 
+    def prepare(self) -> "DbSink":
+        """Create or upgrade the database now, before a tune spends its time: a path that is no
+        database (or an unreachable URL) fails here, with the reason, not after the last trial."""
+        try:
+            self.layer.migrate(self.url)
+        except Exception as e:  # SQLAlchemy, alembic, OS: all mean "cannot store records here"
+            why = str(getattr(e, "orig", None) or e).splitlines()[0]
+            raise RuntimeError(f"{self.url}: cannot store tuning records there ({why})") from None
+        return self
+
     def save(self, record: dict) -> None:
         static = record["provenance"] == "static"
         notes = f"study {record.get('study', '')} sampler {record.get('sampler', '')} " \
@@ -208,7 +218,7 @@ def open_sink(db: str | None):
     if db is not None and db.endswith(".jsonl"):
         return JsonlSink(db)
     if db_layer() is not None:
-        return DbSink(db)
+        return DbSink(db).prepare()
     if db is None:
         return JsonlSink(default_records_path())
     raise RuntimeError(f"--db {db}: the tuning database layer (autossd.db) is not available; "

@@ -1,4 +1,4 @@
-"""One Optuna study per (arch, op, problem bucket, mode): the tuning loop.
+"""One Optuna study per (arch, op, problem, mode, pinned knobs): the tuning loop.
 
 The loop asks the sampler for a batch of candidates, prunes the infeasible ones before any
 compile (`autossd.space.violations` -> TrialState.PRUNED), lets the runner prepare the batch in
@@ -12,12 +12,15 @@ failed and their params re-enqueued on resume: a kill loses only the work in fli
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import statistics
 import socket
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -82,21 +85,28 @@ def _pow2(n: int) -> int:
 
 
 def bucket(problem: Problem) -> str:
-    """Problems that share a study: same dims, dtype and flags; batch and seqlen rounded up to
-    powers of two."""
+    """The problem part of a study's name: dims, dtype, flags, batch and seqlen, exactly. Every
+    time a study holds was measured (or predicted) on this problem, so its best can be stored as
+    this problem's record. (Batch and seqlen were once rounded up to powers of two, and a study
+    resumed for another shape of the bucket stored the first shape's times as its own.)"""
     codes = {"has_D": "D", "D_has_hdim": "P", "has_z": "z", "has_dt_bias": "b", "dt_softplus": "s",
              "has_dt_limit": "l", "has_initial_states": "i", "has_seq_idx": "q",
              "return_final_states": "f", "return_varlen_states": "v"}
     flags = "".join(c for k, c in codes.items() if getattr(problem, k))
     return (f"h{problem.nheads}p{problem.headdim}n{problem.dstate}g{problem.ngroups}-{problem.dtype}"
-            f"-b{_pow2(problem.batch)}-l{_pow2(problem.seqlen)}-q{problem.chunk_size or 'any'}"
+            f"-b{problem.batch}-l{problem.seqlen}-q{problem.chunk_size or 'any'}"
             f"-f{flags or '0'}")
 
 
-def study_name(arch: str, problem: Problem, mode: str, device: str, objective: str | None = None) -> str:
+def study_name(arch: str, problem: Problem, mode: str, device: str, objective: str | None = None,
+               pinned: Mapping[str, Any] | None = None) -> str:
+    """pinned: the knobs the user fixed (--fix). A study searches one space, so other pins make
+    another study: a resumed study never stores a best that breaks the pins asked for now."""
     where = mode if mode == "static" else f"{mode}@{device.replace(' ', '_')}"
     if objective:   # a study's values are the times of one launch mode
         where += f"-{objective}"
+    if pinned:
+        where += "-x" + hashlib.sha256(json.dumps(sorted(pinned.items()), default=str).encode()).hexdigest()[:8]
     return f"{OP}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
 
 
@@ -137,7 +147,7 @@ def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Se
                ) -> tuple[optuna.Study, SearchSpace]:
     space = space or build_space(arch, problem, settings.fixed, static=mode == "static")
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective),
+    study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective, settings.fixed),
                                 storage=open_storage(settings.storage), sampler=sampler,
                                 direction="minimize", load_if_exists=True)
     if "problem" not in study.user_attrs:
