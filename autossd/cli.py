@@ -302,6 +302,12 @@ def export(db, out_path, arch, overwrite) -> None:
             raise click.ClickException(f"export: {e}") from None
         click.echo(f"exported {n} records -> {out_path}")
         return
+    if not out_path.endswith(".jsonl"):
+        # a .jsonl source: its lines are no database; writing them under another name would make
+        # a file that every reader refuses
+        raise click.BadParameter(f"{out_path}: a .jsonl store exports to a .jsonl file; to make a "
+                                 f"database of it, run: autossd merge {db} --into {out_path}",
+                                 param_hint="'--out'")
     if os.path.exists(out_path) and not overwrite:
         raise click.BadParameter(f"{out_path} exists (use --overwrite)", param_hint="'--out'")
     recs = [r for r in best_records(_load_records(db)) if not arch or r["arch"] == arch]
@@ -392,10 +398,10 @@ def doctor() -> None:
               ("studies (default)", f"{default_journal_path()}"
                f"{'' if default_journal_path().exists() else ' (none yet)'}"),
               ("database layer", "autossd.db present" if layer else "not installed")]
-    from pathlib import Path
-    shipped = sorted((Path(__file__).parent.parent / "tuning_db").glob("*.sqlite")) + \
-        sorted((Path(__file__).parent.parent / "tuning_db").glob("*.json*"))
-    lines.append(("shipped databases", ", ".join(p.name for p in shipped) or "none"))
+    from .db.lookup import shipped_dir   # the installed package's copy, or the checkout's
+    where = shipped_dir()
+    shipped = sorted(where.glob("*.sqlite")) if where.is_dir() else []
+    lines.append(("shipped databases", f"{', '.join(p.name for p in shipped)} ({where})" if shipped else "none"))
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(w)}  {v}")

@@ -186,6 +186,7 @@ def fallback_configs(arch: str, problem: Problem) -> list[Config]:
 
 # --- get_kernel ----------------------------------------------------------------------------
 _kernels: dict[Any, Kernel] = {}
+KERNELS_MAX = 4096   # cached Kernels (two keys each), as the call and launch caches are bounded
 _kernels_lock = threading.Lock()
 _device_arch: dict[int, str] = {}
 
@@ -274,6 +275,8 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode) -> Kernel:
         kernel = Kernel(problem, arch_name, match, launch_mode)
         log.debug("autossd: %s (%s) -> %s", problem, launch_mode, match.reason)
     with _kernels_lock:
+        if len(_kernels) >= KERNELS_MAX:   # a server seeing every (batch, length): start over
+            _kernels.clear()
         kernel = _kernels.setdefault(norm, kernel)
         try:
             _kernels[(problem_or_shape, arch, db, launch_mode)] = kernel

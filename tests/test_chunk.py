@@ -465,6 +465,51 @@ def test_workspace_budget_is_least_recently_used(workspaces, monkeypatch):
     assert not workspaces._workspaces and rel_err(y, ref[0]) < tolerance("fp32")
 
 
+@pytest.mark.parametrize("depth", [3, 1])
+def test_a_call_that_stops_part_way_never_leaves_its_words_for_the_next(workspaces, monkeypatch, depth):
+    # a fused launch interrupted after some programs took tickets leaves the counter off its
+    # epoch; the next call on that workspace would mix in another call's carry (a reviewer's
+    # repro: Ctrl-C in the interpreter, then errors of 1e0 in every later call)
+    prob = Problem(batch=1, seqlen=150, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                   return_final_states=True)
+    cfg = fit(SMALL.replace(launches=depth), prob)
+    _call(prob, cfg, 1)
+    (kept,) = [w[1] for w in workspaces._workspaces.values()]
+    real = workspaces._execute
+
+    def stop_part_way(prob, config, t, buf, *a, **k):
+        buf.sync[0] += 3                       # as if 3 programs had taken their tickets
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workspaces, "_execute", stop_part_way)
+    with pytest.raises(KeyboardInterrupt):
+        _call(prob, cfg, 2)
+    monkeypatch.setattr(workspaces, "_execute", real)
+    (y, f), ref = _call(prob, cfg, 3)
+    assert rel_err(y, ref[0]) < tolerance("fp32") and rel_err(f, ref[1]) < tolerance("fp32")
+    (fresh,) = [w[1] for w in workspaces._workspaces.values()]
+    assert fresh is not kept
+
+
+def test_workspace_budget_from_the_environment(monkeypatch, caplog):
+    from autossd.ops.ssd import chunk
+    for text, want in (("64", 64 << 20), ("0", 0), ("abc", 256 << 20), ("inf", 256 << 20)):
+        monkeypatch.setenv("AUTOSSD_WORKSPACE_MB", text)
+        assert chunk._budget_from_env() == want, text
+
+
+def test_ssd_forward_keys_its_launches_on_dt_limit_by_value(monkeypatch):
+    # a 0-d tensor in dt_limit, changed in place between calls, must not replay its old value
+    from autossd.ops.ssd import chunk
+    seen = []
+    monkeypatch.setattr(chunk, "execute", lambda prob, config, t, **kw: seen.append(kw["dt_limit"]) or t["x"])
+    prob = Problem(batch=1, seqlen=64, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32", has_dt_limit=True)
+    t = make_inputs(prob, DEV, seed=0)
+    hi = torch.tensor(0.1)
+    ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, dt_limit=(0.001, hi), config=SMALL)
+    assert seen == [(0.001, pytest.approx(0.1))] and all(type(v) is float for v in seen[0])
+
+
 def test_poisoned_calls_never_use_the_workspace(workspaces):
     prob = Problem(batch=1, seqlen=100, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32")
     check(prob, SMALL, 5)

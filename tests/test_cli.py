@@ -115,6 +115,8 @@ def test_jsonl_store_show_export_merge_and_plot(env):
 def test_doctor_and_bench_without_gpu(env):
     r = invoke("doctor")
     assert r.exit_code == 0 and "triton" in r.output and "local arch" in r.output
+    from autossd.db.lookup import shipped_dir     # where an installed package keeps them
+    assert "sm90.sqlite" in r.output and str(shipped_dir()) in r.output
     r = invoke("bench", "--shapes", SHAPE)
     assert r.exit_code == 1 and "needs a GPU" in r.output
 
@@ -171,4 +173,16 @@ def test_tune_refuses_a_store_that_is_no_database_before_any_trial(env, monkeypa
     r = CliRunner().invoke(main, ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 2,
                                   "--storage", str(env / "j.journal"), "--no-progress"])
     assert r.exit_code == 2 and "AUTOSSD_DB" in r.output
+
+
+
+
+def test_export_of_a_jsonl_store_never_writes_lines_into_a_database_name(env):
+    src = env / "recs.jsonl"
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 4, "--seed", 0, "--db", src,
+               "--storage", env / "j.journal", "--compile-workers", 0, "--no-progress")
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["export", "--db", str(src), "--out", str(env / "out.sqlite")])
+    assert r.exit_code == 2 and "autossd merge" in r.output and not (env / "out.sqlite").exists()
+    assert invoke("export", "--db", src, "--out", env / "out.jsonl").exit_code == 0
 

@@ -198,6 +198,44 @@ def test_a_config_the_gpu_cannot_load_falls_back_to_one_that_fits(tmp_path, monk
         autossd.mamba_chunk_scan_combined(*args, 64, **kw)
 
 
+def test_state_dtype_sets_the_precision_of_the_states_not_only_their_storage():
+    # mamba_ssm's state_dtype: asking fp32 states of a bf16 call (whose config keeps bf16 states)
+    # must give what an fp32-state config gives, not bf16-rounded states stored as fp32
+    from autossd.ops.ssd.chunk import ssd_forward
+    p = tiny("bf16", has_D=True, return_final_states=True)
+    args, kw = _args(p, seed=4)
+    kw.pop("return_final_states", None)
+    cfg = runtime.get_kernel(p, "sm90").config
+    assert cfg.state_dtype == "bf16"
+    y32, f32 = autossd.mamba_chunk_scan_combined(*args, 64, **kw, return_final_states=True,
+                                                 state_dtype=torch.float32)
+    ye, fe = ssd_forward(*args, 64, **kw, return_final_states=True, config=cfg.replace(state_dtype="fp32"))
+    assert torch.equal(y32, ye) and torch.equal(f32, fe)
+    y16, f16 = autossd.mamba_chunk_scan_combined(*args, 64, **kw, return_final_states=True)
+    assert not torch.equal(f16, f32)     # bf16 states do differ: the check above can fail
+
+
+def test_varlen_states_for_empty_and_malformed_cu_seqlens_never_read_out_of_bounds():
+    # cu_seqlens's values stay on the GPU (no sync per call): an empty sequence's state is 0,
+    # a malformed cu_seqlens poisons every state with NaN instead of an out-of-bounds read (a
+    # device-side assert on a GPU, an IndexError here)
+    p = Problem(1, 150, 2, 16, 16, 1, "fp32", 64, has_seq_idx=True, return_varlen_states=True)
+    args, kw = _args(p, seed=5)
+    cu = kw["cu_seqlens"]
+    with_empty = torch.cat([cu[:2], cu[1:2], cu[2:]])          # a sequence of length 0 after the first
+    y, states = autossd.mamba_chunk_scan_combined(*args, 64, **{**kw, "cu_seqlens": with_empty})
+    _, _, ref = _reference(args, 64, kw)
+    assert torch.equal(states[1], torch.zeros_like(states[1]))
+    keep = [0] + list(range(2, len(with_empty) - 1))
+    assert rel_err(states[keep], ref) < tolerance("fp32")
+    for bad in (torch.tensor([0, 200], dtype=cu.dtype),            # past the end
+                torch.tensor([0, 90, 40, 150], dtype=cu.dtype),     # decreasing
+                torch.tensor([5, 150], dtype=cu.dtype),             # not from 0
+                torch.tensor([0, 100], dtype=cu.dtype)):            # not to seqlen
+        _, states = autossd.mamba_chunk_scan_combined(*args, 64, **{**kw, "cu_seqlens": bad})
+        assert states.shape[0] == len(bad) - 1 and torch.isnan(states).all()
+
+
 def test_a_captured_call_runs_the_graph_timed_record(tmp_path, monkeypatch):
     p = tiny(has_D=True)
     eager, graph = tuned_for(p), tuned_for(p).replace(scan_warps=4, launches=3)

@@ -110,7 +110,7 @@ def _budget_from_env() -> int:
     text = os.environ.get("AUTOSSD_WORKSPACE_MB", "256")
     try:
         return max(0, int(float(text) * (1 << 20)))
-    except ValueError:
+    except (ValueError, OverflowError):   # OverflowError: "inf"
         import logging
         logging.getLogger("autossd").warning(
             "autossd: AUTOSSD_WORKSPACE_MB=%r is not a number of MiB; using 256", text)
@@ -133,6 +133,11 @@ def clear_workspaces() -> None:
     with _workspaces_lock:
         _workspaces.clear()
         _workspace_sizes.clear()
+
+
+def _forget_workspace(key) -> None:
+    with _workspaces_lock:
+        _workspaces.pop(key, None)
 
 
 def _workspace(prob, config, device, state_dtype, stream):
@@ -320,10 +325,18 @@ def warm_up(launches: list[Launch], module) -> int:
 
 def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
     """States at the last token of each packed sequence (batch 1): the state entering that
-    token's chunk, decayed, plus the chunk's tokens of the same sequence up to it."""
+    token's chunk, decayed, plus the chunk's tokens of the same sequence up to it.
+    cu_seqlens's values stay on the GPU (reading them would cost a synchronization per call), so
+    they are not checked on the host. Indices are clamped into the sequence, so a malformed
+    cu_seqlens never reads out of bounds (no device-side assert); then every state is NaN
+    (malformed: first entry not 0, last not seqlen, or decreasing). An empty sequence's state
+    is 0."""
     q = config.chunk_size
     h, g = prob.nheads, prob.ngroups
-    ends = cu_seqlens[1:].long() - 1                                  # (s,)
+    cu = cu_seqlens.long()
+    malformed = (cu[0] != 0) | (cu[-1] != prob.seqlen) | (cu[1:] < cu[:-1]).any()
+    empty = cu[1:] <= cu[:-1]                                          # (s,)
+    ends = (cu[1:] - 1).clamp(0, prob.seqlen - 1)                     # (s,)
     chunk = ends // q
     pos = torch.arange(q, device=ends.device)
     tok = chunk[:, None] * q + pos[None, :]                            # (s, q)
@@ -341,7 +354,9 @@ def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
     prev_tok = (chunk * q - 1).clamp(min=0)
     carry = (seq[ends] == seq[prev_tok]).float()[:, None, None, None]
     prev = buf.states[0][chunk].float()                                # (s, h, p, n)
-    return local + carry * torch.exp(dA_end)[..., None] * prev
+    out = local + carry * torch.exp(dA_end)[..., None] * prev
+    out = torch.where(empty[:, None, None, None], 0.0, out)
+    return torch.where(malformed, float("nan"), out)
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
@@ -356,6 +371,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
                               return_varlen_states, state_dtype)
     if config is None:
         config = default_config("gfx942" if backend == "hip" else "sm90", prob)
+    # by value, as the drop-in does: the launch cache keys on it, and a 0-d tensor changed in
+    # place would otherwise replay its old value
+    dt_limit = tuple(float(v) for v in dt_limit)
     t = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
              seq_idx=seq_idx)
     return forward_only(lambda: execute(prob, config, t, cu_seqlens=cu_seqlens, dt_limit=dt_limit,
@@ -450,6 +468,9 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
         ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
 
 
+_STATE_NAMES = {v: k for k, v in _TORCH_STATE.items()}
+
+
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
             backend="cuda", module=None, poison=False, keep=False, sig=None, capturing=None):
     """Run the forward's launches. keep: reuse the kept workspace of intermediates (eager
@@ -462,6 +483,11 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     # a varlen-only call allocates `final` too, as it always has; only that case rebuilds the
     # Problem (its validation is a few us of host time per call)
     aprob = prob.replace(return_final_states=True) if prob.return_varlen_states and not prob.return_final_states else prob
+    if state_dtype is not None and _STATE_NAMES[state_dtype] != config.state_dtype:
+        # a caller's state_dtype (mamba_ssm's argument) is the precision the states are kept
+        # in, not only their storage: the kernels round to the config's STATE_DTYPE
+        config = config.replace(state_dtype=_STATE_NAMES[state_dtype])
+        module = None
     module = module or load(config, backend)
     cpu = device.type == "cpu"   # the interpreter: no compiled kernels, no streams
     stream = None if cpu else driver.active.get_current_stream(driver.active.get_current_device())
@@ -480,7 +506,13 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
                       final=torch.empty(prob.batch, prob.nheads, prob.headdim, prob.dstate,
                                         dtype=torch.float32, device=device)
                       if aprob.return_final_states else kept.final)
-        return _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, module, stream, sig)
+        try:
+            return _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, module, stream, sig)
+        except BaseException:
+            # a launch stopped part-way (an exception, a KeyboardInterrupt in the interpreter)
+            # may leave the fused depths' ticket counter off its epoch: never reuse these words
+            _forget_workspace((prob, config, device, state_dtype, stream))
+            raise
 
 
 def _execute(prob, config, t, buf, cu_seqlens, dt_limit, state_dtype, backend, module, stream, sig=None):
