@@ -143,15 +143,21 @@ class Kernel:
                 "Move the tensors to the GPU, or set TRITON_INTERPRET=1 before importing triton "
                 "to run Triton's (slow) CPU interpreter.")
         while True:
+            # one read of the config, and its own module: a fallback in another thread swaps
+            # self.match, never what this call launches
+            cfg = self.config
+            module = load(cfg, self.backend)
             try:
                 if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
                     with torch.cuda.device(x.device):
-                        return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype,
-                                       self.backend, self.module(), keep=keep, sig=sig, capturing=capturing)
-                return execute(prob, self.config, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
-                               self.module(), keep=keep, sig=sig, capturing=capturing)
+                        return execute(prob, cfg, tensors, cu_seqlens, dt_limit, state_dtype,
+                                       self.backend, module, keep=keep, sig=sig, capturing=capturing)
+                return execute(prob, cfg, tensors, cu_seqlens, dt_limit, state_dtype, self.backend,
+                               module, keep=keep, sig=sig, capturing=capturing)
             except OutOfResources as e:
-                self._fall_back(e)   # raises where no smaller config is left; else run again
+                with _kernels_lock:   # one fallback at a time; a call that lost the race retries
+                    if self.config == cfg:
+                        self._fall_back(e)   # raises where no smaller config is left
 
     def _fall_back(self, err) -> None:
         """A config this GPU cannot load (Triton's OutOfResources at a kernel's first load: e.g. a
