@@ -177,6 +177,18 @@ def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
         if t is not None and t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name}: last dimension is not contiguous (stride {t.stride(-1)}); "
                              f"expected stride 1, pass {name}.contiguous()")
+    # The kernels index a batch row's tokens from an int64 base, but head, group and in-chunk
+    # offsets are 32-bit products (program ids times strides): a layout whose strides would
+    # overflow them (head- or group-major storage of a long sequence) is refused here rather
+    # than read out of bounds. Contiguous inputs are far from it.
+    for name, t, dims in (("x", x, (2, 3)), ("z", z, (2, 3)), ("B", B, (2, 3)), ("C", C, (2, 3))):
+        if t is None:
+            continue
+        reach = max(CHUNK_SIZES) * abs(t.stride(1)) + sum((t.shape[d] - 1) * abs(t.stride(d)) for d in dims)
+        if reach >= 2**31:
+            raise ValueError(f"{name}: strides {tuple(t.stride())} put elements of one chunk of one "
+                             f"batch row {reach} elements apart, past the kernels' 32-bit offsets "
+                             f"(< 2**31); pass {name}.contiguous()")
     if type(chunk_size) is not int or chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size: expected a power of two in {CHUNK_SIZES}, got {chunk_size!r}")
     try:

@@ -88,3 +88,24 @@ def test_floor_figures():
     # x + y + B + C + dt, 2 bytes each
     assert p.min_bytes() == 2 * (2 * 2048 * 80 * 64 + 2 * 2048 * 128 + 2048 * 80)
     assert p.flops(256) > 0 and p.replace(has_z=True).min_bytes() > p.min_bytes()
+
+
+def test_strides_past_the_kernels_32_bit_offsets_are_refused_by_name():
+    # head-major x of a long sequence, group-major B: (nheads-1)*stride(2) reaches 2**31 (a
+    # reviewer's repro segfaulted the interpreter; on a GPU, an out-of-bounds read). Meta
+    # tensors: the check needs only shapes and strides, not 8 GB of memory.
+    b, l, h, p, g, n = 1, 4096, 4, 64, 2, 16
+
+    def meta(shape, strides, dtype=torch.float16):
+        return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+    ok = dict(x=meta((b, l, h, p), (l * h * p, h * p, p, 1)), dt=meta((b, l, h), (l * h, h, 1), torch.float32),
+              A=meta((h,), (1,), torch.float32), B=meta((b, l, g, n), (l * g * n, g * n, n, 1)),
+              C=meta((b, l, g, n), (l * g * n, g * n, n, 1)), chunk_size=64)
+    assert from_args(**ok).nheads == h
+    big = 2**30
+    with pytest.raises(ValueError, match=r"^x: strides .* 32-bit offsets.*x\.contiguous\(\)"):
+        from_args(**{**ok, "x": meta((b, l, h, p), (4 * big, p, big, 1))})
+    with pytest.raises(ValueError, match=r"^B: strides .*B\.contiguous\(\)"):
+        from_args(**{**ok, "B": meta((b, l, g, n), (4 * big, n, 2 * big, 1))})
+    assert from_args(**{**ok, "x": meta((b, l, h, p), (4 * big, p, big // 4, 1))}).nheads == h
