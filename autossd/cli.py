@@ -201,7 +201,10 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
     from .tuner.records import DbSink, JsonlSink, db_layer, db_record_dict, default_records_path
     layer = db_layer()
     if db is not None and db.endswith(".jsonl"):
-        recs = JsonlSink(db).load()
+        try:
+            recs = JsonlSink(db).load()
+        except ValueError as e:   # RecordStoreError: a .jsonl file that is no record store
+            raise click.BadParameter(str(e), param_hint="'--db'") from None
     elif layer is not None:
         try:
             recs = DbSink(db).load()
@@ -324,7 +327,13 @@ def export(db, out_path, arch, overwrite) -> None:
 def merge(sources, into) -> None:
     """Merge record stores into one: per problem, measured beats static, then the faster record;
     measured records are kept one per launch mode (eager / CUDA graph)."""
-    from .tuner.records import DbSink, JsonlSink, best_records, db_layer
+    from .tuner.records import DbSink, JsonlSink, RecordStoreError, best_records, db_layer
+    try:   # every .jsonl involved must be a record store before anything is written
+        for s in [*sources, into]:
+            if s.endswith(".jsonl"):
+                JsonlSink(s).load()
+    except RecordStoreError as e:
+        raise click.BadParameter(str(e), param_hint="'--into'" if str(e).startswith(into) else "SOURCES") from None
     layer = db_layer()
     if layer is not None and not into.endswith(".jsonl"):
         dbs = [s for s in sources if not s.endswith(".jsonl")]

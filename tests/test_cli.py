@@ -186,3 +186,25 @@ def test_export_of_a_jsonl_store_never_writes_lines_into_a_database_name(env):
     assert r.exit_code == 2 and "autossd merge" in r.output and not (env / "out.sqlite").exists()
     assert invoke("export", "--db", src, "--out", env / "out.jsonl").exit_code == 0
 
+
+def test_a_jsonl_file_that_is_no_record_store_is_never_read_as_one_or_overwritten(env):
+    notes = env / "notes.jsonl"
+    notes.write_text("shopping: eggs, milk\n{\"x\": 1}\n")
+    before = notes.read_text()
+    for args in (["show", "--db", str(notes)],
+                 ["merge", str(env / "none.jsonl"), "--into", str(notes)],
+                 ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 1, "--db", str(notes),
+                  "--storage", str(env / "j.journal"), "--no-progress"]):
+        if args[0] == "merge":
+            (env / "none.jsonl").write_text("")
+        r = CliRunner().invoke(main, [str(a) for a in args])
+        assert r.exit_code == 2 and "notes.jsonl:1: not an autossd tuning record" in r.output, (args, r.output)
+    assert notes.read_text() == before
+    # a torn last line (a kill mid-write) is still skipped, not refused
+    good = env / "recs.jsonl"
+    assert invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 4, "--seed", 0, "--db", good,
+                  "--storage", env / "j2.journal", "--no-progress").exit_code == 0
+    with open(good, "a") as f:
+        f.write('{"arch": "gfx9')
+    assert len(json.loads(invoke("show", "--db", good, "--json").output)) == 1
+

@@ -76,6 +76,13 @@ def better(a: dict, b: dict) -> dict:
     return a if rank(a) <= rank(b) else b
 
 
+class RecordStoreError(ValueError):
+    """A file given as a record store that holds something else."""
+
+
+_RECORD_KEYS = frozenset({"arch", "op", "problem", "config", "provenance"})
+
+
 class JsonlSink:
     """Append-only JSON-lines store: survives kills (each line is one whole write + fsync)."""
 
@@ -91,16 +98,24 @@ class JsonlSink:
             os.fsync(f.fileno())
 
     def load(self) -> list[dict]:
+        """The records. Only a torn last line (a kill mid-write) is skipped; any other line that
+        is no record means the file is not a record store, and reading it (or merging into it,
+        which rewrites it) would lose or invent data: RecordStoreError, naming the line."""
         if not self.path.exists():
             return []
+        lines = [(i, ln.strip()) for i, ln in enumerate(self.path.read_text().splitlines(), 1) if ln.strip()]
         out = []
-        for line in self.path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a torn last line after a kill: skip it
+        for k, (i, line) in enumerate(lines):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if k == len(lines) - 1:
+                    continue  # a torn last line after a kill
+                rec = None
+            if not isinstance(rec, dict) or not _RECORD_KEYS <= rec.keys():
+                raise RecordStoreError(f"{self.path}:{i}: not an autossd tuning record "
+                                       f"(expected a JSON object with {sorted(_RECORD_KEYS)})")
+            out.append(rec)
         return out
 
     def __repr__(self) -> str:
@@ -216,7 +231,12 @@ def open_sink(db: str | None):
     database that the runtime reads (`autossd.db.user_db_url`), or the default JSON-lines file
     when the database layer is not installed."""
     if db is not None and db.endswith(".jsonl"):
-        return JsonlSink(db)
+        sink = JsonlSink(db)
+        try:
+            sink.load()   # a file that is no record store is refused before a tune appends to it
+        except RecordStoreError as e:
+            raise RuntimeError(str(e)) from None
+        return sink
     if db_layer() is not None:
         return DbSink(db).prepare()
     if db is None:
