@@ -88,9 +88,11 @@ def main() -> None:
 @main.command()
 @click.option("--arch", callback=_arch, help="target arch (default: the local GPU's)")
 @click.option("--shapes", multiple=True, metavar="SHAPE",
-              help='e.g. "b=1,l=16384,h=80,p=64,n=128,g=1" or "mamba2-2.7b:b=4,l=16k"; ";" separates')
+              help='e.g. "b=1,l=16384,h=80,p=64,n=128,g=1" or "mamba2-2.7b:b=4,l=16k"; ";" separates. '
+                   "Keys b l h p n g, q (pins the chunk size); flags d z bias softplus final (0/1), "
+                   "default d=1,bias=1,softplus=1: the call Mamba-2's layer makes")
 @click.option("--preset", multiple=True, type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b"]),
-              help="every shape of a model from DESIGN.md's table")
+              help="every shape benchmarked for a model (autossd/tuner/shapes.py, PRESET_SHAPES)")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--trials", type=click.IntRange(1), default=20, show_default=True,
               help="evaluated candidates per shape (a resumed study counts its earlier ones)")
