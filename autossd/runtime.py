@@ -262,14 +262,21 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
     file). launch_mode: "eager" for calls launched one by one, "graph" for a forward captured in
     a CUDA graph (the records timed that way are preferred; see autossd.db.lookup, which
     refuses any other value). Cached per
-    process: a warm call is one dict lookup."""
+    process: a warm call is one dict lookup (plus, with arch=None, which device is current: a
+    process with GPUs of two archs gets each one's kernel). After changing AUTOSSD_DB or
+    AUTOSSD_ARCH in a running process, call autossd.clear_cache()."""
+    dev = _current_device() if arch is None else None
     try:
-        return _kernels[(problem_or_shape, arch, db, launch_mode)]
+        return _kernels[(problem_or_shape, arch, db, launch_mode, dev)]
     except (KeyError, TypeError):  # TypeError: an unhashable shape (dict)
-        return _get_kernel_cold(problem_or_shape, arch, db, launch_mode)
+        return _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev)
 
 
-def _get_kernel_cold(problem_or_shape, arch, db, launch_mode) -> Kernel:
+def _current_device() -> int | None:
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kernel:
     problem = _as_problem(problem_or_shape)
     arch_name = get_arch(arch).name if arch is not None else arch_of_device()
     url = user_db_url(db)
@@ -285,7 +292,7 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode) -> Kernel:
             _kernels.clear()
         kernel = _kernels.setdefault(norm, kernel)
         try:
-            _kernels[(problem_or_shape, arch, db, launch_mode)] = kernel
+            _kernels[(problem_or_shape, arch, db, launch_mode, dev)] = kernel
         except TypeError:
             pass
     return kernel

@@ -236,6 +236,20 @@ def test_varlen_states_for_empty_and_malformed_cu_seqlens_never_read_out_of_boun
         assert states.shape[0] == len(bad) - 1 and torch.isnan(states).all()
 
 
+def test_get_kernel_without_an_arch_follows_the_current_device(monkeypatch):
+    # a process with GPUs of two archs: get_kernel(shape) must not keep the first device's kernel
+    current = {"dev": 0}
+    archs = {0: "sm90", 1: "sm80"}
+    monkeypatch.setattr(runtime, "_current_device", lambda: current["dev"])
+    monkeypatch.setattr(runtime, "arch_of_device", lambda device=None: archs[current["dev"]])
+    shape = (1, 130, 2, 16, 16, 1, "fp32")
+    assert runtime.get_kernel(shape).arch == "sm90"
+    current["dev"] = 1
+    assert runtime.get_kernel(shape).arch == "sm80"
+    current["dev"] = 0
+    assert runtime.get_kernel(shape).arch == "sm90"
+
+
 def test_a_captured_call_runs_the_graph_timed_record(tmp_path, monkeypatch):
     p = tiny(has_D=True)
     eager, graph = tuned_for(p), tuned_for(p).replace(scan_warps=4, launches=3)
