@@ -123,6 +123,29 @@ def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     assert dblookup.choose(PROB, "sm90").kind == "exact"
 
 
+def test_one_damaged_row_never_costs_an_older_database_its_other_records(tmp_path):
+    # the migrations rewrite every row's config_json: a row that is not JSON (or not an object)
+    # once failed the whole migration, and the lookup then ignored the whole user database
+    url = to_url(tmp_path / "v2.sqlite")
+    assert migrate(url, "0002") == "0002"
+    with dbengine.get_engine(url).connect() as conn:
+        v2_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    # a config schema 2 could hold: the later knobs at the values their migrations give old rows
+    old = TUNED.replace(smem_pad=0, decay_split=False, state_maxnreg=0, scan_maxnreg=0, fold_prep=0)
+    good = {k: v for k, v in rec(config=old).to_row().items() if k in v2_cols}
+    v2_cfg = json.loads(old.key())
+    for knob in ("smem_pad", "decay_split", "state_maxnreg", "scan_maxnreg", "fold_prep"):
+        v2_cfg.pop(knob)   # knobs schema 2 did not have
+    good["config_json"] = json.dumps(v2_cfg, sort_keys=True)
+    bad = [{**good, "config_json": "{not json"}, {**good, "config_json": "[1, 2]"},
+           {**good, "seqlen": 4096, "config_json": json.dumps({**v2_cfg, "fold_prep": "x"})}]
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tuned_records.insert(), [good] + bad)
+    assert migrate(url) == HEAD
+    recs = read_records(url, strict=False)
+    assert [r.config for r in recs] == [old]        # the good row, migrated; the others skipped
+
+
 def _downgrade(url, rev):
     from alembic import command
     cfg = dbengine.alembic_config()

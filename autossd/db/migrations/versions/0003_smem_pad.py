@@ -17,11 +17,24 @@ branch_labels = None
 depends_on = None
 
 
+def _config_of(text):
+    """A row's config as a dict, or None for a row that is not one (a damaged or tampered row is
+    left as it is: the reader rejects that row alone, instead of the migration failing and the
+    whole database being ignored)."""
+    try:
+        cfg = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def _rewrite_config_json(edit) -> None:
     conn = op.get_bind()
     rows = conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall()
     for rid, text in rows:
-        cfg = json.loads(text)
+        cfg = _config_of(text)
+        if cfg is None:
+            continue
         edit(cfg)
         conn.execute(sa.text("UPDATE tuned_records SET config_json = :j WHERE id = :i"),
                      {"j": json.dumps(cfg, sort_keys=True), "i": rid})  # as Config.key() writes it

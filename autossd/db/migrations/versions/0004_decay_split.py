@@ -20,11 +20,24 @@ depends_on = None
 
 # A migration is a frozen snapshot: it carries its own copy of this helper (as 0003 does) rather
 # than importing code that later revisions may change.
+def _config_of(text):
+    """A row's config as a dict, or None for a row that is not one (a damaged or tampered row is
+    left as it is: the reader rejects that row alone, instead of the migration failing and the
+    whole database being ignored)."""
+    try:
+        cfg = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def _rewrite_config_json(edit) -> None:
     conn = op.get_bind()
     rows = conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall()
     for rid, text in rows:
-        cfg = json.loads(text)
+        cfg = _config_of(text)
+        if cfg is None:
+            continue
         edit(cfg)
         conn.execute(sa.text("UPDATE tuned_records SET config_json = :j WHERE id = :i"),
                      {"j": json.dumps(cfg, sort_keys=True), "i": rid})  # as Config.key() writes it
@@ -37,8 +50,11 @@ def upgrade() -> None:
     # the column follows the JSON, so a row whose JSON already names the knob stays consistent
     conn = op.get_bind()
     for rid, text in conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall():
+        cfg = _config_of(text)
+        if cfg is None:
+            continue
         conn.execute(sa.text("UPDATE tuned_records SET cfg_decay_split = :v WHERE id = :i"),
-                     {"v": bool(json.loads(text)["decay_split"]), "i": rid})
+                     {"v": bool(cfg["decay_split"]), "i": rid})
 
 
 def downgrade() -> None:

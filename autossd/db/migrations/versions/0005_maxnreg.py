@@ -21,11 +21,24 @@ KNOBS = ("state_maxnreg", "scan_maxnreg")
 
 # A migration is a frozen snapshot: it carries its own copy of this helper (as 0003 does) rather
 # than importing code that later revisions may change.
+def _config_of(text):
+    """A row's config as a dict, or None for a row that is not one (a damaged or tampered row is
+    left as it is: the reader rejects that row alone, instead of the migration failing and the
+    whole database being ignored)."""
+    try:
+        cfg = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def _rewrite_config_json(edit) -> None:
     conn = op.get_bind()
     rows = conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall()
     for rid, text in rows:
-        cfg = json.loads(text)
+        cfg = _config_of(text)
+        if cfg is None:
+            continue
         edit(cfg)
         conn.execute(sa.text("UPDATE tuned_records SET config_json = :j WHERE id = :i"),
                      {"j": json.dumps(cfg, sort_keys=True), "i": rid})  # as Config.key() writes it
@@ -43,10 +56,13 @@ def upgrade() -> None:
     # the columns follow the JSON, so a row whose JSON already names a knob stays consistent
     conn = op.get_bind()
     for rid, text in conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall():
-        cfg = json.loads(text)
+        cfg = _config_of(text)
+        try:
+            vals = {"s": int(cfg["state_maxnreg"]), "c": int(cfg["scan_maxnreg"]), "i": rid}
+        except (TypeError, ValueError):   # no config, or a value that is no int: left as it is
+            continue
         conn.execute(sa.text("UPDATE tuned_records SET cfg_state_maxnreg = :s, cfg_scan_maxnreg = :c "
-                             "WHERE id = :i"), {"s": int(cfg["state_maxnreg"]), "c": int(cfg["scan_maxnreg"]),
-                                                "i": rid})
+                             "WHERE id = :i"), vals)
 
 
 def downgrade() -> None:
