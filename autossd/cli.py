@@ -179,10 +179,13 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
         elif r.best_config is not None:
             click.echo(f"best {_shape_str(r.problem)}: {r.best_config!r}")
         if r.failures:
-            reasons = {}
+            reasons, example = {}, {}
             for _, why in r.failures:
-                reasons[why.split(":")[0]] = reasons.get(why.split(":")[0], 0) + 1
-            click.echo(f"  failures: {dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}")
+                kind = why.split(":")[0]
+                reasons[kind] = reasons.get(kind, 0) + 1
+                example.setdefault(kind, why)
+            for kind, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+                click.echo(f"  failed {n}x: {example[kind][:160]}")
     if mode == "measured" and objective == "graph" and any(r.objective == "eager" for r in results):
         click.echo("note: this device could not capture a CUDA/HIP graph, so the studies minimized "
                    "eager time (records are stored for the eager launch mode only)")
@@ -301,6 +304,8 @@ def export(db, out_path, arch, overwrite) -> None:
     from .tuner.records import best_records, db_layer
     layer = db_layer()
     if layer is not None and not out_path.endswith(".jsonl") and not (db or "").endswith(".jsonl"):
+        if os.path.exists(out_path) and not overwrite:
+            raise click.BadParameter(f"{out_path} exists (use --overwrite)", param_hint="'--out'")
         try:
             n = layer.export_db(layer.user_db_url(db), out_path, arch=arch, overwrite=overwrite)
         except Exception as e:  # noqa: BLE001 - file exists, unreadable source: say so plainly

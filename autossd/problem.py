@@ -103,6 +103,14 @@ def _check_float(name: str, t) -> None:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.dtype}")
 
 
+def check_grid(batch: int, seqlen: int, nheads: int) -> None:
+    """Grid dims 1 and 2 carry chunks and batch (state passing: batch * nheads): the CUDA/HIP
+    limit on those dims bounds the shapes the kernels can run."""
+    nchunks = -(-seqlen // min(CHUNK_SIZES))
+    if nchunks > MAX_GRID_YZ or batch * nheads > MAX_GRID_YZ:
+        raise ValueError(f"x: batch*nheads={batch * nheads} and seqlen/64={nchunks} must each be <= {MAX_GRID_YZ}")
+
+
 def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
               return_final_states=False, return_varlen_states=False, state_dtype=None) -> Problem:
@@ -199,10 +207,7 @@ def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
         raise ValueError(f"dt_limit: expected lo <= hi, got {dt_limit!r}")
     if state_dtype is not None and state_dtype not in DTYPES:
         raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype}")
-    nchunks = -(-l // min(CHUNK_SIZES))
-    if nchunks > MAX_GRID_YZ or b * h > MAX_GRID_YZ:
-        # grid dims 1 and 2 carry chunks and batch (state passing: batch * nheads)
-        raise ValueError(f"x: batch*nheads={b*h} and seqlen/64={nchunks} must each be <= {MAX_GRID_YZ}")
+    check_grid(b, l, h)
     return Problem(
         batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=DTYPES[x.dtype],
         chunk_size=chunk_size, has_D=D is not None, D_has_hdim=d_has_hdim, has_z=z is not None,

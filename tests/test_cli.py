@@ -63,6 +63,8 @@ def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
 
     out = env / "gfx942.sqlite"
     assert invoke("export", "--db", db, "--out", out, "--arch", "gfx942").exit_code == 0
+    again = CliRunner().invoke(main, ["export", "--db", str(db), "--out", str(out)])
+    assert again.exit_code == 2 and "use --overwrite" in again.output
     merged = env / "merged.sqlite"
     assert invoke("merge", out, db, "--into", merged).exit_code == 0
     assert len(json.loads(invoke("show", "--db", merged, "--json").output)) == 1

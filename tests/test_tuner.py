@@ -73,6 +73,9 @@ def test_parse_shape_and_presets():
     ("gpt-9:b=1", "unknown model"),
     ("b=1,l", "not key=value"),
     ("b=0,l=2048,h=80,p=64,n=128,g=1", "positive int"),
+    ("b=1,l=64,h=80,p=64,n=128,g=1,l=128", "'l' given twice"),
+    ("b=1,l=8192k,h=80,p=64,n=128,g=1", r"seqlen/64=131072 must each be <= 65535"),   # the runtime refuses it
+    ("b=1000,l=2048,h=80,p=64,n=128,g=1", r"batch\*nheads=80000"),
 ])
 def test_parse_shape_errors(text, msg):
     with pytest.raises(ShapeError, match=msg):

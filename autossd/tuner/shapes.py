@@ -2,7 +2,7 @@
 (DESIGN.md's table), optionally with overrides: "mamba2-2.7b:b=4,l=16384"."""
 from __future__ import annotations
 
-from ..problem import Problem
+from ..problem import Problem, check_grid
 
 # model -> (nheads, headdim, dstate, ngroups), and the (batch, seqlen) shapes measured for it
 MODELS: dict[str, tuple[int, int, int, int]] = {
@@ -47,11 +47,15 @@ def parse_shape(text: str, dtype: str = "fp16") -> Problem:
     if model:
         h, p, n, g = MODELS[model]
         vals.update(nheads=h, headdim=p, dstate=n, ngroups=g, batch=1, seqlen=2048)
+    seen = set()
     for part in filter(None, (s.strip() for s in text.split(","))):
         key, eq, raw = part.partition("=")
         key = key.strip().lower()
         if not eq or not raw.strip():
             raise ShapeError(f"{part!r} is not key=value")
+        if key in seen:
+            raise ShapeError(f"{key!r} given twice in {text!r}")
+        seen.add(key)
         if key not in KEYS and key not in FLAGS:
             raise ShapeError(f"unknown key {key!r} in {part!r}; expected {sorted(KEYS) + sorted(FLAGS)}")
         try:
@@ -68,9 +72,11 @@ def parse_shape(text: str, dtype: str = "fp16") -> Problem:
     if missing:
         raise ShapeError(f"missing {', '.join(missing)} in {text!r} (e.g. b=1,l=16384,h=80,p=64,n=128,g=1)")
     try:
-        return Problem(dtype=dtype, **vals, **flags)
+        prob = Problem(dtype=dtype, **vals, **flags)
+        check_grid(prob.batch, prob.seqlen, prob.nheads)   # what the runtime could never run
     except ValueError as e:
         raise ShapeError(str(e)) from None
+    return prob
 
 
 def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16") -> list[Problem]:
