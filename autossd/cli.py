@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 
 import click
 
@@ -347,15 +348,25 @@ def merge(sources, into) -> None:
         if os.path.exists(into):
             dbs = [into] + dbs
         try:
-            res = layer.merge_dbs(dbs, into, overwrite=True) if dbs else None
-            sink = DbSink(into)
-            for s in sources:
-                if s.endswith(".jsonl"):
-                    for r in best_records(JsonlSink(s).load()):
-                        sink.save(r)
+            jsonl = [s for s in sources if s.endswith(".jsonl")]
+            with tempfile.TemporaryDirectory() as tmp:
+                if jsonl:
+                    # .jsonl records join the merge as a database of their own, with their own
+                    # dates and code hashes: the merge rule then picks among all of them (no
+                    # duplicates, no stale record relabelled as fresh)
+                    conv = os.path.join(tmp, "jsonl.sqlite")
+                    sink = DbSink(conv)
+                    layer.add_records(conv, [sink.to_db(r, copied=True) for s in jsonl
+                                             for r in best_records(JsonlSink(s).load())])
+                    dbs.append(conv)
+                try:
+                    res = layer.merge_dbs(dbs, into, overwrite=True)
+                finally:
+                    from .db.engine import dispose_engines, to_url
+                    dispose_engines(to_url(os.path.join(tmp, "jsonl.sqlite")))
         except Exception as e:  # noqa: BLE001
             raise click.ClickException(f"merge: {e}") from None
-        click.echo(f"merged {len(sources)} sources into {into}" + (f": {res}" if res else ""))
+        click.echo(f"merged {len(sources)} sources into {into}: {res}")
         return
     if not into.endswith(".jsonl"):
         raise click.BadParameter("without the database layer, merge writes a .jsonl store",

@@ -210,3 +210,26 @@ def test_a_jsonl_file_that_is_no_record_store_is_never_read_as_one_or_overwritte
         f.write('{"arch": "gfx9')
     assert len(json.loads(invoke("show", "--db", good, "--json").output)) == 1
 
+
+def test_merging_a_jsonl_store_into_a_database_keeps_dates_and_staleness_and_adds_no_duplicates(env):
+    src = env / "recs.jsonl"
+    assert invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 4, "--seed", 0, "--db", src,
+                  "--storage", env / "j.journal", "--no-progress").exit_code == 0
+    (rec,) = [json.loads(ln) for ln in src.read_text().splitlines()]
+    old = {**rec, "template_hash": "0123456789abcdef", "date": "2026-01-02T03:04:05+00:00"}
+    aged = env / "aged.jsonl"
+    aged.write_text(json.dumps(old) + "\n")
+    db = env / "merged.sqlite"
+    for _ in range(2):     # merging the same store twice adds nothing
+        assert invoke("merge", aged, "--into", db).exit_code == 0
+    from autossd.db import read_records
+    (r,) = read_records(str(db))
+    assert r.template_hash == "0123456789abcdef" and r.created_at == "2026-01-02T03:04:05+00:00"
+    from autossd.arch import get_arch
+    from autossd.render import kernel_hash
+    now = kernel_hash(r.config, get_arch(r.arch).backend)
+    assert r.stale_reasons(r.triton_version, now)      # stays stale: a merge relabels nothing
+    (fresh,) = read_records(str(env / "fresh.sqlite")) if invoke(
+        "merge", src, "--into", env / "fresh.sqlite").exit_code == 0 else (None,)
+    assert not fresh.stale_reasons(fresh.triton_version, now) and fresh.created_at == rec["date"]
+

@@ -138,11 +138,14 @@ def _hostname() -> str:
 def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
                 time_ms: float | None = None, op: str = "ssd_fwd", device: str = "",
                 predicted_ms: float | None = None, notes: str = "",
-                launch_mode: str | None = None) -> Record:
+                launch_mode: str | None = None, made: Mapping[str, str] | None = None) -> Record:
     """A record for the current code (triton version, autossd version, kernel hash, now,
     this host), with TFLOP/s, GB/s and % of floor derived from time_ms. Validated like a row
     read back, so nothing a reader would reject can be written. launch_mode: default "eager"
-    for a measured record, "any" for a static or default one (a prediction of GPU time)."""
+    for a measured record, "any" for a static or default one (a prediction of GPU time).
+    made: what a record copied from another store says of the code, time and host that made it
+    (any of triton_version, autossd_version, template_hash, created_at, host): kept, so that a
+    stale record stays stale and keeps its date."""
     if launch_mode is None:
         launch_mode = "eager" if provenance == "measured" else "any"
     triton_v, autossd_v = _versions()
@@ -154,6 +157,10 @@ def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
                created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                host=_hostname(), predicted_ms=predicted_ms, notes=notes, launch_mode=launch_mode,
                **figures(problem, config, arch, time_ms))
+    for k, v in (made or {}).items():
+        if k not in ("triton_version", "autossd_version", "template_hash", "created_at", "host"):
+            raise ValueError(f"made: {k!r} is not a field that says who made a record")
+        row[k] = v
     return validate_row(row)
 
 

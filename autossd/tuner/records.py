@@ -187,17 +187,28 @@ class DbSink:
         return self
 
     def save(self, record: dict) -> None:
+        self.layer.add_records(self.url, [self.to_db(record)])
+
+    def to_db(self, record: dict, copied: bool = False):
+        """The tuning-database Record of a tuner record. copied: the record comes from another
+        store (a .jsonl file being merged), so what it says of the code, date and host that made
+        it is kept (validated like any row): a stale record must not turn fresh by a merge."""
         static = record["provenance"] == "static"
         notes = f"study {record.get('study', '')} sampler {record.get('sampler', '')} " \
                 f"trials {record.get('trials', '')}"
-        rec = self.layer.make_record(
+        made = None
+        if copied:
+            made = {k: str(record[src]) for k, src in (("triton_version", "triton_version"),
+                                                        ("template_hash", "template_hash"),
+                                                        ("created_at", "date"), ("host", "host"))
+                    if record.get(src)}
+        return self.layer.make_record(
             Problem(**record["problem"]), Config(record["config"]), record["arch"],
             provenance=record["provenance"], time_ms=None if static else record["time_ms"],
             predicted_ms=record["time_ms"] if static else None,
             device=_UNSAFE.sub("-", record.get("device", ""))[:128],
             launch_mode=mode_of(record),
-            notes=_UNSAFE.sub("-", notes)[:256])
-        self.layer.add_records(self.url, [rec])
+            notes=_UNSAFE.sub("-", notes)[:256], made=made)
 
     def load(self, arch: str | None = None) -> list[dict]:
         if not _exists(self.url):
