@@ -142,7 +142,8 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     try:
         sink = open_sink(db)
     except RuntimeError as e:
-        raise click.BadParameter(str(e), ctx=ctx, param_hint="'--db'" if db else "AUTOSSD_DB") from None
+        where = "'--db'" if db else ("AUTOSSD_DB" if os.environ.get("AUTOSSD_DB") else "the user database")
+        raise click.BadParameter(str(e), ctx=ctx, param_hint=where) from None
     if mode == "measured":
         click.echo(f"== MEASURED tuning on the local GPU ({arch}): every candidate is checked "
                    "against the float64 reference, then timed ==")
@@ -317,7 +318,7 @@ def export(db, out_path, arch, overwrite) -> None:
         # a .jsonl source: its lines are no database; writing them under another name would make
         # a file that every reader refuses
         raise click.BadParameter(f"{out_path}: a .jsonl store exports to a .jsonl file; to make a "
-                                 f"database of it, run: autossd merge {db} --into {out_path}",
+                                 f"database of it, run: autossd merge {db or 'STORE.jsonl'} --into {out_path}",
                                  param_hint="'--out'")
     if os.path.exists(out_path) and not overwrite:
         raise click.BadParameter(f"{out_path} exists (use --overwrite)", param_hint="'--out'")
@@ -341,7 +342,9 @@ def merge(sources, into) -> None:
             if s.endswith(".jsonl"):
                 JsonlSink(s).load()
     except RecordStoreError as e:
-        raise click.BadParameter(str(e), param_hint="'--into'" if str(e).startswith(into) else "SOURCES") from None
+        bad = str(e).split(":")[0]
+        raise click.BadParameter(str(e), param_hint="'--into'" if os.path.abspath(bad) == os.path.abspath(into)
+                                 else "SOURCES") from None
     layer = db_layer()
     if layer is not None and not into.endswith(".jsonl"):
         dbs = [s for s in sources if not s.endswith(".jsonl")]

@@ -484,6 +484,8 @@ def test_a_call_that_stops_part_way_never_leaves_its_words_for_the_next(workspac
     monkeypatch.setattr(workspaces, "_execute", stop_part_way)
     with pytest.raises(KeyboardInterrupt):
         _call(prob, cfg, 2)
+    # checked before the next call: with the words left in place, that call would wait for ever
+    assert all(w[1] is not kept for w in workspaces._workspaces.values())
     monkeypatch.setattr(workspaces, "_execute", real)
     (y, f), ref = _call(prob, cfg, 3)
     assert rel_err(y, ref[0]) < tolerance("fp32") and rel_err(f, ref[1]) < tolerance("fp32")

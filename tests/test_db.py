@@ -138,7 +138,9 @@ def test_one_damaged_row_never_costs_an_older_database_its_other_records(tmp_pat
         v2_cfg.pop(knob)   # knobs schema 2 did not have
     good["config_json"] = json.dumps(v2_cfg, sort_keys=True)
     bad = [{**good, "config_json": "{not json"}, {**good, "config_json": "[1, 2]"},
-           {**good, "seqlen": 4096, "config_json": json.dumps({**v2_cfg, "fold_prep": "x"})}]
+           {**good, "seqlen": 4096, "config_json": json.dumps({**v2_cfg, "fold_prep": "x"})},
+           {**good, "seqlen": 8192, "config_json": json.dumps({**v2_cfg, "fold_prep": float("inf")})},
+           {**good, "seqlen": 16384, "config_json": json.dumps({**v2_cfg, "scan_maxnreg": float("inf")})}]
     with dbengine.get_engine(url).begin() as conn:
         conn.execute(tuned_records.insert(), [good] + bad)
     assert migrate(url) == HEAD

@@ -230,10 +230,14 @@ def test_varlen_states_for_empty_and_malformed_cu_seqlens_never_read_out_of_boun
     assert rel_err(states[keep], ref) < tolerance("fp32")
     for bad in (torch.tensor([0, 200], dtype=cu.dtype),            # past the end
                 torch.tensor([0, 90, 40, 150], dtype=cu.dtype),     # decreasing
-                torch.tensor([5, 150], dtype=cu.dtype),             # not from 0
-                torch.tensor([0, 100], dtype=cu.dtype)):            # not to seqlen
+                torch.tensor([-5, 150], dtype=cu.dtype)):           # negative
         _, states = autossd.mamba_chunk_scan_combined(*args, 64, **{**kw, "cu_seqlens": bad})
         assert states.shape[0] == len(bad) - 1 and torch.isnan(states).all()
+    # padding before the first or after the last sequence is no error (as in mamba_ssm)
+    for padded in (torch.tensor([0, 100], dtype=cu.dtype), torch.tensor([5, 60, 140], dtype=cu.dtype)):
+        _, states = autossd.mamba_chunk_scan_combined(*args, 64, **{**kw, "cu_seqlens": padded})
+        _, _, ref = _reference(args, 64, {**kw, "cu_seqlens": padded})
+        assert rel_err(states, ref) < tolerance("fp32")
 
 
 def test_get_kernel_without_an_arch_follows_the_current_device(monkeypatch):

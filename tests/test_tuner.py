@@ -487,3 +487,20 @@ def test_confirm_re_times_each_modes_finalists_and_keeps_the_best_median():
     for runner, top in ((SimpleNamespace(provenance="static"), 3), (Runner(), 1)):
         r = result()
         assert confirm(r, study, runner, top=top) == {} and r.best_by_mode["eager"] == (c[0], 40.0)
+
+
+def test_a_jsonl_store_stays_readable_after_a_torn_line_and_more_records(tmp_path):
+    # a kill mid-write leaves a torn last line; records appended after it must neither be glued
+    # to it (lost) nor make the store unreadable once the torn line is no longer last
+    from autossd.tuner.records import JsonlSink
+    sink = JsonlSink(tmp_path / "r.jsonl")
+    rec = {"arch": "sm90", "op": "ssd_fwd", "problem": SMALL.key(), "config": default_config("sm90", SMALL).as_dict(),
+           "provenance": "static", "time_ms": 1.0}
+    sink.save(rec)
+    with open(sink.path, "a") as f:
+        f.write('{"arch": "sm9')
+    assert len(sink.load()) == 1
+    sink.save({**rec, "time_ms": 2.0})
+    sink.save({**rec, "time_ms": 3.0})
+    assert [r["time_ms"] for r in sink.load()] == [1.0, 2.0, 3.0]
+

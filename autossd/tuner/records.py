@@ -92,8 +92,17 @@ class JsonlSink:
     def save(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record, sort_keys=True) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
+        with open(self.path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    # a torn last line (a kill mid-write): cut it off, or this record would be
+                    # glued to it and the next one would make the store unreadable
+                    f.seek(0)
+                    data = f.read()
+                    f.truncate(data.rfind(b"\n") + 1)
+            f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
 

@@ -329,12 +329,12 @@ def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
     cu_seqlens's values stay on the GPU (reading them would cost a synchronization per call), so
     they are not checked on the host. Indices are clamped into the sequence, so a malformed
     cu_seqlens never reads out of bounds (no device-side assert); then every state is NaN
-    (malformed: first entry not 0, last not seqlen, or decreasing). An empty sequence's state
-    is 0."""
+    (malformed: an entry below 0 or past seqlen, or decreasing). Padding before the first or
+    after the last sequence is allowed, as in mamba_ssm. An empty sequence's state is 0."""
     q = config.chunk_size
     h, g = prob.nheads, prob.ngroups
     cu = cu_seqlens.long()
-    malformed = (cu[0] != 0) | (cu[-1] != prob.seqlen) | (cu[1:] < cu[:-1]).any()
+    malformed = (cu[0] < 0) | (cu[-1] > prob.seqlen) | (cu[1:] < cu[:-1]).any()
     empty = cu[1:] <= cu[:-1]                                          # (s,)
     ends = (cu[1:] - 1).clamp(0, prob.seqlen - 1)                     # (s,)
     chunk = ends // q
@@ -469,6 +469,16 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
 
 
 _STATE_NAMES = {v: k for k, v in _TORCH_STATE.items()}
+_state_variants: dict = {}   # (config, state dtype) -> config: Config.replace validates (~30 us)
+
+
+def _with_state_dtype(config: Config, name: str) -> Config:
+    key = (config, name)
+    cfg = _state_variants.get(key)
+    if cfg is None:
+        cfg = config.replace(state_dtype=name)
+        remember(_state_variants, key, cfg, LAUNCH_CACHE_MAX)
+    return cfg
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
@@ -486,7 +496,7 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     if state_dtype is not None and _STATE_NAMES[state_dtype] != config.state_dtype:
         # a caller's state_dtype (mamba_ssm's argument) is the precision the states are kept
         # in, not only their storage: the kernels round to the config's STATE_DTYPE
-        config = config.replace(state_dtype=_STATE_NAMES[state_dtype])
+        config = _with_state_dtype(config, _STATE_NAMES[state_dtype])
         module = None
     module = module or load(config, backend)
     cpu = device.type == "cpu"   # the interpreter: no compiled kernels, no streams

@@ -59,7 +59,7 @@ def upgrade() -> None:
         cfg = _config_of(text)
         try:
             vals = {"s": int(cfg["state_maxnreg"]), "c": int(cfg["scan_maxnreg"]), "i": rid}
-        except (TypeError, ValueError):   # no config, or a value that is no int: left as it is
+        except (TypeError, ValueError, OverflowError):   # no config, or no int (inf): left as it is
             continue
         conn.execute(sa.text("UPDATE tuned_records SET cfg_state_maxnreg = :s, cfg_scan_maxnreg = :c "
                              "WHERE id = :i"), vals)

@@ -52,7 +52,7 @@ def upgrade() -> None:
     for rid, text in conn.execute(sa.text("SELECT id, config_json FROM tuned_records")).fetchall():
         try:
             v = int(_config_of(text)["fold_prep"])
-        except (TypeError, ValueError):   # no config, or a value that is no int: left as it is
+        except (TypeError, ValueError, OverflowError):   # no config, or no int (inf): left as it is
             continue
         conn.execute(sa.text("UPDATE tuned_records SET cfg_fold_prep = :v WHERE id = :i"), {"v": v, "i": rid})
 
