@@ -143,6 +143,19 @@ def interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+def _check_interpreter_from_import() -> None:
+    """triton.language builds its own @jit helpers (tl.sigmoid, ...) when it is imported, as
+    interpreted functions only if TRITON_INTERPRET was set then. Set later, the kernels run
+    interpreted but those helpers do not, and the first call fails deep in Triton ("Cannot call
+    @triton.jit'd outside of the scope of a kernel"): say what to do instead."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.sigmoid, InterpretedFunction):
+        raise RuntimeError("autossd: TRITON_INTERPRET=1 was set after triton was imported, so "
+                           "Triton's CPU interpreter cannot run these kernels; set it before "
+                           "importing triton (or autossd, or anything that imports them)")
+
+
 def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -> ModuleType:
     """Import the rendered module for a config. `interpret` picks triton's interpreter
     (default: TRITON_INTERPRET); the two flavours are cached apart because @triton.jit decides
@@ -156,6 +169,8 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
         raise RuntimeError(f"autossd: smem_pad={config.smem_pad} selects the Gluon chunk-state "
                            "kernel, which Triton's CPU interpreter cannot run; it needs a GPU "
                            "(autossd.compile.compile_config cross-compiles it without one)")
+    if interpret:
+        _check_interpreter_from_import()
     source = render(config, backend)
     path = source_path(source)
     key = (str(path), interpret)

@@ -118,3 +118,27 @@ def test_register_cap_is_a_cuda_launch_option_only_when_set():
     assert "maxnreg" not in cuda["bmm"] and "maxnreg" not in cuda["state_passing"]
     assert all("maxnreg" not in o for o in render.launch_options(Config(), "cuda").values())
     assert all("maxnreg" not in o for o in render.launch_options(cfg, "hip").values())
+
+
+def test_an_interpreter_switched_on_after_triton_was_imported_is_named(tmp_path):
+    # Triton builds tl's helpers at import: TRITON_INTERPRET set later failed deep in Triton
+    import os
+    import subprocess
+    import sys
+    code = """
+import os, torch, triton
+os.environ["TRITON_INTERPRET"] = "1"
+import autossd
+from autossd.problem import Problem
+from autossd.testing import call_kwargs, make_inputs
+p = Problem(1, 64, 2, 16, 16, 1, "fp32", 64, has_D=True, dt_softplus=True)
+t = make_inputs(p, seed=0)
+try:
+    autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, **call_kwargs(p, t))
+except RuntimeError as e:
+    print("ERROR:", e)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["AUTOSSD_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "ERROR: autossd: TRITON_INTERPRET=1 was set after triton was imported" in out.stdout, out.stderr[-2000:]
