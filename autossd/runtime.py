@@ -49,7 +49,7 @@ class Kernel:
     Callable with mamba_chunk_scan_combined's arguments after chunk_size (the problem fixes it);
     returns what that function returns."""
 
-    __slots__ = ("problem", "arch", "launch_mode", "backend", "match", "_module", "_loaded", "_checked")
+    __slots__ = ("problem", "arch", "launch_mode", "backend", "match", "_loaded", "_checked")
 
     def __init__(self, problem: Problem, arch: str, match: Match, launch_mode: str = "eager") -> None:
         self.problem = problem
@@ -57,8 +57,7 @@ class Kernel:
         self.launch_mode = launch_mode
         self.backend = get_arch(arch).backend
         self.match = match
-        self._module = None
-        self._loaded: tuple | None = None   # (config, its module) of the last run
+        self._loaded: tuple | None = None   # (config, its module): one slot, so they never disagree
         self._checked: dict[tuple, Problem] = {}   # call key (_call_key) -> its validated Problem
 
     # --- what was chosen, and why ----------------------------------------------------
@@ -99,9 +98,13 @@ class Kernel:
         return self.module().SOURCE_PATH
 
     def module(self):
-        if self._module is None:
-            self._module = load(self.config, self.backend)
-        return self._module
+        return self._module_of(self.config)
+
+    def _module_of(self, cfg: Config):
+        pair = self._loaded
+        if pair is None or pair[0] is not cfg:
+            pair = self._loaded = (cfg, load(cfg, self.backend))
+        return pair[1]
 
     def __repr__(self) -> str:
         return (f"Kernel({self.arch}, {self.launch_mode}, {self.source}, provenance={self.provenance}, "
@@ -147,10 +150,7 @@ class Kernel:
             # one read of the config, and its own module: a fallback in another thread swaps
             # self.match, never what this call launches
             cfg = self.config
-            pair = self._loaded
-            if pair is None or pair[0] is not cfg:   # one slot: a config and its module together
-                pair = self._loaded = (cfg, load(cfg, self.backend))
-            module = pair[1]
+            module = self._module_of(cfg)
             try:
                 if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
                     with torch.cuda.device(x.device):
@@ -182,7 +182,6 @@ class Kernel:
                + ("" if cand == chain[0] else " without pipelining"))
         log.warning("autossd: %s", why)
         self.match = Match("default", cand, was.distance, why)
-        self._module = None
 
 
 def fallback_configs(arch: str, problem: Problem) -> list[Config]:

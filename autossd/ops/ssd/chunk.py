@@ -6,6 +6,7 @@ meta tensors (`autossd.compile`), so the launched and the compiled code cannot d
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -469,16 +470,9 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
 
 
 _STATE_NAMES = {v: k for k, v in _TORCH_STATE.items()}
-_state_variants: dict = {}   # (config, state dtype) -> config: Config.replace validates (~30 us)
-
-
+@functools.lru_cache(maxsize=LAUNCH_CACHE_MAX)
 def _with_state_dtype(config: Config, name: str) -> Config:
-    key = (config, name)
-    cfg = _state_variants.get(key)
-    if cfg is None:
-        cfg = config.replace(state_dtype=name)
-        remember(_state_variants, key, cfg, LAUNCH_CACHE_MAX)
-    return cfg
+    return config.replace(state_dtype=name)   # cached: Config.replace validates (~30 us)
 
 
 def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), state_dtype=None,
