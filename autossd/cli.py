@@ -24,6 +24,18 @@ def _arch(ctx, param, value):
     return value
 
 
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _knob_value(kind: type, raw: str):
+    # bool("False") is True: a bool knob takes its words, never Python's truthiness
+    if kind is bool:
+        if raw.lower() not in _BOOLS:
+            raise ValueError(raw)
+        return _BOOLS[raw.lower()]
+    return kind(raw)
+
+
 def _fixed(ctx, param, values) -> dict:
     from .space import KNOB_BY_NAME, Config, ConfigError
     out = {}
@@ -36,7 +48,7 @@ def _fixed(ctx, param, values) -> dict:
                                          f"{sorted(KNOB_BY_NAME)}", ctx=ctx, param=param)
             default = KNOB_BY_NAME[name].default
             try:
-                out[name] = type(default)(raw.strip())
+                out[name] = _knob_value(type(default), raw.strip())
             except ValueError:
                 raise click.BadParameter(f"{part!r}: {raw!r} is not a {type(default).__name__}",
                                          ctx=ctx, param=param) from None

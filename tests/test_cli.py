@@ -78,12 +78,21 @@ def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
     (["--arch", "gfx942", "--shapes", SHAPE, "--sampler", "annealing"], "'--sampler'", "annealing"),
     (["--arch", "gfx942", "--shapes", SHAPE, "--fix", "scan_block_m=7"], "'--fix'", "scan_block_m=7"),
     (["--arch", "gfx942", "--shapes", SHAPE, "--fix", "tile=64"], "'--fix'", "knob=value"),
+    (["--arch", "gfx942", "--shapes", SHAPE, "--fix", "decay_split=maybe"], "'--fix'", "not a bool"),
     (["--arch", "gfx942", "--shapes", SHAPE, "--mode", "measured"], "'--mode'", "needs a local gfx942"),
 ])
 def test_bad_arguments_name_the_option(env, args, option, msg):
     r = invoke("tune", *args)
     assert r.exit_code == 2
     assert option in r.output and msg in r.output
+
+
+@pytest.mark.parametrize("raw, value", [("False", False), ("0", False), ("no", False),
+                                        ("True", True), ("1", True), ("yes", True)])
+def test_fix_reads_a_bool_knob_by_its_word(raw, value):
+    # bool("False") is True: --fix decay_split=False once pinned the factored decay on
+    from autossd.cli import _fixed
+    assert _fixed(None, None, (f"decay_split={raw}",)) == {"decay_split": value}
 
 
 def test_brute_force_on_a_huge_space_says_how_to_shrink_it(env):
