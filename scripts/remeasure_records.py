@@ -1,0 +1,77 @@
+"""Re-measure a record store's configs on the local GPU, each exactly as stored (every knob pinned,
+one trial: the float64 gate, then eager and graph times), into a new database. For shipped records
+that a template change made stale: the configs stay, their times and hashes become this code's.
+
+    python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--only large|small]
+        [--dry-run]
+
+A problem whose eager and graph records hold different configs gets both measured; merging the new
+database (scripts/build_shipped_db.py) then keeps each launch mode's faster one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# Problem field -> parse_shape flag (autossd/tuner/shapes.py); other flags must be off
+FLAGS = {"has_D": "d", "has_dt_bias": "bias", "dt_softplus": "softplus", "has_z": "z",
+         "return_final_states": "final"}
+# the CLI from this tree (a device checkout has no `autossd` entry point installed)
+AUTOSSD = [sys.executable, "-m", "autossd.cli"]
+UNSHAPED = ("D_has_hdim", "has_dt_limit", "has_initial_states", "has_seq_idx", "return_varlen_states")
+
+
+def shape_of(p: dict) -> str:
+    bad = [k for k in UNSHAPED if p.get(k)]
+    if bad or p.get("chunk_size") is not None:
+        raise ValueError(f"no --shapes form for a problem with {bad or ['chunk_size']}")
+    dims = f"b={p['batch']},l={p['seqlen']},h={p['nheads']},p={p['headdim']},n={p['dstate']},g={p['ngroups']}"
+    return dims + "," + ",".join(f"{f}={int(bool(p[k]))}" for k, f in FLAGS.items())
+
+
+def jobs(records: list[dict], only: str | None) -> list[tuple[str, str, str]]:
+    seen, out = set(), []
+    for r in records:
+        p = r["problem"]
+        if only == "large" and p["seqlen"] * p["batch"] <= 2048 or only == "small" and p["seqlen"] * p["batch"] > 2048:
+            continue
+        fix = ",".join(f"{k}={v}" for k, v in sorted(r["config"].items()))
+        key = (shape_of(p), p["dtype"], fix)
+        if key not in seen:
+            seen.add(key)
+            out.append(key)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", required=True, help="the store whose configs are re-measured")
+    ap.add_argument("--out", required=True, help="database the new records go to")
+    ap.add_argument("--arch", default="sm90")
+    ap.add_argument("--only", choices=("large", "small"), help="shapes above / up to 2048 tokens")
+    ap.add_argument("--storage-dir", default=None, help="Optuna journals (default: beside --out)")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
+                           check=True, capture_output=True, text=True).stdout
+    todo = jobs(json.loads(shown), a.only)
+    store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
+    failed = 0
+    for i, (shape, dtype, fix) in enumerate(todo):
+        cmd = [*AUTOSSD, "tune", "--arch", a.arch, "--mode", "measured", "--shapes", shape,
+               "--dtype", dtype, "--trials", "1", "--fix", fix, "--seed", "1", "--no-progress",
+               "--db", a.out, "--storage", os.path.join(store, f"remeasure_{i}.journal")]
+        print(f"[{i + 1}/{len(todo)}] {shape} {dtype}", flush=True)
+        if a.dry_run:
+            print("  " + " ".join(cmd))
+            continue
+        failed += subprocess.run(cmd).returncode != 0
+    print(f"{len(todo)} configs, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
