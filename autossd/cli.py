@@ -24,15 +24,13 @@ def _arch(ctx, param, value):
     return value
 
 
-_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
 def _knob_value(kind: type, raw: str):
-    # bool("False") is True: a bool knob takes its words, never Python's truthiness
+    # bool("False") is True: a bool knob takes click's words (true/false, 1/0, yes/no, on/off)
     if kind is bool:
-        if raw.lower() not in _BOOLS:
-            raise ValueError(raw)
-        return _BOOLS[raw.lower()]
+        try:
+            return click.BOOL.convert(raw, None, None)
+        except click.BadParameter:
+            raise ValueError(raw) from None
     return kind(raw)
 
 

@@ -16,20 +16,22 @@ import os
 import subprocess
 import sys
 
-# Problem field -> parse_shape flag (autossd/tuner/shapes.py); other flags must be off
-FLAGS = {"has_D": "d", "has_dt_bias": "bias", "dt_softplus": "softplus", "has_z": "z",
-         "return_final_states": "final"}
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from autossd.problem import Problem  # noqa: E402
+from autossd.tuner.shapes import FLAGS, KEYS  # noqa: E402
+
 # the CLI from this tree (a device checkout has no `autossd` entry point installed)
 AUTOSSD = [sys.executable, "-m", "autossd.cli"]
-UNSHAPED = ("D_has_hdim", "has_dt_limit", "has_initial_states", "has_seq_idx", "return_varlen_states")
+# Problem fields that `--shapes` cannot state: they must be off
+UNSHAPED = set(Problem.field_names()) - set(KEYS.values()) - set(FLAGS.values()) - {"dtype"}
 
 
 def shape_of(p: dict) -> str:
-    bad = [k for k in UNSHAPED if p.get(k)]
-    if bad or p.get("chunk_size") is not None:
-        raise ValueError(f"no --shapes form for a problem with {bad or ['chunk_size']}")
-    dims = f"b={p['batch']},l={p['seqlen']},h={p['nheads']},p={p['headdim']},n={p['dstate']},g={p['ngroups']}"
-    return dims + "," + ",".join(f"{f}={int(bool(p[k]))}" for k, f in FLAGS.items())
+    bad = sorted(k for k in UNSHAPED if p.get(k))
+    if bad:
+        raise ValueError(f"no --shapes form for a problem with {bad}")
+    return ",".join([f"{k}={p[f]}" for k, f in KEYS.items() if p.get(f) is not None]
+                    + [f"{k}={int(bool(p[f]))}" for k, f in FLAGS.items()])
 
 
 def jobs(records: list[dict], only: str | None) -> list[tuple[str, str, str]]:
