@@ -50,6 +50,11 @@ class CompileReport:
     def ok(self) -> bool:
         return not self.reasons and all(not s.reasons for s in self.stages)
 
+    def spills(self) -> list[str]:
+        """Stages that spill registers. Not a reason to refuse a config (`ok`): a capped kernel
+        that spills a little can still be the fastest, which only a measurement can tell."""
+        return [f"{s.stage}: spills {s.spill_bytes} bytes per thread" for s in self.stages if s.spill_bytes]
+
     def why(self) -> list[str]:
         return self.reasons + [f"{s.stage}: {r}" for s in self.stages for r in s.reasons]
 
@@ -114,9 +119,11 @@ def _nvidia_resources(cubin: bytes) -> tuple[int, int]:
                              text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+    # spilled registers land in the stack frame (STACK, with a register cap) or in LOCAL:
+    # a Triton kernel makes no calls and has no local arrays, so either means spills
     reg = re.search(r"REG:(\d+)", out)
-    local = re.search(r"LOCAL:(\d+)", out)
-    return int(reg.group(1)) if reg else 0, int(local.group(1)) if local else 0
+    spill = sum(int(m) for m in re.findall(r"(?:STACK|LOCAL):(\d+)", out))
+    return int(reg.group(1)) if reg else 0, spill
 
 
 def _amd_field(asm: str, key: str) -> int:
@@ -136,8 +143,7 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
         rep.agprs = _amd_field(asm, "NumAgprs")
         rep.spill_bytes = _amd_field(asm, "ScratchSize")
         rep.occupancy = float(_amd_field(asm, "Occupancy"))
-        if rep.spill_bytes:
-            rep.reasons.append(f"spills: {rep.spill_bytes} bytes of scratch per lane")
+
         if rep.occupancy == 0:
             rep.reasons.append("occupancy 0: does not fit on a SIMD")
     else:
@@ -148,8 +154,7 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
         by_threads = arch.max_threads_per_sm // threads
         by_smem = arch.smem_per_sm // rep.shared_bytes if rep.shared_bytes else by_threads
         rep.occupancy = float(min(by_regs, by_threads, by_smem))
-        if rep.spill_bytes:
-            rep.reasons.append(f"spills: {rep.spill_bytes} bytes of local memory per thread")
+
         if rep.occupancy < 1:
             rep.reasons.append(f"occupancy 0: {rep.registers} registers x {threads} threads")
     if rep.shared_bytes > arch.smem_per_block:

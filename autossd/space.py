@@ -85,10 +85,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("decay_split", (False, True), False,
          "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    Knob("scan_loop_m", (False, True), False,
-         "one program per chunk, head and headdim tile, looping over the chunk's output rows "
-         "(set-up and the state tile once per chunk) instead of one program per row tile",
-         "chunk_scan", depths=(5, 3)),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "

@@ -149,18 +149,6 @@ def test_decay_split_with_full_and_ragged_chunks(seqlen, feats, depth):
     check(prob, SMALL.replace(decay_split=True, scan_block_m=16, scan_block_n=32, scan_block_d=32), depth)
 
 
-@pytest.mark.parametrize("launches", [5, 3])
-@pytest.mark.parametrize("decay_split", [False, True])
-@pytest.mark.parametrize("seqlen", [128, 150], ids=["full_chunks", "ragged"])
-def test_scan_loop_m(seqlen, decay_split, launches):
-    """One chunk-scan program per chunk looping over its m tiles (scan_loop_m): 4 tiles per full
-    chunk, fewer in the ragged last one; dstate 40 over 16-wide steps, so the state tile loaded
-    once per program is only the first step and the rest come inside the loop (masked)."""
-    prob = Problem(batch=2, seqlen=seqlen, nheads=4, headdim=24, dstate=40, ngroups=2, dtype="fp16", **FULL)
-    check(prob, SMALL.replace(scan_loop_m=True, decay_split=decay_split, scan_block_m=16,
-                              scan_block_k=16), launches)
-
-
 @pytest.mark.parametrize("decay_split", [False, True])
 def test_scan_tile_wider_than_bmm_tiles(decay_split):
     """A chunk-scan m tile that spans several bmm tiles reads CB tiles above the diagonal, which

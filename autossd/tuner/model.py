@@ -42,9 +42,10 @@ the ranking holds, the single launch is over-predicted ~2x (its in-place C·Bᵀ
 small tiles' matmul efficiency).
 
 Register caps (scan_maxnreg, state_maxnreg) are outside what it can rank: a cap raises the
-occupancy the compile report shows, but on the H100 a spill-free cap of 64 registers made the
-chunk scan 1.47x slower at twice the resident CTAs (BENCHMARKS.md §18). Static tunes therefore
-keep each depth's default cap (Knob.measured_only, tuner/space.build_space).
+occupancy the compile report shows, but on the H100 a cap of 64 registers made the chunk scan
+1.47x slower at twice the resident CTAs (BENCHMARKS.md §18; it spills 480 bytes per thread, which
+the compile report missed until §74). Static tunes therefore keep each depth's default cap
+(Knob.measured_only, tuner/space.build_space).
 """
 from __future__ import annotations
 

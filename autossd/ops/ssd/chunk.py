@@ -208,7 +208,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
     scan = Launch("chunk_scan", "ssd_chunk_scan",
-                  ((1 if config.scan_loop_m else triton.cdiv(q, config.scan_block_m)) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
+                  (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
                        st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
                        L=l, H=h, P=p, N=n, heads_per_group=hpg, **scan_io,

@@ -1,7 +1,8 @@
 """Static mode: for an arch that is not present. Each candidate is cross-compiled for the arch
 (`autossd.compile.compile_config`), rejected when the report is not ok (resource limits,
-spills, occupancy 0), and ranked by the performance model in `autossd.tuner.model`. Results are
-predictions: records carry provenance "static"."""
+occupancy 0; spills are recorded, not refused: the model cannot price them), and ranked by the
+performance model in `autossd.tuner.model`. Results are predictions: records carry provenance
+"static"."""
 from __future__ import annotations
 
 from typing import Any
@@ -40,7 +41,8 @@ class StaticRunner:
         info = {"predicted": True,
                 "stages_ms": {s.stage: round(s.seconds * 1e3, 5) for s in stages},
                 "registers": {s.stage: s.registers for s in rep.stages},
-                "occupancy": {s.stage: s.occupancy for s in rep.stages}}
+                "occupancy": {s.stage: s.occupancy for s in rep.stages},
+                "spill_bytes": {s.stage: s.spill_bytes for s in rep.stages}}
         return Outcome(True, ms, info=info)
 
     def close(self) -> None:
