@@ -32,7 +32,7 @@ class StageReport:
     num_warps: int
     registers: int = 0        # per thread: NVIDIA REG, AMD VGPRs (arch VGPRs + AGPRs)
     agprs: int = 0
-    spill_bytes: int = 0      # NVIDIA local memory / AMD scratch per thread
+    spill_bytes: int = 0      # NVIDIA stack frame + local memory / AMD scratch per thread
     shared_bytes: int = 0
     occupancy: float = 0.0    # NVIDIA: blocks per SM; AMD: waves per SIMD (from the assembler)
     artifact_sha: str = ""
@@ -143,7 +143,6 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
         rep.agprs = _amd_field(asm, "NumAgprs")
         rep.spill_bytes = _amd_field(asm, "ScratchSize")
         rep.occupancy = float(_amd_field(asm, "Occupancy"))
-
         if rep.occupancy == 0:
             rep.reasons.append("occupancy 0: does not fit on a SIMD")
     else:
@@ -154,7 +153,6 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
         by_threads = arch.max_threads_per_sm // threads
         by_smem = arch.smem_per_sm // rep.shared_bytes if rep.shared_bytes else by_threads
         rep.occupancy = float(min(by_regs, by_threads, by_smem))
-
         if rep.occupancy < 1:
             rep.reasons.append(f"occupancy 0: {rep.registers} registers x {threads} threads")
     if rep.shared_bytes > arch.smem_per_block:

@@ -1,8 +1,8 @@
 """Measured mode: the arch is the local GPU.
 
 1. Candidates compile in parallel in a process pool (`CompilePool`, compile_config for the local
-   arch): a resource-limit or spill verdict rejects them there, and the compile warms Triton's
-   on-disk cache for the launch.
+   arch): a resource-limit verdict rejects them there (spills are reported, not refused: the
+   measurement judges them), and the compile warms Triton's on-disk cache for the launch.
 2. Each candidate is then checked and timed, one at a time, in an evaluation subprocess
    (`EvalWorker`) that keeps the inputs and the float64 reference between candidates. The gate
    (`autossd.tuner.gate`) runs first; a wrong candidate is failed and never timed. Each right
