@@ -268,12 +268,13 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
         a = scan.args
         names = list(a)
         head, rest = names[:names.index("L") + 4], names[names.index("heads_per_group"):]   # .. N | ..
-        tiles = triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n)
-        tail = [Launch("scan_pass", "ssd_chunk_scan_pass", (nc * b * h * tiles,),
+        tiles = nc * b * h * triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n)
+        tail = [Launch("scan_pass", "ssd_chunk_scan_pass", (tiles,),
                        dict(**{k: a[k] for k in head[:10]}, init_ptr=init, carry_ptr=buf.final,
                             sync_ptr=buf.sync, **{k: a[k] for k in head[10:]}, NB=b,
                             **{k: a[k] for k in rest}, **init_strides, **fin),
-                       dict(scan.constexprs, HAS_INIT=init is not None), opts["scan_pass"])]
+                       dict(scan.constexprs, HAS_INIT=init is not None,
+                            PASS_N=min(64, max(16, triton.next_power_of_2(n)))), opts["scan_pass"])]
     if config.fold_prep:
         # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
         return [Launch(
