@@ -87,8 +87,7 @@ def _signature(launch):
             consts[name] = None
         elif isinstance(v, torch.Tensor):
             sig[name] = _PTR[v.dtype]
-            if v.storage_offset() * v.element_size() % 16 == 0:   # allocations are 16-byte aligned;
-                attrs[(i,)] = [["tt.divisibility", 16]]             # a view (depth 4's slots) may not be
+            attrs[(i,)] = [["tt.divisibility", 16]]  # allocations are 16-byte aligned
         elif isinstance(v, bool):
             raise TypeError(f"{name}: bools are passed as constexprs")
         elif isinstance(v, int):

@@ -28,7 +28,6 @@ STAGE_LAUNCH = {
     "chunk_state": ("state_warps", "state_stages", "state_maxnreg"),
     "state_passing": ("pass_warps", None, None),
     "chunk_scan": ("scan_warps", "scan_stages", "scan_maxnreg"),
-    "scan_pass": ("scan_warps", "scan_stages", "scan_maxnreg"),
     "state_fused": ("state_warps", "state_stages", "state_maxnreg"),
     "fused": ("scan_warps", "scan_stages", "scan_maxnreg"),
 }

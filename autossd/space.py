@@ -27,7 +27,7 @@ class Knob:
     doc: str
     stage: str = "all"            # which kernel stage it shapes
     backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
-    depths: tuple = (5, 4, 3, 1)  # fusion depths (launches) whose kernels it shapes
+    depths: tuple = (5, 3, 1)     # fusion depths (launches) whose kernels it shapes
     measured_only: bool = False   # the static model cannot rank it: static tunes keep the default
 
     def offered_on(self, arch: Arch) -> bool:
@@ -39,51 +39,49 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     # 5: cumsum | bmm | chunk state | state passing | chunk scan;
-    # 4: cumsum | bmm | chunk state | chunk scan with the state passing ordered inside it
-    #    (scan_pass.jinja);
     # 3: bmm | cumsum + chunk state + ordered state passing | chunk scan;
     # 1: everything in one launch, state passing ordered across programs (see fused.jinja)
-    Knob("launches", (5, 4, 3, 1), 5, "fusion depth: number of kernel launches for the forward"),
+    Knob("launches", (5, 3, 1), 5, "fusion depth: number of kernel launches for the forward"),
     Knob("chunk_size", (64, 128, 256), 256, "tokens per chunk"),
     Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
          "storage dtype of the inter-chunk states (local chunk states and passed states)"),
-    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum", depths=(5, 4)),
-    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=(5, 4, 3)),
-    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=(5, 4, 3)),
-    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm", depths=(5, 4, 3)),
-    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=(5, 4, 3)),
-    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm", depths=(5, 4, 3)),
+    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum", depths=(5,)),
+    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=(5, 3)),
+    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=(5, 3)),
+    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm", depths=(5, 3)),
+    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=(5, 3)),
+    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm", depths=(5, 3)),
     Knob("state_block_m", TILES, 64, "headdim per program", "chunk_state"),
     Knob("state_block_n", TILES, 64, "dstate per program", "chunk_state"),
     Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
-    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state", depths=(5, 4, 3)),
-    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state", depths=(5, 4, 3)),
+    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state", depths=(5, 3)),
+    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state", depths=(5, 3)),
     # register cap per thread (ptxas -maxnreg), 0 = ptxas's choice. Left alone, ptxas takes up to
     # 255 registers for ILP; these kernels are latency-bound, and the cap buys resident CTAs
     # (the chunk scan compiles to 64 instead of 120 without spilling: 8 CTAs per SM, not 4).
     # measured_only: a cap raises occupancy in the compile report, but what it costs in code
     # (H100: 64 registers made the chunk scan 1.47x slower at twice the CTAs) only a GPU shows
     Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
-         backends=("cuda",), depths=(5, 4, 3), measured_only=True),
+         backends=("cuda",), depths=(5, 3), measured_only=True),
     # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
-         "chunk_state", depths=(5, 4)),
+         "chunk_state", depths=(5,)),
     # 1: the cumsum and C·Bᵀ run inside the chunk-state launch (five launches become three).
     # Each state program computes its own chunk's cumsum; the C·Bᵀ tiles are extra programs of
     # the same grid. At small shapes each launch is a few µs of ramp and one load chain; the
     # folded cumsum lengthens every chunk-state program, which costs at larger shapes. (Folding
     # C·Bᵀ alone, cumsum kept, lost at every shape measured: BENCHMARKS.md §45.)
     Knob("fold_prep", (0, 1), 0,
-         "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5, 2 instead of 4)",
-         "chunk_state", depths=(5, 4), measured_only=True),
+         "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5)",
+         "chunk_state", depths=(5,), measured_only=True),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
-    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 4, 3)),
+    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
-    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan", depths=(5, 4, 3)),
+    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan", depths=(5, 3)),
     Knob("decay_split", (False, True), False,
          "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
          "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
@@ -101,7 +99,6 @@ KNOBS: tuple[Knob, ...] = (
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 # the launches of each fusion depth, in order (names of `ops.ssd.chunk.plan`'s stages)
 STAGES_BY_DEPTH = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
-                   4: ("cumsum", "bmm", "chunk_state", "scan_pass"),
                    3: ("bmm", "state_fused", "chunk_scan"),
                    1: ("fused",)}
 STAGES = STAGES_BY_DEPTH[5]
@@ -239,7 +236,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
 
 def _gluon_state_violations(config: Config, arch: Arch, problem) -> list[str]:
     """What the Gluon chunk-state kernel (smem_pad > 0, chunk_state_gluon.jinja) cannot do."""
-    why = []   # (launches 3 or 1 cannot occur: a Config resets smem_pad there, Knob.depths)
+    why = []   # (launches != 5 cannot occur: a Config resets smem_pad there, Knob.depths)
     if problem is not None and problem.dtype not in ("fp16", "bf16"):
         why.append(f"smem_pad={config.smem_pad} needs fp16/bf16 inputs (its MMA takes 16-bit operands), "
                    f"got {problem.dtype}")
@@ -284,7 +281,7 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
         # SM; uncapped these take ~156), 2.80 -> 2.45 ms (BENCHMARKS.md, 2026-11-22c)
         base = base.replace(state_warps=2, pass_warps=2, decay_split=True, scan_block_k=64,
                             scan_block_d=128, scan_maxnreg=128, scan_stages=1, state_stages=3)
-        if base.launches in (5, 4):
+        if base.launches == 5:
             # the whole dstate in one chunk-state tile: x is read once per chunk and head, not
             # once per dstate tile; the chunk state 9-16% and the forward 1.7-3.7% faster at every
             # large shape in both dtypes (BENCHMARKS.md §60, §61). Not at depth 3, whose hand-off

@@ -121,7 +121,7 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert seeds[0] == default_config("sm90", SMALL)
     assert {c.chunk_size for c in seeds} == {64, 128, 256}
     assert all(not violations(c, "sm90", SMALL) for c in seeds)
-    assert {c.launches for c in seeds} == {5, 4, 3, 1}             # every fusion depth is seeded
+    assert {c.launches for c in seeds} == {5, 3, 1}                # every fusion depth is seeded
     assert default_config("sm90", SMALL, launches=1) in seeds
     assert {c.fold_prep for c in seeds if c.launches == 5} == {0, 1}   # the fold of the small stages
 
@@ -153,7 +153,7 @@ def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():
 
 
 def test_seeds_with_a_pinned_depth_start_from_that_depth_default():
-    for depth in (4, 3, 1):
+    for depth in (3, 1):
         space = build_space("sm90", SMALL, fixed={"launches": depth})
         seeds = seed_configs("sm90", SMALL, space)
         assert seeds and seeds[0] == default_config("sm90", SMALL, launches=depth)
@@ -163,7 +163,7 @@ def test_seeds_with_a_pinned_depth_start_from_that_depth_default():
 def test_seeding_survives_a_dstate_no_single_launch_tile_covers():
     big_n = SMALL.replace(dstate=256)
     seeds = seed_configs("sm90", big_n, build_space("sm90", big_n))
-    assert seeds and {c.launches for c in seeds} == {5, 4, 3}
+    assert seeds and {c.launches for c in seeds} == {5, 3}
 
 
 # --- samplers ---------------------------------------------------------------------------------
@@ -425,7 +425,7 @@ def test_conditional_space_counts_and_enumerates_distinct_configs():
     assert "bmm_block_m" not in {d.name for d in pinned1.dims}   # unused by the single launch
     one = list(pinned1.enumerate())
     assert len(one) == len(set(one)) == pinned1.size()
-    assert space.size() == sum(build_space("sm90", SMALL, fixed={"launches": n}).size() for n in (5, 4, 3, 1))
+    assert space.size() == sum(build_space("sm90", SMALL, fixed={"launches": n}).size() for n in (5, 3, 1))
     assert configs is None or len(configs) == space.size()
 
 

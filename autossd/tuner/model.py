@@ -170,15 +170,6 @@ def stage_costs(problem: Problem, config: Config) -> list[StageCost]:
         return out
     cum, bmm_c, state, _, scan = out
     chains = ssd_chains(problem, config)
-    if config.launches == 4:
-        # the state passing inside the chunk scan: the local states read and the passed ones
-        # written once (as the state-passing launch does), the scan's reads of them now from L2;
-        # the running state goes through L2 (carry, fp32)
-        carry = 2 * nc * b * h * p * n * f4
-        fused = StageCost("scan_pass", scan.grid, scan.unique_bytes + states + b * h * nc * f4,
-                          scan.reread_bytes + states + carry, scan.flops, scan.block, scan.stages,
-                          chain=nc, ordered=True)
-        return [cum, bmm_c, state, fused]
     carry = 2 * nc * chains * config.state_block_m * config.state_block_n * f4   # read + write, fp32
     if config.launches == 3:
         # cumsum folded in (dt read, dt'/dA written), local states never stored: the passed

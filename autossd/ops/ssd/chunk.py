@@ -43,11 +43,9 @@ class Buffers:
     dA: torch.Tensor        # (b, h, c, q) fp32, within-chunk cumsum of dt * A
     cb: torch.Tensor | None      # (b, c, g, q, q), launches 5 and 3
     states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
-    # (depth 4: c + 1 slots, the local states one slot on, in `local`; see scan_pass.jinja)
     final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
     # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
     sync: torch.Tensor | None = None
-    local: torch.Tensor | None = None   # where the chunk-state launch writes: states, or states[:, 1:]
 
 
 def _strides(t, n):
@@ -59,8 +57,6 @@ SYNC_SCRATCH = 1024   # >= the lanes of a fused program (8 warps x 64 on AMD)
 
 def chains(prob: _problem.Problem, config: Config) -> int:
     """Ordered state chains of the fused depths: one per (batch, head, state tile)."""
-    if config.launches == 4:   # one per (batch, head, headdim tile of the chunk scan)
-        return prob.batch * prob.nheads * triton.cdiv(prob.headdim, config.scan_block_n)
     tiles = triton.cdiv(prob.headdim, config.state_block_m)
     if config.launches == 3:
         tiles *= triton.cdiv(prob.dstate, config.state_block_n)
@@ -85,7 +81,7 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         dt=torch.empty(b, h, nc, q, dtype=f32, device=device),
         dA=torch.empty(b, h, nc, q, dtype=f32, device=device),
         cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
-        states=torch.empty(b, nc + (depth == 4), h, p, n, dtype=sdt, device=device) if need_states else None,
+        states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
         sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int64, device=device)
@@ -94,12 +90,7 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
             if t is not None:
                 t.fill_(float("nan"))
-    buf.local = _local(buf.states, depth)
     return buf
-
-
-def _local(states, depth):
-    return states[:, 1:] if depth == 4 and states is not None else states
 
 
 # --- workspace ----------------------------------------------------------------------------
@@ -261,42 +252,29 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                           **init_strides, **fin, **seq_strides),
                      dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
                      opts["state_passing"])
-    tail = [passing, scan]
-    if depth == 4:
-        # the state passing inside the chunk scan, ordered by tickets as at the fused depths
-        # (arguments in the kernel's order: compile._signature numbers them)
-        a = scan.args
-        names = list(a)
-        head, rest = names[:names.index("L") + 4], names[names.index("heads_per_group"):]   # .. N | ..
-        tiles = nc * b * h * triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n)
-        tail = [Launch("scan_pass", "ssd_chunk_scan_pass", (tiles,),
-                       dict(**{k: a[k] for k in head[:10]}, init_ptr=init, carry_ptr=buf.final,
-                            sync_ptr=buf.sync, **{k: a[k] for k in head[10:]}, NB=b,
-                            **{k: a[k] for k in rest}, **init_strides, **fin),
-                       dict(scan.constexprs, HAS_INIT=init is not None,
-                            PASS_N=min(64, max(16, triton.next_power_of_2(n)))), opts["scan_pass"])]
     if config.fold_prep:
         # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
         return [Launch(
             "chunk_state", "ssd_chunk_state_prep", (state_grid0 + bmm.grid[0], nc, b),
-            dict(x_ptr=x, **dt_in, B_ptr=B, C_ptr=C, seq_ptr=seq, st_ptr=buf.local, cb_ptr=buf.cb,
+            dict(x_ptr=x, **dt_in, B_ptr=B, C_ptr=C, seq_ptr=seq, st_ptr=buf.states, cb_ptr=buf.cb,
                  dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, P=p, N=n, heads_per_group=hpg,
                  dt_lo=lo, dt_hi=hi, **_named("s_x", "blhp", x), **dt_strides,
                  **_named("s_B", "blgn", B), **_named("s_C", "blgn", C),
                  **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb), **dt_out, **seq_strides, **st_strides),
-            dict(**flags, HAS_SEQ=seq is not None), opts["chunk_state"]), *tail]
+            dict(**flags, HAS_SEQ=seq is not None), opts["chunk_state"]), passing, scan]
     return [
         Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
                dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
                     **dt_strides, **dt_out), flags, opts["cumsum"]),
         bmm,
         Launch("chunk_state", "ssd_chunk_state", (state_grid0, nc, b),
-               dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.local,
+               dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
                     L=l, H=h, P=p, N=n, heads_per_group=hpg,
                     **_named("s_x", "blhp", x), **_named("s_B", "blgn", B),
                     s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], **seq_strides, **st_strides),
                dict(HAS_SEQ=seq is not None), opts["chunk_state"]),
-        *tail,
+        passing,
+        scan,
     ]
 
 
@@ -413,7 +391,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "local")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync")
 _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
@@ -528,7 +506,7 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     lock, kept = ws
     with lock:
         buf = Buffers(y=torch.empty(x.shape, dtype=x.dtype, device=device), dt=kept.dt, dA=kept.dA,
-                      cb=kept.cb, states=kept.states, sync=kept.sync, local=kept.local,
+                      cb=kept.cb, states=kept.states, sync=kept.sync,
                       final=torch.empty(prob.batch, prob.nheads, prob.headdim, prob.dstate,
                                         dtype=torch.float32, device=device)
                       if aprob.return_final_states else kept.final)
