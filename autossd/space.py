@@ -78,11 +78,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
-    # >1: the state passing combines this many chunks a step by an associative scan (their loads
-    # in flight together), so its dependent chain is nchunks / pass_chunks long: at short
-    # sequences the loop is latency-bound, not bound by bytes
-    Knob("pass_chunks", (1, 2, 4, 8, 16), 1, "chunks per step of the state passing (associative scan)",
-         "state_passing", depths=(5,)),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
     Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
@@ -108,11 +103,6 @@ STAGES_BY_DEPTH = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_s
                    1: ("fused",)}
 STAGES = STAGES_BY_DEPTH[5]
 STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-# the state passing's scan holds ~3 fp32 tiles of pass_chunks x pass_block: beyond this many
-# elements per thread they no longer fit in registers
-PASS_ELEMS_PER_THREAD = 64
 
 
 class ConfigError(ValueError):
@@ -234,12 +224,6 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += _gluon_state_violations(config, arch, problem)
         if config.fold_prep:
             why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
-    if config.launches == 5 and config.pass_chunks > 1:
-        per_thread = config.pass_chunks * config.pass_block // (config.pass_warps * arch.warp_size)
-        if per_thread > PASS_ELEMS_PER_THREAD:
-            why.append(f"pass_chunks={config.pass_chunks} x pass_block={config.pass_block} is {per_thread} "
-                       f"state elements per thread at pass_warps={config.pass_warps} "
-                       f"(> {PASS_ELEMS_PER_THREAD}: the scan's operands would spill)")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

@@ -194,23 +194,10 @@ def test_random_configs(seed, depth):
     prob = Problem(batch=1, seqlen=130, nheads=2, headdim=32, dstate=32, ngroups=1, dtype="fp16",
                    has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
     over = {k.name: rng.choice([v for v in k.values if isinstance(v, bool) or not isinstance(v, int) or v >= 32 or "warps" in k.name
-                                 or "stages" in k.name or k.name in ("cumsum_block_h", "fold_prep", "pass_chunks")])
+                                 or "stages" in k.name or k.name in ("cumsum_block_h", "fold_prep")])
             for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches", "smem_pad")}
     cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small
-    while any("pass_chunks" in w for w in violations(cfg, ARCH, prob)):   # too many state elements
-        cfg = cfg.replace(pass_chunks=cfg.pass_chunks // 2)                # a thread for registers
     check(prob, cfg, depth)
-
-
-@pytest.mark.parametrize("pass_chunks", [2, 4, 16])
-def test_state_passing_by_scan(pass_chunks):
-    """pass_chunks > 1: the state passing combines that many chunks a step by an associative scan.
-    7 chunks (a ragged last step, and fewer chunks than one step at 16), two sequences in a row
-    (seq_idx cuts the decay), initial states, the final and the varlen states."""
-    prob = Problem(batch=1, seqlen=64 * 6 + 7, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp32",
-                   has_initial_states=True, has_seq_idx=True, return_final_states=True,
-                   return_varlen_states=True, dt_softplus=True)
-    check(prob, SMALL.replace(pass_chunks=pass_chunks, pass_warps=1))
 
 
 def test_poison_is_caught():

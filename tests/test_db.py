@@ -131,11 +131,10 @@ def test_one_damaged_row_never_costs_an_older_database_its_other_records(tmp_pat
     with dbengine.get_engine(url).connect() as conn:
         v2_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
     # a config schema 2 could hold: the later knobs at the values their migrations give old rows
-    old = TUNED.replace(smem_pad=0, decay_split=False, state_maxnreg=0, scan_maxnreg=0, fold_prep=0,
-                        pass_chunks=1)
+    old = TUNED.replace(smem_pad=0, decay_split=False, state_maxnreg=0, scan_maxnreg=0, fold_prep=0)
     good = {k: v for k, v in rec(config=old).to_row().items() if k in v2_cols}
     v2_cfg = json.loads(old.key())
-    for knob in ("smem_pad", "decay_split", "state_maxnreg", "scan_maxnreg", "fold_prep", "pass_chunks"):
+    for knob in ("smem_pad", "decay_split", "state_maxnreg", "scan_maxnreg", "fold_prep"):
         v2_cfg.pop(knob)   # knobs schema 2 did not have
     good["config_json"] = json.dumps(v2_cfg, sort_keys=True)
     bad = [{**good, "config_json": "{not json"}, {**good, "config_json": "[1, 2]"},
@@ -192,7 +191,6 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
     assert "cfg_fold_prep" not in v6_cols
     v6_cfg = json.loads(TUNED.key())
     v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob
-    v6_cfg.pop("pass_chunks")
     row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v6_cols},
            "config_json": json.dumps(v6_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
@@ -211,37 +209,6 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
         assert "cfg_fold_prep" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
         (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
     assert json.loads(text) == v6_cfg   # the folded row is gone, the other lost only the key
-
-
-def test_schema_8_gives_older_rows_one_chunk_a_step(tmp_path):
-    """Before pass_chunks the state passing took one chunk a step: an older row gains
-    "pass_chunks": 1 in its canonical config_json and in cfg_pass_chunks; a downgrade drops the
-    rows of the scanned state passing, whose time would otherwise read as the loop's, and the key."""
-    url = to_url(tmp_path / "v7.sqlite")
-    assert migrate(url, "0007") == "0007"
-    with dbengine.get_engine(url).connect() as conn:
-        v7_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    assert "cfg_pass_chunks" not in v7_cols
-    v7_cfg = json.loads(TUNED.key())
-    v7_cfg.pop("pass_chunks")   # as schema 7 wrote it: no such knob
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v7_cols},
-           "config_json": json.dumps(v7_cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
-    assert migrate(url) == HEAD
-    with dbengine.get_engine(url).connect() as conn:
-        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_pass_chunks FROM tuned_records")).fetchall()
-    assert json.loads(text)["pass_chunks"] == 1 and col == 1
-    assert text == TUNED.key()   # canonical, as Config.key() writes it
-    (r,) = read_records(url)
-    assert r.config == TUNED and r.config.pass_chunks == 1
-    add_records(url, [rec(config=TUNED.replace(pass_chunks=8), time_ms=0.3)])
-    _downgrade(url, "0007")
-    with dbengine.get_engine(url).connect() as conn:
-        assert dbengine.current_revision(conn) == "0007"
-        assert "cfg_pass_chunks" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
-    assert json.loads(text) == v7_cfg   # the scanned row is gone, the other lost only the key
 
 
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):

@@ -143,12 +143,11 @@ def stage_costs(problem: Problem, config: Config) -> list[StageCost]:
                          2.0 * progs * q * bm * bn, (bm, bn, bk), config.state_stages))
 
     # 4. state passing: read and rewrite every chunk state in place, chunk after chunk
-    # (pass_chunks at a time: the chain is that many times shorter)
     pb = config.pass_block
     progs = _cdiv(p * n, pb) * b * h
     final = b * h * p * n * f4 if problem.return_final_states else 0
     out.append(StageCost("state_passing", progs, 2 * states + b * h * nc * f4 + final, 0.0,
-                         2.0 * states / s, chain=_cdiv(nc, config.pass_chunks)))
+                         2.0 * states / s, chain=nc))
 
     # 5. chunk scan: y = causal(CB) (dt x) + C S exp(dA) + D x, tiles of (time, headdim)
     bm, bn, bk, bd = (config.scan_block_m, config.scan_block_n, config.scan_block_k,
