@@ -254,6 +254,29 @@ def test_sqlite_engine_uses_wal_and_busy_timeout(tmp_path):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == dbengine.BUSY_TIMEOUT_MS
 
 
+def test_reading_leaves_a_rollback_journal_database_as_it_is(tmp_path):
+    """Only a write switches a file to WAL: `autossd show --db`, a lookup or a read of a
+    database kept in rollback-journal mode (as shipped ones are) must not change it."""
+    from autossd.tuner.records import DbSink
+    path = tmp_path / "ro.sqlite"
+    add_records(to_url(path), [rec()])
+    dbengine.finalize_sqlite(path)          # journal_mode=DELETE, as a shipped file is
+    dbengine.dispose_engines()
+
+    def mode():
+        con = sqlite3.connect(str(path))
+        try:
+            return con.execute("PRAGMA journal_mode").fetchone()[0]
+        finally:
+            con.close()
+    assert mode() == "delete"
+    assert len(DbSink(str(path)).load()) == 1 and len(read_records(str(path))) == 1
+    dbengine.dispose_engines()
+    assert mode() == "delete" and not Path(f"{path}-wal").exists()
+    add_records(to_url(path), [rec(time_ms=0.2)])   # a write does switch it
+    assert mode() == "wal"
+
+
 def test_readers_are_not_blocked_by_an_open_write_transaction(tmp_path):
     url = to_url(tmp_path / "r.sqlite")
     add_records(url, [rec()])

@@ -1,7 +1,8 @@
 """The one place where tuning-database engines are made, locked, retried and migrated.
 
 SQLite (the default) is set up for several processes writing one file, the case Optuna's RDB
-storage fails at ("database is locked"): WAL journaling (readers never block the writer),
+storage fails at ("database is locked"): WAL journaling, switched on by the first write (readers
+never block the writer; a file that is only read keeps its journal mode),
 `busy_timeout` (a writer waits for the lock instead of failing), `BEGIN IMMEDIATE` for write
 transactions (`write_transaction`: the write lock is taken up front, so a read-then-write
 transaction cannot hit SQLITE_BUSY half-way, which busy_timeout does not cover; reads stay
@@ -125,8 +126,7 @@ def _make_engine(url: str, readonly: bool) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if not readonly and path is not None:
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA synchronous=NORMAL")   # (per connection; WAL is set by writers)
         cur.close()
 
     @event.listens_for(eng, "begin")
@@ -141,11 +141,25 @@ def _make_engine(url: str, readonly: bool) -> Engine:
 
 @contextlib.contextmanager
 def write_transaction(eng: Engine) -> Iterator[sa.Connection]:
-    """A write transaction: BEGIN IMMEDIATE on SQLite, committed on success."""
+    """A write transaction: BEGIN IMMEDIATE on SQLite, committed on success. The first write
+    through an engine switches its SQLite file to WAL (persistent in the file): writers then
+    never block readers. Only writes do: reading a database (`autossd show --db`, a lookup)
+    leaves a file in rollback-journal mode as it was."""
     with eng.connect() as conn:
+        _use_wal(eng, conn)
         conn = conn.execution_options(autossd_write=True)
         with conn.begin():
             yield conn
+
+
+def _use_wal(eng: Engine, conn: sa.Connection) -> None:
+    if getattr(eng, "_autossd_wal", False) or not is_sqlite(str(eng.url)) or sqlite_path(str(eng.url)) is None:
+        return
+    # on the DBAPI connection, in autocommit: the journal mode cannot change inside a transaction
+    dbapi = conn.connection.dbapi_connection
+    if dbapi.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        dbapi.execute("PRAGMA journal_mode=WAL")
+    eng._autossd_wal = True   # once per engine (the mode stays in the file)
 
 
 def is_locked_error(exc: BaseException) -> bool:
@@ -176,8 +190,8 @@ def current_revision(conn: sa.Connection) -> str | None:
 
 
 def _revision(eng: Engine) -> str | None:
-    # retried: opening a connection switches a new file to WAL, which can find the file locked
-    # while other processes create it at the same moment (CI saw it once with 4 writers)
+    # retried: opening a connection can find a new file locked while other processes create it
+    # at the same moment (CI saw it once with 4 writers)
     def read() -> str | None:
         with eng.connect() as conn:
             return current_revision(conn)
