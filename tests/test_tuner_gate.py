@@ -119,3 +119,39 @@ def test_graph_objective_falls_back_to_eager_where_capture_fails(monkeypatch):
         assert runner.worker.opts["no_graphs"] is None
     finally:
         runner.close()
+
+
+def test_timed_rounds_interleave_the_modes_and_keep_each_median():
+    """The GPU's speed drifts for seconds at a time (BENCHMARKS.md §83): a candidate's eager and
+    graph times are taken in interleaved rounds and each mode keeps its median, so one slow
+    round neither ranks the config nor one mode against the other."""
+    from autossd.tuner.runners.measured import timed_rounds
+    order = []
+    eager_ms, graph_ms = iter([1.0, 5.0, 1.2]), iter([0.9, 0.95, 3.0])
+
+    def eager():
+        order.append("e")
+        return next(eager_ms)
+
+    def graph(e):
+        order.append(("g", e))
+        return next(graph_ms)
+
+    times, err, samples = timed_rounds(eager, graph, 3)
+    assert times == {"eager": 1.2, "graph": 0.95} and err is None
+    assert samples == {"eager": [1.0, 5.0, 1.2], "graph": [0.9, 0.95, 3.0]}
+    assert order == ["e", ("g", 1.0), "e", ("g", 5.0), "e", ("g", 1.2)]   # each graph after its eager
+
+    # a graph that fails (e.g. out of memory for its pool) ends the graph rounds, not the eager ones
+    calls = iter([0.8, RuntimeError("out of memory")])
+
+    def flaky(_):
+        v = next(calls)
+        if isinstance(v, Exception):
+            raise v
+        return v
+    times, err, samples = timed_rounds(lambda: 2.0, flaky, 3)
+    assert times == {"eager": 2.0, "graph": 0.8} and samples["eager"] == [2.0] * 3
+    assert err == "RuntimeError: out of memory"
+    # a device without graphs: eager only
+    assert timed_rounds(lambda: 3.0, None, 3) == ({"eager": 3.0}, None, {"eager": [3.0] * 3})
