@@ -9,7 +9,8 @@ float64 reference, gate, eager time, then `_graph_ms`), and the same replay time
 
 Each is taken ROUNDS times, interleaved; prints ms per call and writes DIR/probe_graph_timing.json.
 
-    python scripts/probe_graph_timing.py --out DIR [--shapes mamba2-2.7b:4x16384:fp16,codestral-7b:1x131072:bf16]
+    python scripts/probe_graph_timing.py --out DIR [--shapes "mamba2-2.7b:b=4,l=16384;codestral-7b:b=1,l=131072"]
+        [--dtypes fp16,bf16]
 """
 from __future__ import annotations
 
@@ -23,11 +24,10 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.bench import back_to_back_ms, run_meta  # noqa: E402
-from autossd.problem import Problem  # noqa: E402
 from autossd.space import default_config  # noqa: E402
 from autossd.tuner.gate import check, default_run, make_inputs, reference  # noqa: E402
 from autossd.tuner.runners import measured  # noqa: E402
-from autossd.tuner.shapes import MODELS  # noqa: E402
+from autossd.tuner.shapes import parse_shape  # noqa: E402
 
 ROUNDS = 3
 
@@ -50,15 +50,13 @@ def graph_ms(fn, warm, rep, empty_cache: bool) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--shapes", default="mamba2-2.7b:4x16384:fp16,codestral-7b:1x131072:bf16")
+    ap.add_argument("--shapes", default="mamba2-2.7b:b=4,l=16384;codestral-7b:b=1,l=131072",
+                    help="as `autossd tune --shapes`, ';' between shapes")
+    ap.add_argument("--dtypes", default="fp16,bf16", help="one per shape")
     a = ap.parse_args()
     rows = []
-    for spec in a.shapes.split(","):
-        model, bl, dtype = spec.split(":")
-        b, l = map(int, bl.split("x"))
-        h, p, n, g = MODELS[model]
-        prob = Problem(batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=dtype,
-                       has_D=True, has_dt_bias=True, dt_softplus=True)
+    for spec, dtype in zip(a.shapes.split(";"), a.dtypes.split(","), strict=True):
+        prob = parse_shape(spec, dtype)
         cfg = default_config("sm90", prob)
         t = make_inputs(prob, "cuda", seed=0)
         ref = reference(prob, t)
@@ -76,12 +74,12 @@ def main() -> None:
             times["one_graph"].append(float(triton.testing.do_bench(g1.replay, warmup=25, rep=100,
                                                                      return_mode="median")))
         del g1
-        row = {"shape": spec, "gate_ok": gate.ok, "ms": times}
+        row = {"shape": spec, "dtype": dtype, "gate_ok": gate.ok, "ms": times}
         rows.append(row)
-        print(spec, "gate", "ok" if gate.ok else gate.why, flush=True)
+        print(spec, dtype, "gate", "ok" if gate.ok else gate.why, flush=True)
         for k, v in times.items():
             print(f"  {k:11s} " + "  ".join(f"{x:.4f}" for x in v), flush=True)
-        del t, ref, fn
+        t = ref = fn = None   # free the inputs and the reference before the next shape
         torch.cuda.empty_cache()
     with open(os.path.join(a.out, "probe_graph_timing.json"), "w") as f:
         json.dump({"meta": run_meta(), "rows": rows}, f, indent=1)
