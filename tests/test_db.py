@@ -277,6 +277,32 @@ def test_reading_leaves_a_rollback_journal_database_as_it_is(tmp_path):
     assert mode() == "wal"
 
 
+def test_the_first_write_waits_out_a_reader_before_switching_to_wal(tmp_path, monkeypatch):
+    """Switching a file to WAL needs it to itself for a moment: a reader holding a rollback-mode
+    file (another process's open read) makes the switch report a lock, which is retried like
+    any other lock error, not raised at the caller."""
+    import threading
+    path = tmp_path / "busy.sqlite"
+    add_records(to_url(path), [rec()])
+    dbengine.finalize_sqlite(path)
+    dbengine.dispose_engines()
+    monkeypatch.setattr(dbengine, "BUSY_TIMEOUT_MS", 20)   # give up waiting at once: retry instead
+    reader = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM tuned_records").fetchone()   # holds a shared lock
+    threading.Timer(0.5, lambda: reader.execute("COMMIT")).start()
+    try:
+        add_records(to_url(path), [rec(time_ms=0.2)])
+    finally:
+        time.sleep(0.6)
+        reader.close()
+    dbengine.dispose_engines()
+    assert len(read_records(str(path))) == 2
+    con = sqlite3.connect(str(path))
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con.close()
+
+
 def test_readers_are_not_blocked_by_an_open_write_transaction(tmp_path):
     url = to_url(tmp_path / "r.sqlite")
     add_records(url, [rec()])

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -157,8 +158,11 @@ def _use_wal(eng: Engine, conn: sa.Connection) -> None:
         return
     # on the DBAPI connection, in autocommit: the journal mode cannot change inside a transaction
     dbapi = conn.connection.dbapi_connection
-    if dbapi.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-        dbapi.execute("PRAGMA journal_mode=WAL")
+    try:
+        if dbapi.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            dbapi.execute("PRAGMA journal_mode=WAL")   # needs the file to itself for a moment
+    except sqlite3.OperationalError as e:   # as SQLAlchemy raises it, so with_retries sees a lock
+        raise sa.exc.OperationalError("PRAGMA journal_mode=WAL", None, e) from e
     eng._autossd_wal = True   # once per engine (the mode stays in the file)
 
 
