@@ -59,6 +59,13 @@ class Kernel:
         self.match = match
         self._loaded: tuple | None = None   # (config, its module): one slot, so they never disagree
         self._checked: dict[tuple, Problem] = {}   # call key (_call_key) -> its validated Problem
+        while (arch, problem, self.config) in _unfit:   # known not to load here: skip to what did
+            why = _unfit[(arch, problem, self.config)]
+            chain = fallback_configs(arch, problem)
+            left = chain[chain.index(self.config) + 1:] if self.config in chain else chain
+            if not left:
+                break   # nothing left: the call raises, as _fall_back does
+            self.match = Match("default", left[0], match.distance, why)
 
     # --- what was chosen, and why ----------------------------------------------------
     @property
@@ -181,6 +188,7 @@ class Kernel:
                f"({err.required} > {err.limit}); fell back to the {self.arch} default"
                + ("" if cand == chain[0] else " without pipelining"))
         log.warning("autossd: %s", why)
+        _unfit[(self.arch, self.problem, self.config)] = why
         self.match = Match("default", cand, was.distance, why)
 
 
@@ -194,6 +202,12 @@ def fallback_configs(arch: str, problem: Problem) -> list[Config]:
 
 
 # --- get_kernel ----------------------------------------------------------------------------
+# (arch, problem, config) -> why: configs that did not load on this process's GPU (Kernel._fall_back).
+# clear_cache keeps them (the GPU did not change), so a Kernel built again after it (e.g. after
+# a tuning-database write) starts from the config that fit, without a failed load and a second
+# warning. Keyed by arch, not by GPU: a process with two GPU models of one arch applies one's
+# verdict to both (the default runs there, correct, perhaps slower).
+_unfit: dict[tuple, str] = {}
 _kernels: dict[Any, Kernel] = {}
 KERNELS_MAX = 4096   # cached Kernels (two keys each), as the call and launch caches are bounded
 _kernels_lock = threading.Lock()
@@ -202,7 +216,7 @@ _device_arch: dict[int, str] = {}
 
 def clear_cache() -> None:
     """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes) and the kept
-    workspaces of intermediates."""
+    workspaces of intermediates. Configs this GPU could not load are remembered (_unfit)."""
     with _kernels_lock:
         _kernels.clear()
         _calls.clear()

@@ -188,6 +188,18 @@ def test_a_config_the_gpu_cannot_load_falls_back_to_one_that_fits(tmp_path, monk
     base, flat = runtime.fallback_configs("sm90", k.problem)
     assert k.config == base and k.source == "default" and "shared memory" in k.reason
     assert "232448 > 101376" in caplog.text and "fell back" in caplog.text
+    # clear_cache (which every database write triggers) keeps the verdict: the next Kernel starts
+    # from the default, without loading the record's config again or warning again
+    runtime.clear_cache()
+    tried = []
+    monkeypatch.setattr(runtime, "execute", lambda prob, config, *a, **k: (tried.append(config),
+                                                                          execute(prob, config, *a, **k))[1])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="autossd"):
+        assert rel_err(autossd.mamba_chunk_scan_combined(*args, 64, **kw), ref) < tolerance("fp32")
+    k = runtime.get_kernel(p, "sm90")
+    assert tried == [base] and k.config == base and "shared memory" in k.reason
+    assert "fell back" not in caplog.text
     # the default does not fit either: its unpipelined form; then nothing is left, and the
     # error says so (never a loop, never a GPU fault)
     too_big.add(base)
