@@ -167,6 +167,7 @@ def test_a_config_the_gpu_cannot_load_falls_back_to_one_that_fits(tmp_path, monk
     # e.g. an H100-tuned record (227 KB of shared memory per block) on a 99 KB sm89 part: Triton
     # raises OutOfResources at the kernel's first load; the call runs again, on the arch default
     from triton.runtime.errors import OutOfResources
+    monkeypatch.setattr(runtime, "_unfit", {})   # this test's verdicts end with it (they outlive clear_cache)
     p = tiny(has_D=True)
     cfg = tuned_for(p)
     add_records(str(tmp_path / "user.sqlite"), [make_record(p, cfg, "sm90", provenance="measured", time_ms=0.02)])
