@@ -60,12 +60,10 @@ class Kernel:
         self._loaded: tuple | None = None   # (config, its module): one slot, so they never disagree
         self._checked: dict[tuple, Problem] = {}   # call key (_call_key) -> its validated Problem
         while (arch, problem, self.config) in _unfit:   # known not to load here: skip to what did
-            why = _unfit[(arch, problem, self.config)]
-            chain = fallback_configs(arch, problem)
-            left = chain[chain.index(self.config) + 1:] if self.config in chain else chain
-            if not left:
+            nxt = _next_fallback(arch, problem, self.config)
+            if nxt is None:
                 break   # nothing left: the call raises, as _fall_back does
-            self.match = Match("default", left[0], match.distance, why)
+            self.match = Match("default", nxt, match.distance, _unfit[(arch, problem, self.config)])
 
     # --- what was chosen, and why ----------------------------------------------------
     @property
@@ -177,19 +175,24 @@ class Kernel:
         was launched with it yet, so the call can run again with a config that fits: the arch
         default, then that default with no software pipelining. The user's program goes on,
         with a warning that says which record did not fit."""
-        chain = fallback_configs(self.arch, self.problem)
-        left = chain[chain.index(self.config) + 1:] if self.config in chain else chain
-        if not left:
+        cand = _next_fallback(self.arch, self.problem, self.config)
+        if cand is None:
             raise RuntimeError(f"autossd: no config fits this GPU for {self.problem} ({err}); the "
                                f"{self.arch} default without pipelining was the last one tried") from err
-        cand = left[0]
         was = self.match
         why = (f"{was.kind} config ({was.reason}) needs more {err.name} than this GPU has "
                f"({err.required} > {err.limit}); fell back to the {self.arch} default"
-               + ("" if cand == chain[0] else " without pipelining"))
+               + ("" if cand == fallback_configs(self.arch, self.problem)[0] else " without pipelining"))
         log.warning("autossd: %s", why)
         _unfit[(self.arch, self.problem, self.config)] = why
         self.match = Match("default", cand, was.distance, why)
+
+
+def _next_fallback(arch: str, problem: Problem, config: Config) -> Config | None:
+    """The fallback after `config` (the first one for a config not in the chain), or None."""
+    chain = fallback_configs(arch, problem)
+    left = chain[chain.index(config) + 1:] if config in chain else chain
+    return left[0] if left else None
 
 
 def fallback_configs(arch: str, problem: Problem) -> list[Config]:

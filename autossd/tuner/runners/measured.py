@@ -205,7 +205,7 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                 calls = iter(range(1 << 62))
                 fn = lambda: this_run(prob, cfg, sets[next(calls) % len(sets)])  # noqa: E731
                 warm, rep = opts.get("warmup_ms", 25), opts.get("rep_ms", 100)
-                rounds = opts.get("rounds", ROUNDS) if device == "cuda" else 1
+                rounds = ROUNDS if device == "cuda" else 1
                 eager = lambda: _time_ms(fn, device, warm, rep, len(sets))  # noqa: E731
                 # a device that cannot capture is not asked to, per candidate
                 graph = None if no_graphs else (lambda e: _graph_ms(fn, len(sets), e, warm, rep))
