@@ -92,6 +92,7 @@ def main():
                 res[s][t].append(row)
                 print(f"round {r} {s:12s} {os.path.basename(t) or t:10s} host {row['host_enqueue_us']:6.1f} us  "
                       f"eager {row['eager_us']:6.1f} us  graph {row['graph_us']:6.1f} us", flush=True)
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "ab_eager.json"), "w") as f:
         json.dump({"dtype": a.dtype, "trees": trees, "rows": res}, f, indent=1)
 

@@ -112,6 +112,7 @@ def main():
                   f"{'' if pm is None else f'{pm / ms:.2f}x peer'} {extra}", flush=True)
             del t
             torch.cuda.empty_cache()
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_ssd.json"), "w") as f:
         json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
 
