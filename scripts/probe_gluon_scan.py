@@ -1,0 +1,284 @@
+"""Probe (not wired into autossd): a non-persistent Gluon chunk scan, v5 (BENCHMARKS §91).
+Needs an sm90 GPU to run (Gluon has no interpreter); `--compile-only` cross-compiles it here.
+
+Same grid and program as the tl kernel (one program per (64-row tile, head, headdim tile), chunk,
+batch), but every MMA operand arrives by TMA: C and the state tile at the program's start, the
+CB and x blocks in a ring of two slots, refilled as soon as a block's MMA is done. The CB tiles
+are read from shared memory into registers, take their decay there and feed the wgmma as its
+register operand; x and the state tile feed it from shared memory. dA/dt of the chunk arrive by
+TMA too. The epilogue's D·x reads x from the diagonal block's slot.
+
+Scope: full chunks of 256, headdim a multiple of 64, dstate 128, 16-bit inputs and states, no
+seq_idx, no z. ASYNC=True overlaps block k's MMA with block k+1's weights (one MMA in flight).
+The harness runs autossd's five launches (which fill CB, the states, dA and dt),
+then this kernel on the same buffers, compares y and times both chunk scans.
+
+    python scripts/probe_gluon_scan.py [--compile-only] [--out DIR] [--rounds N] [--shapes 'a;b']
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                 warpgroup_mma_wait)
+
+ACC = ttgl.constexpr(ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+A_OP = ttgl.constexpr(ttgl.DotOperandLayout(0, ACC.value, 2))
+ROW = ttgl.constexpr(ttgl.SliceLayout(1, ACC.value))
+COL = ttgl.constexpr(ttgl.SliceLayout(0, ACC.value))
+LOG2E = ttgl.constexpr(1.4426950408889634)
+CHUNK = ttgl.constexpr(256)
+
+
+@gluon.jit
+def _weights(cb_s, bars, slot, k, pid_m, dA_k, dt_k, dA_r, dA_m, rows, cols, dtype: ttgl.constexpr):
+    # block k's A operand: CB with its decay, in the wgmma's register-operand layout
+    mbarrier.wait(bars.index(1 + slot), (k // 2) & 1)
+    cb = cb_s.index(slot).load(ACC).to(ttgl.float32)
+    if k < pid_m:
+        w = cb * (ttgl.exp2((dA_r - dA_k) * LOG2E) * dt_k)[None, :]
+    else:
+        keep = rows[:, None] >= cols[None, :]
+        w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (dA_k * LOG2E)[None, :]), 0.0)
+        w = w * dt_k[None, :]
+    return ttgl.convert_layout(w.to(dtype), A_OP)
+
+
+@gluon.jit
+def scan_v5(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
+            L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
+            N: ttgl.constexpr, HAS_D: ttgl.constexpr, ASYNC: ttgl.constexpr):
+    dtype: ttgl.constexpr = C_desc.dtype
+    T: ttgl.constexpr = CHUNK // 64
+    npn = P // 64
+    pid0 = ttgl.program_id(0)
+    c = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    per_head = T * npn
+    h = pid0 // per_head
+    r = pid0 % per_head
+    pid_m = r // npn
+    pid_n = r % npn
+    g = h // heads_per_group
+    NC = L // CHUNK
+    t0 = b * L + c * CHUNK                      # row of the chunk's first token in the 2-D views
+
+    c_s = ttgl.allocate_shared_memory(dtype, [64, N], C_desc.layout)
+    s_s = ttgl.allocate_shared_memory(dtype, [64, N], st_desc.layout)
+    cb_s = ttgl.allocate_shared_memory(dtype, [2, 64, 64], cb_desc.layout)
+    x_s = ttgl.allocate_shared_memory(dtype, [2, 64, 64], x_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(4):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    # everything this program needs, issued at once: C rows x dstate, the state tile and the
+    # first two (CB, x) blocks
+    mbarrier.expect(bars.index(0), 2 * 64 * N * 2)
+    tma.async_copy_global_to_shared(C_desc, [t0 + pid_m * 64, g * N], bars.index(0), c_s)
+    tma.async_copy_global_to_shared(st_desc, [((b * NC + c) * H + h) * P + pid_n * 64, 0], bars.index(0), s_s)
+    cb_row = ((b * NC + c) * G + g) * CHUNK + pid_m * 64
+    for k in ttgl.static_range(2):
+        if k <= pid_m:
+            mbarrier.expect(bars.index(1 + k), 2 * 64 * 64 * 2)
+            tma.async_copy_global_to_shared(cb_desc, [cb_row, k * 64], bars.index(1 + k), cb_s.index(k))
+            tma.async_copy_global_to_shared(x_desc, [t0 + k * 64, h * P + pid_n * 64], bars.index(1 + k),
+                                            x_s.index(k))
+
+    rows = ttgl.arange(0, 64, layout=ROW)
+    cols = ttgl.arange(0, 64, layout=COL)
+    # dA/dt (fp32, L2-resident): the row tile's, dA_r, and block 0's; each block's are loaded
+    # one block ahead, so no step waits on a global load
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dA_m = ttgl.load(dA_base + pid_m * 64 + rows)
+    dA_r = ttgl.load(dA_base + ttgl.maximum(pid_m * 64 - 1, 0))
+    dA_r = ttgl.where(pid_m > 0, dA_r, 0.0)
+    nA = ttgl.load(dA_base + cols)
+    nT = ttgl.load(dt_base + cols)
+    mbarrier.wait(bars.index(0), 0)
+    acc = warpgroup_mma(c_s, s_s.permute((1, 0)), ttgl.zeros([64, 64], ttgl.float32, ACC), use_acc=False)
+    acc = acc * ttgl.exp(dA_r)
+    if ASYNC:
+        # block k's MMA runs while block k+1's weights are computed; one MMA in flight at a time
+        dA_k = nA
+        dt_k = nT
+        kn = ttgl.minimum(1, pid_m) * 64
+        nA = ttgl.load(dA_base + kn + cols)
+        nT = ttgl.load(dt_base + kn + cols)
+        w = _weights(cb_s, bars, 0, 0, pid_m, dA_k, dt_k, dA_r, dA_m, rows, cols, dtype)
+        for k in range(0, pid_m + 1):
+            slot = k % 2
+            if k == pid_m:
+                acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
+            w_cur = w
+            acc = warpgroup_mma(w_cur, x_s.index(slot), acc, is_async=True)
+            if k < pid_m:
+                dA_k = nA
+                dt_k = nT
+                kn = ttgl.minimum(k + 2, pid_m) * 64
+                nA = ttgl.load(dA_base + kn + cols)
+                nT = ttgl.load(dt_base + kn + cols)
+                w = _weights(cb_s, bars, (k + 1) % 2, k + 1, pid_m, dA_k, dt_k, dA_r, dA_m, rows, cols, dtype)
+            acc, w_cur = warpgroup_mma_wait(0, deps=[acc, w_cur])   # the MMA reads w_cur's registers until done
+            if k + 2 <= pid_m:
+                ttgl.thread_barrier()
+                mbarrier.expect(bars.index(1 + slot), 2 * 64 * 64 * 2)
+                tma.async_copy_global_to_shared(cb_desc, [cb_row, (k + 2) * 64], bars.index(1 + slot),
+                                                cb_s.index(slot))
+                tma.async_copy_global_to_shared(x_desc, [t0 + (k + 2) * 64, h * P + pid_n * 64],
+                                                bars.index(1 + slot), x_s.index(slot))
+    else:
+        for k in range(0, pid_m + 1):
+            slot = k % 2
+            dA_k = nA
+            dt_k = nT
+            kn = ttgl.minimum(k + 1, pid_m) * 64
+            nA = ttgl.load(dA_base + kn + cols)
+            nT = ttgl.load(dt_base + kn + cols)
+            mbarrier.wait(bars.index(1 + slot), (k // 2) & 1)
+            cb = cb_s.index(slot).load(ACC).to(ttgl.float32)
+            if k < pid_m:      # a block before the diagonal: the factored decay on CB's columns
+                v = ttgl.exp2((dA_r - dA_k) * LOG2E) * dt_k
+                w = cb * v[None, :]
+            else:              # the diagonal: the row factor first, then the causal decay per element
+                acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
+                keep = rows[:, None] >= cols[None, :]
+                w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (dA_k * LOG2E)[None, :]), 0.0)
+                w = w * dt_k[None, :]
+            acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), x_s.index(slot), acc)
+            if k + 2 <= pid_m:  # refill the slot with block k+2 (every warp is done reading it)
+                ttgl.thread_barrier()
+                mbarrier.expect(bars.index(1 + slot), 2 * 64 * 64 * 2)
+                tma.async_copy_global_to_shared(cb_desc, [cb_row, (k + 2) * 64], bars.index(1 + slot), cb_s.index(slot))
+                tma.async_copy_global_to_shared(x_desc, [t0 + (k + 2) * 64, h * P + pid_n * 64], bars.index(1 + slot),
+                                                x_s.index(slot))
+    if HAS_D:              # x's rows of this tile are the diagonal block's B tile, still in shared memory
+        xm = x_s.index(pid_m % 2).load(ACC).to(ttgl.float32)
+        acc += xm * ttgl.load(D_ptr + h)
+    tok = (t0 + pid_m * 64 + rows).to(ttgl.int64)
+    ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
+    for i in ttgl.static_range(4):
+        mbarrier.invalidate(bars.index(i))
+
+
+def descriptors(x, C, cb, states):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
+    b, l, h, p = x.shape
+    g, n = C.shape[2], C.shape[3]
+    nc, q = cb.shape[1], cb.shape[3]
+    gdt = {torch.float16: ttgl.float16, torch.bfloat16: ttgl.bfloat16}[x.dtype]
+    lay64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], gdt)
+    layN = ttgl.NVMMASharedLayout.get_default_for([64, n], gdt)
+    assert x.is_contiguous() and C.is_contiguous() and cb.is_contiguous() and states.is_contiguous()
+    return (GD(C, [b * l, g * n], [g * n, 1], [64, n], layN),
+            GD(states, [b * nc * h * p, n], [n, 1], [64, n], layN),
+            GD(cb, [b * nc * g * q, q], [q, 1], [64, 64], lay64),
+            GD(x, [b * l, h * p], [h * p, 1], [64, 64], lay64))
+
+
+def run_v5(x, C, cb, states, dA, dt, D, y, asynchronous=False):
+    b, l, h, p = x.shape
+    g, n = C.shape[2], C.shape[3]
+    nc = cb.shape[1]
+    descs = descriptors(x, C, cb, states)
+    grid = (4 * h * (p // 64), nc, b)
+    assert D is None or D.dim() == 1, "probe: D per head only"
+    scan_v5[grid](*descs, dA, dt, y, D if D is not None else dA, l, h, p, g, h // g, y.stride(1), y.stride(2),
+                  dA.stride(0), dA.stride(1), dA.stride(2), N=n, HAS_D=D is not None, ASYNC=asynchronous, num_warps=4)
+
+
+OPTS = {}
+ASYNC_C = False
+
+
+def compile_only():
+    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+    from triton.backends.compiler import GPUTarget
+    sig = {"C_desc": "tensordesc<fp16[64,128],{l}>", "st_desc": "tensordesc<fp16[64,128],{l}>",
+           "cb_desc": "tensordesc<fp16[64,64],{s}>", "x_desc": "tensordesc<fp16[64,64],{s}>"}
+    lN = ttgl.NVMMASharedLayout.get_default_for([64, 128], ttgl.float16)
+    l64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], ttgl.float16)
+    sig = {k: v.format(l=lN, s=l64) for k, v in sig.items()}
+    sig.update({"dA_ptr": "*fp32", "dt_ptr": "*fp32", "y_ptr": "*fp16", "D_ptr": "*fp32", "L": "i32", "H": "i32",
+                "P": "i32", "G": "i32", "heads_per_group": "i32", "s_y_l": "i32", "s_y_h": "i32", "s_dt_b": "i32",
+                "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr", "ASYNC": "constexpr"})
+    k = triton.compile(ASTSource(scan_v5, sig, {"N": 128, "HAS_D": True, "ASYNC": ASYNC_C}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **OPTS})
+    sys.path.insert(0, ".")
+    from autossd.compile import _nvidia_resources
+    regs, spill = _nvidia_resources(k.asm["cubin"])
+    print(f"v5 sm90: {regs} registers, {spill} bytes spilled, {k.metadata.shared} bytes of shared memory")
+    return k
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shapes", default="mamba2-2.7b:b=1,l=131072;mamba2-2.7b:b=4,l=16384;mamba2-2.7b:b=1,l=2048")
+    a = ap.parse_args()
+    if a.compile_only:
+        compile_only()
+        return
+    import json
+    import os
+    from triton.testing import do_bench
+    from autossd.ops.ssd import chunk
+    from autossd.render import load
+    from autossd.space import default_config
+    from autossd.testing import make_inputs, rel_err
+    from autossd.tuner.shapes import parse_shape
+    rows = []
+    for rnd in range(a.rounds):
+        for dtype in ("fp16", "bf16"):
+            for shape in a.shapes.split(";"):
+                prob = parse_shape(shape, dtype)
+                cfg = default_config("sm90", prob)
+                assert cfg.launches == 5 and cfg.chunk_size == 256
+                t = make_inputs(prob, "cuda", seed=7)
+                tensors = {k: t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states",
+                                             "seq_idx")}
+                mod = load(cfg, "cuda")
+                buf = chunk.allocate(prob, cfg, "cuda")
+                launches = chunk.plan(prob, cfg, tensors, buf)
+                chunk.run(launches, mod)           # fills CB, the states, dA, dt and y
+                torch.cuda.synchronize()
+                y_tl = buf.y.clone()
+                scan = [ln for ln in launches if ln.stage == "chunk_scan"][0]
+                k_tl = getattr(mod, scan.kernel)
+                ms_tl = do_bench(lambda: k_tl[scan.grid](**scan.args, **scan.constexprs, **scan.options),
+                                 warmup=10, rep=100, return_mode="median")
+                y5 = torch.full_like(buf.y, float("nan"))   # poisoned: an unwritten element shows
+                D = tensors["D"]
+                run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA, buf.dt, D, y5)
+                torch.cuda.synchronize()
+                err_vs_tl = rel_err(y5, y_tl.double())
+                nan = bool(torch.isnan(y5).any())
+                ms_v5 = do_bench(lambda: run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA,
+                                                buf.dt, D, y5), warmup=10, rep=100, return_mode="median")
+                y5a = torch.full_like(buf.y, float("nan"))
+                run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA, buf.dt, D, y5a, True)
+                torch.cuda.synchronize()
+                err_a = rel_err(y5a, y_tl.double())
+                nan = nan or bool(torch.isnan(y5a).any())
+                ms_v5a = do_bench(lambda: run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA,
+                                                 buf.dt, D, y5a, True), warmup=10, rep=100, return_mode="median")
+                row = dict(round=rnd + 1, shape=shape, dtype=dtype, tl_ms=ms_tl, v5_ms=ms_v5, v5_async_ms=ms_v5a,
+                           y_rel_err_vs_tl=err_vs_tl, y_rel_err_async_vs_tl=err_a, nan=nan)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "probe_gluon_scan.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+if __name__ == "__main__":
+    main()
