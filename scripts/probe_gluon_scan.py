@@ -13,12 +13,13 @@ seq_idx, no z. ASYNC=True overlaps block k's MMA with block k+1's weights (one M
 The harness runs autossd's five launches (which fill CB, the states, dA and dt),
 then this kernel on the same buffers, compares y and times both chunk scans.
 
-    python scripts/probe_gluon_scan.py [--compile-only] [--out DIR] [--rounds N] [--shapes 'a;b']
+    python scripts/probe_gluon_scan.py [--compile-only [--async] [--maxnreg R]] [--out DIR] [--rounds N] [--shapes 'a;b']
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -47,6 +48,15 @@ def _weights(cb_s, bars, slot, k, pid_m, dA_k, dt_k, dA_r, dA_m, rows, cols, dty
         w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (dA_k * LOG2E)[None, :]), 0.0)
         w = w * dt_k[None, :]
     return ttgl.convert_layout(w.to(dtype), A_OP)
+
+
+@gluon.jit
+def _refill(cb_desc, x_desc, cb_s, x_s, bars, slot, k, cb_row, t0, col_x):
+    # block k into the slot (every warp is done reading it, and its MMA is done)
+    ttgl.thread_barrier()
+    mbarrier.expect(bars.index(1 + slot), 2 * 64 * 64 * 2)
+    tma.async_copy_global_to_shared(cb_desc, [cb_row, k * 64], bars.index(1 + slot), cb_s.index(slot))
+    tma.async_copy_global_to_shared(x_desc, [t0 + k * 64, col_x], bars.index(1 + slot), x_s.index(slot))
 
 
 @gluon.jit
@@ -127,12 +137,7 @@ def scan_v5(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
                 w = _weights(cb_s, bars, (k + 1) % 2, k + 1, pid_m, dA_k, dt_k, dA_r, dA_m, rows, cols, dtype)
             acc, w_cur = warpgroup_mma_wait(0, deps=[acc, w_cur])   # the MMA reads w_cur's registers until done
             if k + 2 <= pid_m:
-                ttgl.thread_barrier()
-                mbarrier.expect(bars.index(1 + slot), 2 * 64 * 64 * 2)
-                tma.async_copy_global_to_shared(cb_desc, [cb_row, (k + 2) * 64], bars.index(1 + slot),
-                                                cb_s.index(slot))
-                tma.async_copy_global_to_shared(x_desc, [t0 + (k + 2) * 64, h * P + pid_n * 64],
-                                                bars.index(1 + slot), x_s.index(slot))
+                _refill(cb_desc, x_desc, cb_s, x_s, bars, slot, k + 2, cb_row, t0, h * P + pid_n * 64)
     else:
         for k in range(0, pid_m + 1):
             slot = k % 2
@@ -141,23 +146,12 @@ def scan_v5(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             kn = ttgl.minimum(k + 1, pid_m) * 64
             nA = ttgl.load(dA_base + kn + cols)
             nT = ttgl.load(dt_base + kn + cols)
-            mbarrier.wait(bars.index(1 + slot), (k // 2) & 1)
-            cb = cb_s.index(slot).load(ACC).to(ttgl.float32)
-            if k < pid_m:      # a block before the diagonal: the factored decay on CB's columns
-                v = ttgl.exp2((dA_r - dA_k) * LOG2E) * dt_k
-                w = cb * v[None, :]
-            else:              # the diagonal: the row factor first, then the causal decay per element
+            if k == pid_m:  # the diagonal: the accumulator takes the row factor first
                 acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
-                keep = rows[:, None] >= cols[None, :]
-                w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (dA_k * LOG2E)[None, :]), 0.0)
-                w = w * dt_k[None, :]
-            acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), x_s.index(slot), acc)
-            if k + 2 <= pid_m:  # refill the slot with block k+2 (every warp is done reading it)
-                ttgl.thread_barrier()
-                mbarrier.expect(bars.index(1 + slot), 2 * 64 * 64 * 2)
-                tma.async_copy_global_to_shared(cb_desc, [cb_row, (k + 2) * 64], bars.index(1 + slot), cb_s.index(slot))
-                tma.async_copy_global_to_shared(x_desc, [t0 + (k + 2) * 64, h * P + pid_n * 64], bars.index(1 + slot),
-                                                x_s.index(slot))
+            w = _weights(cb_s, bars, slot, k, pid_m, dA_k, dt_k, dA_r, dA_m, rows, cols, dtype)
+            acc = warpgroup_mma(w, x_s.index(slot), acc)
+            if k + 2 <= pid_m:
+                _refill(cb_desc, x_desc, cb_s, x_s, bars, slot, k + 2, cb_row, t0, h * P + pid_n * 64)
     if HAS_D:              # x's rows of this tile are the diagonal block's B tile, still in shared memory
         xm = x_s.index(pid_m % 2).load(ACC).to(ttgl.float32)
         acc += xm * ttgl.load(D_ptr + h)
@@ -193,11 +187,7 @@ def run_v5(x, C, cb, states, dA, dt, D, y, asynchronous=False):
                   dA.stride(0), dA.stride(1), dA.stride(2), N=n, HAS_D=D is not None, ASYNC=asynchronous, num_warps=4)
 
 
-OPTS = {}
-ASYNC_C = False
-
-
-def compile_only():
+def compile_only(asynchronous: bool = False, maxnreg: int | None = None):
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     from triton.backends.compiler import GPUTarget
     sig = {"C_desc": "tensordesc<fp16[64,128],{l}>", "st_desc": "tensordesc<fp16[64,128],{l}>",
@@ -208,9 +198,9 @@ def compile_only():
     sig.update({"dA_ptr": "*fp32", "dt_ptr": "*fp32", "y_ptr": "*fp16", "D_ptr": "*fp32", "L": "i32", "H": "i32",
                 "P": "i32", "G": "i32", "heads_per_group": "i32", "s_y_l": "i32", "s_y_h": "i32", "s_dt_b": "i32",
                 "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr", "ASYNC": "constexpr"})
-    k = triton.compile(ASTSource(scan_v5, sig, {"N": 128, "HAS_D": True, "ASYNC": ASYNC_C}),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **OPTS})
-    sys.path.insert(0, ".")
+    k = triton.compile(ASTSource(scan_v5, sig, {"N": 128, "HAS_D": True, "ASYNC": asynchronous}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})})
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
     from autossd.compile import _nvidia_resources
     regs, spill = _nvidia_resources(k.asm["cubin"])
     print(f"v5 sm90: {regs} registers, {spill} bytes spilled, {k.metadata.shared} bytes of shared memory")
@@ -220,12 +210,14 @@ def compile_only():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--async", dest="asynchronous", action="store_true", help="with --compile-only")
+    ap.add_argument("--maxnreg", type=int, default=0, help="with --compile-only")
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--shapes", default="mamba2-2.7b:b=1,l=131072;mamba2-2.7b:b=4,l=16384;mamba2-2.7b:b=1,l=2048")
     a = ap.parse_args()
     if a.compile_only:
-        compile_only()
+        compile_only(a.asynchronous, a.maxnreg or None)
         return
     import json
     import os
