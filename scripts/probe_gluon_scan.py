@@ -161,72 +161,204 @@ def scan_v5(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         mbarrier.invalidate(bars.index(i))
 
 
-def descriptors(x, C, cb, states):
+@gluon.jit
+def _refill6(cb_desc, x_desc, ring, bars, stage, k, cb_row, t0, col_x):
+    # block k's (CB, x) tiles into ring stage `stage` (tiles 2*stage, 2*stage + 1)
+    mbarrier.expect(bars.index(stage), 2 * 64 * 64 * 2)
+    tma.async_copy_global_to_shared(cb_desc, [cb_row, k * 64], bars.index(stage), ring.index(2 * stage))
+    tma.async_copy_global_to_shared(x_desc, [t0 + k * 64, col_x], bars.index(stage), ring.index(2 * stage + 1))
+
+
+@gluon.jit
+def scan_v6(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
+            L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
+            N: ttgl.constexpr, HAS_D: ttgl.constexpr, PREFETCH: ttgl.constexpr):
+    # v5 fitted to 4 CTAs per SM: one ring of three 16 KB stages (48 KB) holds C and the state
+    # tile first (stages 0 and 1, dstate in two 64-wide halves) and block 0 (stage 2); once the
+    # state MMA is done, stages 0 and 1 take blocks 1 and 2. Block k lives in stage (k + 2) % 3.
+    # The diagonal block is peeled off the loop; the blocks before it take one column factor
+    # exp(dA_r - dA_k) * dt_k.
+    ttgl.static_assert(N == 128)
+    dtype: ttgl.constexpr = C_desc.dtype
+    T: ttgl.constexpr = CHUNK // 64
+    npn = P // 64
+    pid0 = ttgl.program_id(0)
+    c = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    per_head = T * npn
+    h = pid0 // per_head
+    r = pid0 % per_head
+    pid_m = r // npn
+    pid_n = r % npn
+    g = h // heads_per_group
+    NC = L // CHUNK
+    t0 = b * L + c * CHUNK
+    col_x = h * P + pid_n * 64
+    cb_row = ((b * NC + c) * G + g) * CHUNK + pid_m * 64
+
+    ring = ttgl.allocate_shared_memory(dtype, [6, 64, 64], cb_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [3, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(3):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(bars.index(0), 2 * 64 * 64 * 2)
+    tma.async_copy_global_to_shared(C_desc, [t0 + pid_m * 64, g * N], bars.index(0), ring.index(0))
+    tma.async_copy_global_to_shared(C_desc, [t0 + pid_m * 64, g * N + 64], bars.index(0), ring.index(1))
+    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
+    mbarrier.expect(bars.index(1), 2 * 64 * 64 * 2)
+    tma.async_copy_global_to_shared(st_desc, [st_row, 0], bars.index(1), ring.index(2))
+    tma.async_copy_global_to_shared(st_desc, [st_row, 64], bars.index(1), ring.index(3))
+    _refill6(cb_desc, x_desc, ring, bars, 2, 0, cb_row, t0, col_x)
+
+    rows = ttgl.arange(0, 64, layout=ROW)
+    cols = ttgl.arange(0, 64, layout=COL)
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dA_m = ttgl.load(dA_base + pid_m * 64 + rows)
+    dA_r = ttgl.load(dA_base + ttgl.maximum(pid_m * 64 - 1, 0))
+    dA_r = ttgl.where(pid_m > 0, dA_r, 0.0)
+    if PREFETCH:
+        nA = ttgl.load(dA_base + cols)
+        nT = ttgl.load(dt_base + cols)
+    mbarrier.wait(bars.index(0), 0)
+    mbarrier.wait(bars.index(1), 0)
+    acc = warpgroup_mma(ring.index(0), ring.index(2).permute((1, 0)), ttgl.zeros([64, 64], ttgl.float32, ACC),
+                        use_acc=False)
+    acc = warpgroup_mma(ring.index(1), ring.index(3).permute((1, 0)), acc)
+    ttgl.thread_barrier()              # every warp is done with C and the state tile
+    if pid_m >= 1:
+        _refill6(cb_desc, x_desc, ring, bars, 0, 1, cb_row, t0, col_x)
+    if pid_m >= 2:
+        _refill6(cb_desc, x_desc, ring, bars, 1, 2, cb_row, t0, col_x)
+    acc = acc * ttgl.exp(dA_r)
+
+    for k in range(0, pid_m):
+        stage = (k + 2) % 3
+        if PREFETCH:
+            f = ttgl.exp2((dA_r - nA) * LOG2E) * nT
+            nA = ttgl.load(dA_base + (k + 1) * 64 + cols)
+            nT = ttgl.load(dt_base + (k + 1) * 64 + cols)
+        else:
+            f = ttgl.exp2((dA_r - ttgl.load(dA_base + k * 64 + cols)) * LOG2E) * ttgl.load(dt_base + k * 64 + cols)
+        mbarrier.wait(bars.index(stage), ((k + 2) // 3) & 1)
+        cb = ring.index(2 * stage).load(ACC).to(ttgl.float32)
+        w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
+        acc = warpgroup_mma(w, ring.index(2 * stage + 1), acc)
+        if k + 3 <= pid_m:
+            ttgl.thread_barrier()
+            _refill6(cb_desc, x_desc, ring, bars, stage, k + 3, cb_row, t0, col_x)
+
+    # the diagonal block: the accumulator takes the row factor first
+    stage = (pid_m + 2) % 3
+    acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
+    if PREFETCH:
+        dA_k = nA
+        dt_k = nT
+    else:
+        dA_k = ttgl.load(dA_base + pid_m * 64 + cols)
+        dt_k = ttgl.load(dt_base + pid_m * 64 + cols)
+    mbarrier.wait(bars.index(stage), ((pid_m + 2) // 3) & 1)
+    cb = ring.index(2 * stage).load(ACC).to(ttgl.float32)
+    keep = rows[:, None] >= cols[None, :]
+    w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (dA_k * LOG2E)[None, :]), 0.0) * dt_k[None, :]
+    acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), ring.index(2 * stage + 1), acc)
+    if HAS_D:
+        xm = ring.index(2 * stage + 1).load(ACC).to(ttgl.float32)
+        acc += xm * ttgl.load(D_ptr + h)
+    tok = (t0 + pid_m * 64 + rows).to(ttgl.int64)
+    ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
+    for i in ttgl.static_range(3):
+        mbarrier.invalidate(bars.index(i))
+
+
+def descriptors(x, C, cb, states, box_n=None):
+    """TMA descriptors of C, the states, CB and x; C's and the states' box is box_n wide in dstate
+    (all of it for v5, 64 for v6)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
     g, n = C.shape[2], C.shape[3]
     nc, q = cb.shape[1], cb.shape[3]
+    box_n = box_n or n
     gdt = {torch.float16: ttgl.float16, torch.bfloat16: ttgl.bfloat16}[x.dtype]
     lay64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], gdt)
-    layN = ttgl.NVMMASharedLayout.get_default_for([64, n], gdt)
+    layN = ttgl.NVMMASharedLayout.get_default_for([64, box_n], gdt)
     assert x.is_contiguous() and C.is_contiguous() and cb.is_contiguous() and states.is_contiguous()
-    return (GD(C, [b * l, g * n], [g * n, 1], [64, n], layN),
-            GD(states, [b * nc * h * p, n], [n, 1], [64, n], layN),
+    return (GD(C, [b * l, g * n], [g * n, 1], [64, box_n], layN),
+            GD(states, [b * nc * h * p, n], [n, 1], [64, box_n], layN),
             GD(cb, [b * nc * g * q, q], [q, 1], [64, 64], lay64),
             GD(x, [b * l, h * p], [h * p, 1], [64, 64], lay64))
 
 
-def run_v5(x, C, cb, states, dA, dt, D, y, asynchronous=False):
+def launcher(version, x, C, cb, states, dA, dt, D, y, **knobs):
+    """A no-argument launch of v5 or v6 on these buffers (descriptors built once, so a timing
+    measures the GPU, not the host's descriptor work)."""
     b, l, h, p = x.shape
     g, n = C.shape[2], C.shape[3]
     nc = cb.shape[1]
-    descs = descriptors(x, C, cb, states)
+    descs = descriptors(x, C, cb, states, 64 if version == "v6" else None)
     grid = (4 * h * (p // 64), nc, b)
     assert D is None or D.dim() == 1, "probe: D per head only"
-    scan_v5[grid](*descs, dA, dt, y, D if D is not None else dA, l, h, p, g, h // g, y.stride(1), y.stride(2),
-                  dA.stride(0), dA.stride(1), dA.stride(2), N=n, HAS_D=D is not None, ASYNC=asynchronous, num_warps=4)
+    kern = scan_v6 if version == "v6" else scan_v5
+    args = (*descs, dA, dt, y, D if D is not None else dA, l, h, p, g, h // g, y.stride(1), y.stride(2),
+            dA.stride(0), dA.stride(1), dA.stride(2))
+    kw = dict(N=n, HAS_D=D is not None, num_warps=4, **knobs)
+    return lambda: kern[grid](*args, **kw)
 
 
-def compile_only(asynchronous: bool = False, maxnreg: int | None = None):
+def compile_only(version: str = "v5", cap: int | None = None, **knobs):
+    maxnreg = knobs.pop("maxnreg", cap)
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     from triton.backends.compiler import GPUTarget
-    sig = {"C_desc": "tensordesc<fp16[64,128],{l}>", "st_desc": "tensordesc<fp16[64,128],{l}>",
-           "cb_desc": "tensordesc<fp16[64,64],{s}>", "x_desc": "tensordesc<fp16[64,64],{s}>"}
-    lN = ttgl.NVMMASharedLayout.get_default_for([64, 128], ttgl.float16)
+    box = "64" if version == "v6" else "128"
+    lN = ttgl.NVMMASharedLayout.get_default_for([64, int(box)], ttgl.float16)
     l64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], ttgl.float16)
-    sig = {k: v.format(l=lN, s=l64) for k, v in sig.items()}
+    sig = {"C_desc": f"tensordesc<fp16[64,{box}],{lN}>", "st_desc": f"tensordesc<fp16[64,{box}],{lN}>",
+           "cb_desc": f"tensordesc<fp16[64,64],{l64}>", "x_desc": f"tensordesc<fp16[64,64],{l64}>"}
     sig.update({"dA_ptr": "*fp32", "dt_ptr": "*fp32", "y_ptr": "*fp16", "D_ptr": "*fp32", "L": "i32", "H": "i32",
                 "P": "i32", "G": "i32", "heads_per_group": "i32", "s_y_l": "i32", "s_y_h": "i32", "s_dt_b": "i32",
-                "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr", "ASYNC": "constexpr"})
-    k = triton.compile(ASTSource(scan_v5, sig, {"N": 128, "HAS_D": True, "ASYNC": asynchronous}),
+                "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr"})
+    sig.update({name: "constexpr" for name in knobs})
+    kern = scan_v6 if version == "v6" else scan_v5
+    k = triton.compile(ASTSource(kern, sig, {"N": 128, "HAS_D": True, **knobs}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})})
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
     from autossd.compile import _nvidia_resources
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"v5 sm90: {regs} registers, {spill} bytes spilled, {k.metadata.shared} bytes of shared memory")
+    print(f"{version} {knobs} sm90: {regs} registers, {spill} bytes spilled, {k.metadata.shared} bytes of shared memory, "
+          f"cap {maxnreg}")
     return k
 
 
 def main():
+    import json
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--async", dest="asynchronous", action="store_true", help="with --compile-only")
     ap.add_argument("--maxnreg", type=int, default=0, help="with --compile-only")
+    ap.add_argument("--variants", default='[["v5", {"ASYNC": false}], ["v6", {"PREFETCH": true, "maxnreg": 128}], '
+                    '["v6", {"PREFETCH": false}]]', help="JSON list of [version, constexpr knobs and maxnreg]")
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--shapes", default="mamba2-2.7b:b=1,l=131072;mamba2-2.7b:b=4,l=16384;mamba2-2.7b:b=1,l=2048")
     a = ap.parse_args()
+    variants = json.loads(a.variants)
     if a.compile_only:
-        compile_only(a.asynchronous, a.maxnreg or None)
+        for version, knobs in variants:
+            compile_only(version, a.maxnreg or None, **knobs)
         return
-    import json
     import os
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
     from autossd.ops.ssd import chunk
     from autossd.render import load
     from autossd.space import default_config
     from autossd.testing import make_inputs, rel_err
     from autossd.tuner.shapes import parse_shape
+
+    def times(fn):
+        # eager (back-to-back launches) and by graph replay (no host time in it)
+        return (do_bench(fn, warmup=10, rep=100, return_mode="median"),
+                do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
     rows = []
     for rnd in range(a.rounds):
         for dtype in ("fp16", "bf16"):
@@ -245,25 +377,18 @@ def main():
                 y_tl = buf.y.clone()
                 scan = [ln for ln in launches if ln.stage == "chunk_scan"][0]
                 k_tl = getattr(mod, scan.kernel)
-                ms_tl = do_bench(lambda: k_tl[scan.grid](**scan.args, **scan.constexprs, **scan.options),
-                                 warmup=10, rep=100, return_mode="median")
-                y5 = torch.full_like(buf.y, float("nan"))   # poisoned: an unwritten element shows
-                D = tensors["D"]
-                run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA, buf.dt, D, y5)
-                torch.cuda.synchronize()
-                err_vs_tl = rel_err(y5, y_tl.double())
-                nan = bool(torch.isnan(y5).any())
-                ms_v5 = do_bench(lambda: run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA,
-                                                buf.dt, D, y5), warmup=10, rep=100, return_mode="median")
-                y5a = torch.full_like(buf.y, float("nan"))
-                run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA, buf.dt, D, y5a, True)
-                torch.cuda.synchronize()
-                err_a = rel_err(y5a, y_tl.double())
-                nan = nan or bool(torch.isnan(y5a).any())
-                ms_v5a = do_bench(lambda: run_v5(tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA,
-                                                 buf.dt, D, y5a, True), warmup=10, rep=100, return_mode="median")
-                row = dict(round=rnd + 1, shape=shape, dtype=dtype, tl_ms=ms_tl, v5_ms=ms_v5, v5_async_ms=ms_v5a,
-                           y_rel_err_vs_tl=err_vs_tl, y_rel_err_async_vs_tl=err_a, nan=nan)
+                ms_tl, g_tl = times(lambda: k_tl[scan.grid](**scan.args, **scan.constexprs, **scan.options))
+                row = dict(round=rnd + 1, shape=shape, dtype=dtype, tl_ms=ms_tl, tl_graph_ms=g_tl, variants=[])
+                for version, knobs in variants:
+                    y = torch.full_like(buf.y, float("nan"))   # poisoned: an unwritten element shows
+                    fn = launcher(version, tensors["x"], tensors["C"], buf.cb, buf.states, buf.dA, buf.dt,
+                                  tensors["D"], y, **knobs)
+                    fn()
+                    torch.cuda.synchronize()
+                    err, nan = rel_err(y, y_tl.double()), bool(torch.isnan(y).any())
+                    ms, gms = times(fn)
+                    row["variants"].append(dict(version=version, knobs=knobs, ms=ms, graph_ms=gms,
+                                                y_rel_err_vs_tl=err, nan=nan))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()
@@ -271,6 +396,7 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "probe_gluon_scan.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
 
 if __name__ == "__main__":
     main()
