@@ -88,6 +88,8 @@ def _signature(launch):
         elif isinstance(v, torch.Tensor):
             sig[name] = _PTR[v.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]  # allocations are 16-byte aligned
+        elif hasattr(v, "block_shape") and hasattr(v, "layout"):   # a Gluon TMA descriptor
+            sig[name] = f"tensordesc<{_PTR[v.base.dtype][1:]}{list(v.block_shape)},{v.layout}>"
         elif isinstance(v, bool):
             raise TypeError(f"{name}: bools are passed as constexprs")
         elif isinstance(v, int):

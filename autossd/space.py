@@ -29,12 +29,16 @@ class Knob:
     backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
     depths: tuple = (5, 3, 1)     # fusion depths (launches) whose kernels it shapes
     measured_only: bool = False   # the static model cannot rank it: static tunes keep the default
+    archs: tuple | None = None    # where set: only these archs offer it (a data path of one arch)
+
+    def _here(self, arch: Arch) -> bool:
+        return arch.backend in self.backends and (self.archs is None or arch.name in self.archs)
 
     def offered_on(self, arch: Arch) -> bool:
-        return arch.backend in self.backends and len(self.values) > 1
+        return self._here(arch) and len(self.values) > 1
 
     def values_on(self, arch: Arch) -> tuple:
-        return self.values if arch.backend in self.backends else (self.default,)
+        return self.values if self._here(arch) else (self.default,)
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -90,6 +94,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
          "the fused kernel's)", "chunk_scan", backends=("cuda",), measured_only=True),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
+    # 1: the chunk scan in Gluon (chunk_scan_gluon.jinja): every MMA operand by TMA into one 48 KB
+    # ring, CB's decay applied to the MMA's register operand; sm90 only (TMA, wgmma). It uses
+    # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
+    # address) runs the tl kernel of the same config. 9-12% faster than the tl kernel at the
+    # large shapes (BENCHMARKS.md §92); measured_only: the static model cannot rank a data path.
+    Knob("scan_gluon", (0, 1), 0, "1: the Gluon chunk scan with TMA operands (sm90)", "chunk_scan",
+         backends=("cuda",), depths=(5, 3), measured_only=True, archs=("sm90",)),
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
          backends=("hip",)),
     Knob("matrix_instr_nonkdim", (0, 16, 32), 0, "MFMA instruction M/N size, 0 = compiler's choice",
@@ -224,6 +235,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += _gluon_state_violations(config, arch, problem)
         if config.fold_prep:
             why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
+    if config.scan_gluon:
+        why += scan_gluon_gaps(config, arch, problem)
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
@@ -244,6 +257,31 @@ def _gluon_state_violations(config: Config, arch: Arch, problem) -> list[str]:
         # the kernel's MFMA layout is 32x32 then; tl.dot would not pick it for a smaller tile either
         why.append(f"smem_pad={config.smem_pad} with matrix_instr_nonkdim=32 needs state_block_m and "
                    f"state_block_n >= 32")
+    return why
+
+
+def scan_gluon_gaps(config: Config, arch: Arch, problem=None) -> list[str]:
+    """What the Gluon chunk scan (scan_gluon = 1, chunk_scan_gluon.jinja) cannot do, for this
+    config and problem. Strides and alignment are the call's: plan() checks those."""
+    why = []   # (launches == 1 cannot occur: a Config resets scan_gluon there, Knob.depths)
+    if arch.backend != "cuda" or arch.name != "sm90":
+        why.append(f"scan_gluon=1 needs sm90 (TMA and wgmma), not {arch.name}")
+    tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
+    if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
+        why.append(f"scan_gluon=1 runs 64 x 64 tiles in one warpgroup: needs scan_block_m, scan_block_n "
+                   f"and scan_block_k = 64 and scan_warps = 4, got {tiles}, scan_warps={config.scan_warps}")
+    if problem is not None:
+        if problem.dtype not in ("fp16", "bf16"):
+            why.append(f"scan_gluon=1 needs fp16/bf16 inputs, got {problem.dtype}")
+        elif config.state_dtype != problem.dtype:
+            why.append(f"scan_gluon=1 needs states in the input dtype ({problem.dtype}): the state tile "
+                       f"is an MMA operand as stored, got state_dtype={config.state_dtype}")
+        if problem.dstate not in (64, 128):
+            why.append(f"scan_gluon=1 needs dstate 64 or 128, got {problem.dstate}")
+        if problem.headdim % 64:
+            why.append(f"scan_gluon=1 needs headdim a multiple of 64, got {problem.headdim}")
+        if problem.has_seq_idx:
+            why.append("scan_gluon=1 does not take seq_idx")
     return why
 
 

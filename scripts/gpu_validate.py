@@ -1,13 +1,15 @@
 """GPU correctness at production shapes: the generated kernels of every fusion depth against the
 float64 chunked reference (itself checked against the token recurrence in the tests).
 
-    python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1]
+    python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
 tokens) checks the whole output for NaN/Inf and a head subset against the reference (heads are
 independent, so a subset is an exact check of those heads). The smem_pad cases run the Gluon
-chunk-state kernel, which the CPU interpreter cannot run: this is where it is checked.
+chunk-state kernel and the scan_gluon cases the Gluon chunk scan, which the CPU interpreter
+cannot run: this is where they are checked. Each result names the chunk-scan kernel its plan
+launched (a call the Gluon scan cannot take runs the tl one: the seq_idx case checks that).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from autossd.ops.ssd.chunk import execute  # noqa: E402
+from autossd.ops.ssd.chunk import allocate, execute, gluon_scan_gaps  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.space import KNOB_BY_NAME, default_config, fit  # noqa: E402
@@ -71,6 +73,27 @@ def smem_pad_cases(pads):
     return out
 
 
+def scan_gluon_cases():
+    """The Gluon chunk scan (states in the input dtype, which it needs): both dtypes at a
+    many-chunk shape, ngroups > 1, the small shape, a ragged length in batch 2 with z, D per
+    channel and initial states, 128-token chunks, dstate 64; and seq_idx, which it does not take
+    (the plan runs the tl scan there)."""
+    g1 = {"scan_gluon": 1}
+    out = [(Problem(batch=4, seqlen=16384, dtype=dt, **M27, **FULL), dt, g1) for dt in ("fp16", "bf16")]
+    out.append((Problem(batch=1, seqlen=32768, dtype="bf16", **CODESTRAL, **FULL), "bf16", g1))
+    out.append((Problem(batch=1, seqlen=2048, dtype="fp16", **M27, **FULL), "fp16", g1))
+    ragged = dict(has_D=True, D_has_hdim=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                  has_initial_states=True, return_final_states=True)
+    for dt in ("fp16", "bf16"):
+        out.append((Problem(batch=2, seqlen=16383, dtype=dt, **M27, **ragged), dt, g1))
+    out.append((Problem(batch=3, seqlen=5000, dtype="bf16", **M27, **FULL), "bf16", {**g1, "chunk_size": 128}))
+    out.append((Problem(batch=2, seqlen=4100, dtype="fp16", nheads=24, headdim=128, dstate=64, ngroups=2,
+                        **FULL), "fp16", g1))
+    out.append((Problem(batch=1, seqlen=20000, dtype="bf16", **M27, has_seq_idx=True,
+                        return_varlen_states=True, dt_softplus=True), "bf16", g1))
+    return out
+
+
 def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None = None,
              overrides: dict | None = None, depths=(5,)) -> list[dict]:
     """One case at each fusion depth, on the same inputs against one float64 reference."""
@@ -109,7 +132,9 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         first = first if isinstance(first, tuple) else (first,)
         out = out if isinstance(out, tuple) else (out,)
         y = out[0]
+        gaps = gluon_scan_gaps(prob, cfg, tensors, allocate(prob, cfg, "meta")) if cfg.scan_gluon else ["off"]
         res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
+               "scan_kernel": "tl" if gaps else "gluon", "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
                "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
                "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}
         i = 1
@@ -136,6 +161,7 @@ def main():
     ap.add_argument("--smem-pad", default=",".join(str(v) for v in KNOB_BY_NAME["smem_pad"].values if v),
                     help="smem_pad values to validate the Gluon chunk state with ('': none)")
     ap.add_argument("--depths", default="5,3,1", help="fusion depths to run every case at")
+    ap.add_argument("--no-scan-gluon", action="store_true", help="skip the Gluon chunk-scan cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -143,10 +169,12 @@ def main():
         todo.append((Problem(batch=1, seqlen=a.long, dtype="bf16", **M27, **FULL), "fp32", 8, None))
     todo += [(p, sd, None, over) for p, sd, over in
              smem_pad_cases([int(v) for v in a.smem_pad.split(",") if v])]
+    if not a.no_scan_gluon:
+        todo += [(p, sd, None, over) for p, sd, over in scan_gluon_cases()]
     depths = [int(d) for d in a.depths.split(",")]
     for i, (prob, sd, heads, over) in enumerate(todo):
         # the Gluon chunk state exists only in the five-launch family
-        ds = [5] if over and over.get("smem_pad") else depths
+        ds = [5] if over and over.get("smem_pad") else [d for d in depths if d != 1] if over else depths
         try:
             rs = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over, depths=ds)
         except Exception as e:  # record and go on: one failure must not hide the others
@@ -156,7 +184,8 @@ def main():
             results.append(r)
             errs = " ".join(f"{k}={v:.2e}" for k, v in r.items() if k.endswith("_err"))
             print(f"{'PASS' if r['pass'] else 'FAIL'} launches={r.get('launches')} {prob.dtype} b={prob.batch} "
-                  f"L={prob.seqlen} h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} {errs} "
+                  f"L={prob.seqlen} h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} "
+                  f"scan={r.get('scan_kernel')} {errs} "
                   f"tol={r.get('tol')} {r.get('error', '')}", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

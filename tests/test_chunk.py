@@ -210,15 +210,12 @@ def test_poison_is_caught():
     assert torch.isfinite(y).all()
 
 
-def test_launch_cache_replays_what_a_fresh_plan_would_launch():
-    """The replay of a recorded call passes, for new inputs and buffers, exactly the arguments a
-    fresh plan makes (compiled kernels stubbed: the interpreter has none)."""
+def _replays_what_a_fresh_plan_would_launch(prob, config):
     from autossd.ops.ssd import chunk
     from autossd.render import load
 
-    prob = Problem(batch=2, seqlen=100, nheads=4, headdim=16, dstate=16, ngroups=2, dtype="fp16", **FULL)
     t1, t2 = make_inputs(prob, seed=1), make_inputs(prob, seed=2)
-    mod = load(SMALL)
+    mod = load(config)
 
     class Stub:  # what _record/_replay use of a CompiledKernel
         function, packed_metadata = "fn", "meta"
@@ -234,8 +231,8 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
             self.calls.append(((gx, gy, gz), args))
 
     def planned(t):
-        buf = chunk.allocate(prob, SMALL, "cpu")
-        return buf, chunk.plan(prob, SMALL, t, buf, "cuda", (0.001, 0.1))
+        buf = chunk.allocate(prob, config, "cpu")
+        return buf, chunk.plan(prob, config, t, buf, "cuda", (0.001, 0.1))
 
     buf1, launches1 = planned(t1)
     stubs = [Stub() for _ in launches1]
@@ -249,9 +246,42 @@ def test_launch_cache_replays_what_a_fresh_plan_would_launch():
             want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
             assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want)
             for a, w in zip(args, want):  # tensors go to the launcher as their addresses
-                assert a == w.data_ptr() if isinstance(w, torch.Tensor) else a == w
+                if isinstance(w, torch.Tensor):
+                    assert a == w.data_ptr()
+                elif isinstance(w, chunk._TMA_DESCRIPTORS):   # a descriptor on this call's tensor
+                    assert a.base is w.base and (list(a.shape), list(a.strides), a.padding) == (
+                        list(w.shape), list(w.strides), w.padding)
+                else:
+                    assert a == w
     for _, _, _, template, slots in rec:   # a replay fills a copy: concurrent replays share these
-        assert all(template[i] is None for i, _, _ in slots)
+        assert all(template[i] is None for i, _, _, _ in slots)
+    return launches1
+
+
+def test_launch_cache_replays_what_a_fresh_plan_would_launch():
+    """The replay of a recorded call passes, for new inputs and buffers, exactly the arguments a
+    fresh plan makes (compiled kernels stubbed: the interpreter has none)."""
+    prob = Problem(batch=2, seqlen=100, nheads=4, headdim=16, dstate=16, ngroups=2, dtype="fp16", **FULL)
+    _replays_what_a_fresh_plan_would_launch(prob, SMALL)
+
+
+def test_launch_cache_replays_the_gluon_scan_on_each_calls_tensors(monkeypatch):
+    """The Gluon chunk scan takes TMA descriptors, which hold a tensor: a replay builds each on the
+    new call's tensor (x, C, and the new buffers), never reuses the recorded call's. The plan is
+    made as on an sm90 GPU (gluon_scan_gaps stubbed: the CPU has none); nothing is launched."""
+    from autossd.ops.ssd import chunk
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=300, nheads=2, headdim=64, dstate=128, ngroups=1, dtype="bf16",
+                   **{**FULL, "has_seq_idx": False})   # the Gluon scan does not take seq_idx
+    cfg = default_config("sm90", prob).replace(scan_gluon=1)
+    assert violations(cfg, "sm90", prob) == []
+    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
+    scan = launches[-1]
+    assert scan.kernel == "ssd_chunk_scan_gluon"
+    assert sum(isinstance(v, chunk._TMA_DESCRIPTORS) for v in scan.args.values()) == 4
+    assert scan.constexprs["EVEN_L"] is False and scan.constexprs["N"] == 128
 
 
 def test_launch_cache_is_bounded(monkeypatch):
@@ -295,7 +325,7 @@ def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
             calls.append(("launcher",))
 
     t = {"x": torch.zeros(4)}
-    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)), [None, 3], ((0, True, "x"),))]
+    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)), [None, 3], ((0, True, "x", None),))]
     hook = lambda meta: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:
@@ -610,3 +640,25 @@ def test_warm_up_compiles_only_never_compiled_kernels_side_by_side(monkeypatch):
     module.bad = Fn("bad", fail=True)
     with pytest.raises(RuntimeError, match="bad: compile error"):
         chunk.warm_up(launches("other", "bad"), module)              # compiled for device 0 only
+
+
+def test_gluon_scan_gaps_name_what_keeps_a_call_on_the_tl_scan():
+    """A config with scan_gluon = 1 runs the Gluon chunk scan only where the call fits it; the
+    reasons name what does not (here: the CPU, and an x whose rows TMA cannot address), and the
+    plan then launches the tl scan of the same config."""
+    from autossd.ops.ssd import chunk
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=300, nheads=2, headdim=64, dstate=128, ngroups=1, dtype="fp16")
+    cfg = default_config("sm90", prob).replace(scan_gluon=1)
+    t = make_inputs(prob, seed=3)
+    buf = chunk.allocate(prob, cfg, "cpu")
+    why = chunk.gluon_scan_gaps(prob, cfg, t, buf)
+    assert why == ["the Gluon chunk scan runs on an NVIDIA GPU only (no interpreter)"]
+    # x as a slice of a wider projection whose batches are not one row stride apart
+    wide = torch.randn(2, 301, 2, 64, dtype=torch.float16)[:, :300]
+    why = chunk.gluon_scan_gaps(prob, cfg, {**t, "x": wide}, buf)
+    assert any("x's strides" in w for w in why)
+    sliced = torch.randn(2, 300, 2 * 64 + 8, dtype=torch.float16)[..., :128].view(2, 300, 2, 64)
+    assert not any("x's strides" in w for w in chunk.gluon_scan_gaps(prob, cfg, {**t, "x": sliced}, buf))
+    assert chunk.plan(prob, cfg, t, buf)[-1].kernel == "ssd_chunk_scan"

@@ -127,3 +127,23 @@ def test_register_cap_is_not_offered_on_amd():
     from autossd.space import violations
     cfg = default_config("gfx942", PROB).replace(scan_maxnreg=64)
     assert any("scan_maxnreg=64 is not offered on gfx942" in w for w in violations(cfg, "gfx942", PROB))
+
+
+# scan_gluon = 1 swaps in the Gluon chunk scan (chunk_scan_gluon.jinja); as for smem_pad, these
+# cross-compiles are its CI coverage and scripts/gpu_validate.py's scan_gluon cases its GPU check.
+@pytest.mark.parametrize("features", [{}, {"has_z": True, "D_has_hdim": True, "seqlen": 2000, "batch": 2},
+                                      {"dstate": 64, "headdim": 128}])
+def test_gluon_chunk_scan_fits_four_ctas_per_sm_without_spills(features):
+    """Its design point (BENCHMARKS.md §92): 48 KB of shared memory and at most 128 registers,
+    so 4 CTAs per SM, and nothing spilled, with every epilogue feature it takes."""
+    prob = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="bf16",
+                   has_D=True).replace(**features)
+    cfg = default_config("sm90", prob).replace(scan_gluon=1)
+    rep = compile_config(cfg, "sm90", prob, stages=("chunk_scan",))
+    assert rep.ok, rep.why()
+    (st,) = rep.stages
+    assert st.registers <= 128 and st.spill_bytes == 0 and st.occupancy == 4
+    assert 48 * 1024 <= st.shared_bytes <= 49 * 1024
+    # the tl scan of the same config compiles to a different artifact
+    tl = compile_config(cfg.replace(scan_gluon=0), "sm90", prob, stages=("chunk_scan",))
+    assert tl.stages[0].artifact_sha != st.artifact_sha

@@ -190,7 +190,8 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
         v6_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
     assert "cfg_fold_prep" not in v6_cols
     v6_cfg = json.loads(TUNED.key())
-    v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob
+    v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob (nor any later one)
+    v6_cfg.pop("scan_gluon")
     row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v6_cols},
            "config_json": json.dumps(v6_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
@@ -209,6 +210,39 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
         assert "cfg_fold_prep" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
         (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
     assert json.loads(text) == v6_cfg   # the folded row is gone, the other lost only the key
+
+
+def test_schema_8_gives_older_rows_the_tl_chunk_scan(tmp_path):
+    """Before scan_gluon every record ran the tl chunk scan: an older row gains "scan_gluon": 0
+    in its canonical config_json and in cfg_scan_gluon; a downgrade drops the Gluon-scan rows,
+    whose time would otherwise read as the tl kernel's, and the key."""
+    url = to_url(tmp_path / "v7.sqlite")
+    assert migrate(url, "0007") == "0007"
+    with dbengine.get_engine(url).connect() as conn:
+        v7_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    assert "cfg_scan_gluon" not in v7_cols
+    v7_cfg = json.loads(TUNED.key())
+    v7_cfg.pop("scan_gluon")   # as schema 7 wrote it: no such knob
+    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v7_cols},
+           "config_json": json.dumps(v7_cfg, sort_keys=True)}
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
+    assert migrate(url) == HEAD
+    with dbengine.get_engine(url).connect() as conn:
+        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_scan_gluon FROM tuned_records")).fetchall()
+    assert json.loads(text)["scan_gluon"] == 0 and col == 0
+    assert text == TUNED.key()   # canonical, as Config.key() writes it
+    (r,) = read_records(url)
+    assert r.config == TUNED and r.config.scan_gluon == 0
+    gluon = TUNED.replace(scan_gluon=1, scan_block_m=64)
+    add_records(url, [rec(config=gluon, time_ms=0.3)])
+    assert {r.config.scan_gluon for r in read_records(url)} == {0, 1}
+    _downgrade(url, "0007")
+    with dbengine.get_engine(url).connect() as conn:
+        assert dbengine.current_revision(conn) == "0007"
+        assert "cfg_scan_gluon" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
+    assert json.loads(text) == v7_cfg   # the Gluon row is gone, the other lost only the key
 
 
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):

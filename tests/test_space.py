@@ -114,3 +114,25 @@ def test_single_launch_is_infeasible_not_a_crash_when_dstate_exceeds_a_tile():
     cfg = default_config("sm90", prob, launches=1)
     assert any("must cover dstate" in w for w in violations(cfg, "sm90", prob))
     assert not violations(default_config("sm90", prob), "sm90", prob)
+
+
+def test_scan_gluon_is_offered_on_sm90_only_with_what_its_kernel_takes():
+    knob = KNOB_BY_NAME["scan_gluon"]
+    assert [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    good = default_config("sm90", PROB).replace(scan_gluon=1)
+    assert violations(good, "sm90", PROB) == []
+    assert Config(launches=1, scan_gluon=1).scan_gluon == 0     # no separate chunk scan there
+    assert not violations(good.replace(launches=3), "sm90", PROB)
+    for arch in ("sm80", "gfx942"):
+        assert any("scan_gluon=1 is not offered" in w for w in violations(good, arch, PROB))
+    bad = {  # each departure from what the kernel takes, with the words that name it
+        "tiles": (good.replace(scan_block_m=32), PROB, "64 x 64 tiles in one warpgroup"),
+        "warps": (good.replace(scan_warps=8), PROB, "scan_warps = 4"),
+        "fp32 states": (good.replace(state_dtype="fp32"), PROB, "states in the input dtype"),
+        "fp32 inputs": (good, PROB.replace(dtype="fp32"), "fp16/bf16 inputs"),
+        "dstate": (good, PROB.replace(dstate=256), "dstate 64 or 128"),
+        "headdim": (good, PROB.replace(headdim=80), "headdim a multiple of 64"),
+        "seq_idx": (good, PROB.replace(has_seq_idx=True), "does not take seq_idx"),
+    }
+    for name, (cfg, prob, words) in bad.items():
+        assert any(words in w for w in violations(cfg, "sm90", prob)), name

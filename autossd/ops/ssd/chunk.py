@@ -207,7 +207,8 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
-    scan = Launch("chunk_scan", "ssd_chunk_scan",
+    scan = _gluon_scan(prob, config, t, buf, backend, opts) if config.scan_gluon else None
+    scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
                        st_ptr=buf.states, D_ptr=D, seq_ptr=seq,
@@ -276,6 +277,79 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
         passing,
         scan,
     ]
+
+
+_INT32 = 2**31
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
+                    backend: str = "cuda") -> list[str]:
+    """Why this call cannot run the Gluon chunk scan (scan_gluon = 1); empty when it can. The
+    config's and problem's limits (space.scan_gluon_gaps), then the call's: a GPU that is an
+    sm90 (meta tensors stand for one: compile_config has checked the arch), and x, C, CB and the
+    states laid out as the TMA descriptors' 2-D views need them."""
+    from ...arch import get_arch
+    from ...space import scan_gluon_gaps
+    x, C = t["x"], t["C"]
+    why = scan_gluon_gaps(config, get_arch("sm90"), prob)
+    if backend != "cuda" or interpreting() or x.device.type not in ("cuda", "meta"):
+        why.append("the Gluon chunk scan runs on an NVIDIA GPU only (no interpreter)")
+    elif x.device.type == "cuda" and (torch.version.hip or not _is_sm90(x.device.index or 0)):
+        why.append("the Gluon chunk scan needs an sm90 GPU")
+    b, l, h, p, n, g, q = (prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups,
+                           config.chunk_size)
+    for name, v, inner in (("x", x, h * p), ("C", C, g * n)):
+        # the 2-D view (batch * seqlen, inner): rows one stride apart, 16-byte aligned
+        if not (v.stride(3) == 1 and v.stride(2) == v.shape[3] and (b == 1 or v.stride(0) == l * v.stride(1))
+                and v.stride(1) * v.element_size() % 16 == 0 and v.stride(1) >= inner
+                and v.data_ptr() % 16 == 0):
+            why.append(f"{name}'s strides {tuple(v.stride())} do not make a TMA-addressable "
+                       f"(batch * seqlen, {inner}) view")
+    if buf.cb is None or not buf.cb.is_contiguous() or buf.states is None or not buf.states.is_contiguous():
+        why.append("CB and the states must be contiguous buffers")
+    nc = triton.cdiv(l, q)
+    if max(b * l, b * nc * g * q, b * nc * h * p) >= _INT32:
+        why.append("a TMA coordinate would pass 2**31")
+    return why
+
+
+def _gluon_scan(prob, config, t, buf, backend, opts) -> Launch | None:
+    """The Gluon chunk scan's launch, or None where the call cannot take it (gluon_scan_gaps):
+    the tl kernel of the same config runs instead, with the same result to rounding."""
+    if gluon_scan_gaps(prob, config, t, buf, backend):
+        return None
+    from triton.experimental.gluon import language as ttgl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    x, C, D, z = t["x"], t["C"], t.get("D"), t.get("z")
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc = triton.cdiv(l, q)
+    layout = ttgl.NVMMASharedLayout.get_default_for([64, 64], getattr(ttgl, str(x.dtype).split(".")[1]))
+    tile = [64, 64]
+    # each base is the caller's tensor itself (its shape and strides given here), so the launch
+    # cache can put a new call's tensor in its place
+    descs = dict(C_desc=TensorDescriptor(C, [b * l, g * n], [C.stride(1), 1], tile, layout),
+                 st_desc=TensorDescriptor(buf.states, [b * nc * h * p, n], [n, 1], tile, layout),
+                 cb_desc=TensorDescriptor(buf.cb, [b * nc * g * q, q], [q, 1], tile, layout),
+                 x_desc=TensorDescriptor(x, [b * l, h * p], [x.stride(1), 1], tile, layout))
+    s_dt = buf.dt.stride()[:3]
+    if D is None:
+        s_D = (0, 0)
+    else:
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+    return Launch("chunk_scan", "ssd_chunk_scan_gluon", (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
+                  dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
+                       L=l, H=h, P=p, G=g, heads_per_group=h // g,
+                       **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
+                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], s_D_h=s_D[0], s_D_p=s_D[1]),
+                  dict(N=n, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None,
+                       EVEN_L=l % q == 0),
+                  opts["chunk_scan"])
 
 
 def _named(prefix, dims, t):
@@ -432,14 +506,42 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
     for ln, ck in zip(launches, compiled):
         values = {**ln.args, **ln.constexprs}
         srcs = []
+        descs = {}   # position -> the TMA descriptor recorded there (its base is replaced per call)
         for name in getattr(module, ln.kernel).arg_names:
             v = values[name]
-            srcs.append(ids[id(v)] if isinstance(v, torch.Tensor) else ("const", v))
+            if isinstance(v, torch.Tensor):
+                srcs.append(ids[id(v)])
+            elif isinstance(v, _TMA_DESCRIPTORS):
+                descs[len(srcs)] = v
+                srcs.append(ids[id(v.base)])
+            else:
+                srcs.append(("const", v))
         ck._init_handles()  # loads the module once, so the replay can take ck.function directly
         template = [k if kind == "const" else None for kind, k in srcs]
-        slots = tuple((i, kind == "in", k) for i, (kind, k) in enumerate(srcs) if kind != "const")
+        slots = tuple((i, kind == "in", k, descs.get(i)) for i, (kind, k) in enumerate(srcs) if kind != "const")
         out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots))  # 3-D grid
     return out
+
+
+def _tma_descriptor_types() -> tuple:
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except ImportError:   # a triton without Gluon: no descriptor is ever planned
+        return ()
+    return (TensorDescriptor,)
+
+
+_TMA_DESCRIPTORS = _tma_descriptor_types()
+
+
+class _DescArg:
+    """A recorded TMA descriptor on a new call's tensor: what triton's launcher reads of a
+    descriptor argument (base, shape, strides, padding) to encode it at launch. The shapes and
+    strides are the recorded call's: the launch-cache key (problem, input strides) fixes them."""
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, desc):
+        self.base, self.shape, self.strides, self.padding = base, desc.shape, desc.strides, desc.padding
 
 
 def _active(hook) -> bool:
@@ -460,12 +562,16 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
     for ck, grid, srcs, template, slots in cached:
         if hooked:
-            ck[grid](*[t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k
-                       for kind, k in srcs])
+            args = [t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k for kind, k in srcs]
+            for i, _, _, desc in slots:
+                if desc is not None:
+                    args[i] = _DescArg(args[i], desc)
+            ck[grid](*args)
             continue
         args = template.copy()
-        for i, from_input, k in slots:
-            args[i] = (t[k] if from_input else getattr(buf, k)).data_ptr()
+        for i, from_input, k, desc in slots:
+            v = t[k] if from_input else getattr(buf, k)
+            args[i] = v.data_ptr() if desc is None else _DescArg(v, desc)
         ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
 
 
