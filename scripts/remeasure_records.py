@@ -3,7 +3,11 @@ one trial: the float64 gate, then eager and graph times), into a new database. F
 that a template change made stale: the configs stay, their times and hashes become this code's.
 
     python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--only large|small]
-        [--dry-run]
+        [--also KNOB=VALUE ...] [--dry-run]
+
+--also KNOB=VALUE: measure each config a second time with these knobs changed (where that config
+is feasible for its problem), e.g. `--also scan_gluon=1` when a new knob's value is to compete
+with the stored configs; the merge keeps whichever is faster per launch mode.
 
 A problem whose eager and graph records hold different configs gets both measured; merging the new
 database (scripts/build_shipped_db.py) then keeps each launch mode's faster one.
@@ -34,18 +38,34 @@ def shape_of(p: dict) -> str:
                     + [f"{k}={int(bool(p[f]))}" for k, f in FLAGS.items()])
 
 
-def jobs(records: list[dict], only: str | None) -> list[tuple[str, str, str]]:
+def jobs(records: list[dict], only: str | None, also: dict | None = None,
+         arch: str = "sm90") -> list[tuple[str, str, str]]:
+    from autossd.space import Config, violations
     seen, out = set(), []
     for r in records:
         p = r["problem"]
         if only == "large" and p["seqlen"] * p["batch"] <= 2048 or only == "small" and p["seqlen"] * p["batch"] > 2048:
             continue
-        fix = ",".join(f"{k}={v}" for k, v in sorted(r["config"].items()))
-        key = (shape_of(p), p["dtype"], fix)
-        if key not in seen:
-            seen.add(key)
-            out.append(key)
+        configs = [r["config"]]
+        if also:
+            changed = Config({**r["config"], **also})
+            if not violations(changed, arch, Problem(**p)):
+                configs.append(changed.as_dict())
+        for cfg in configs:
+            fix = ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
+            key = (shape_of(p), p["dtype"], fix)
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
     return out
+
+
+def _override(text: str) -> tuple[str, object]:
+    name, _, value = text.partition("=")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value   # a string knob value (state_dtype=bf16)
 
 
 def main() -> int:
@@ -55,11 +75,13 @@ def main() -> int:
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--only", choices=("large", "small"), help="shapes above / up to 2048 tokens")
     ap.add_argument("--storage-dir", default=None, help="Optuna journals (default: beside --out)")
+    ap.add_argument("--also", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="also measure each config with these knobs changed")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
-    todo = jobs(json.loads(shown), a.only)
+    todo = jobs(json.loads(shown), a.only, dict(_override(t) for t in a.also), a.arch)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     for i, (shape, dtype, fix) in enumerate(todo):
