@@ -93,7 +93,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
          "the fused kernel's)", "chunk_scan", backends=("cuda",), measured_only=True),
-    # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     # 1: the chunk scan in Gluon (chunk_scan_gluon.jinja): every MMA operand by TMA into one 48 KB
     # ring, CB's decay applied to the MMA's register operand; sm90 only (TMA, wgmma). It uses
     # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
@@ -101,6 +100,7 @@ KNOBS: tuple[Knob, ...] = (
     # large shapes (BENCHMARKS.md §92); measured_only: the static model cannot rank a data path.
     Knob("scan_gluon", (0, 1), 0, "1: the Gluon chunk scan with TMA operands (sm90)", "chunk_scan",
          backends=("cuda",), depths=(5, 3), measured_only=True, archs=("sm90",)),
+    # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
          backends=("hip",)),
     Knob("matrix_instr_nonkdim", (0, 16, 32), 0, "MFMA instruction M/N size, 0 = compiler's choice",
@@ -236,7 +236,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         if config.fold_prep:
             why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
     if config.scan_gluon:
-        why += scan_gluon_gaps(config, arch, problem)
+        why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
@@ -260,12 +260,11 @@ def _gluon_state_violations(config: Config, arch: Arch, problem) -> list[str]:
     return why
 
 
-def scan_gluon_gaps(config: Config, arch: Arch, problem=None) -> list[str]:
+def gluon_scan_violations(config: Config, problem=None) -> list[str]:
     """What the Gluon chunk scan (scan_gluon = 1, chunk_scan_gluon.jinja) cannot do, for this
-    config and problem. Strides and alignment are the call's: plan() checks those."""
+    config and problem on sm90. Strides and alignment are the call's: plan() checks those
+    (ops.ssd.chunk.gluon_scan_gaps)."""
     why = []   # (launches == 1 cannot occur: a Config resets scan_gluon there, Knob.depths)
-    if arch.backend != "cuda" or arch.name != "sm90":
-        why.append(f"scan_gluon=1 needs sm90 (TMA and wgmma), not {arch.name}")
     tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
     if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
         why.append(f"scan_gluon=1 runs 64 x 64 tiles in one warpgroup: needs scan_block_m, scan_block_n "

@@ -1,19 +1,23 @@
-"""Probe (not wired into autossd): a non-persistent Gluon chunk scan, v5 (BENCHMARKS §91).
-Needs an sm90 GPU to run (Gluon has no interpreter); `--compile-only` cross-compiles it here.
+"""Probe: non-persistent Gluon chunk scans, v5 (BENCHMARKS §91) and v6 (§92). v6 ships as the
+`scan_gluon` knob (templates/ssd_fwd/chunk_scan_gluon.jinja, §93); this script keeps both for
+experiments. Needs an sm90 GPU to run (Gluon has no interpreter); `--compile-only` cross-compiles.
 
 Same grid and program as the tl kernel (one program per (64-row tile, head, headdim tile), chunk,
-batch), but every MMA operand arrives by TMA: C and the state tile at the program's start, the
-CB and x blocks in a ring of two slots, refilled as soon as a block's MMA is done. The CB tiles
-are read from shared memory into registers, take their decay there and feed the wgmma as its
-register operand; x and the state tile feed it from shared memory. dA/dt of the chunk arrive by
-TMA too. The epilogue's D·x reads x from the diagonal block's slot.
+batch), but every MMA operand arrives by TMA. v5: C and the state tile at the program's start,
+the CB and x blocks in a ring of two slots (64 KB, 3 CTAs per SM). v6: one ring of three 16 KB
+stages that holds C and the state tile first, then the blocks (48 KB, 4 CTAs per SM). The CB
+tiles are read from shared memory into registers, take their decay there and feed the wgmma as
+its register operand; x and the state tile feed it from shared memory; dA/dt are plain loads.
+The epilogue's D·x reads x from the diagonal block's slot.
 
 Scope: full chunks of 256, headdim a multiple of 64, dstate 128, 16-bit inputs and states, no
-seq_idx, no z. ASYNC=True overlaps block k's MMA with block k+1's weights (one MMA in flight).
-The harness runs autossd's five launches (which fill CB, the states, dA and dt),
-then this kernel on the same buffers, compares y and times both chunk scans.
+seq_idx, no z. v5's ASYNC=True overlaps block k's MMA with block k+1's weights; v6's PREFETCH
+loads the next block's dA/dt one block ahead. The harness runs autossd's five launches (which
+fill CB, the states, dA and dt), then each variant on the same buffers into a poisoned y,
+compares y with the tl kernel's and times every chunk scan eagerly and by graph replay.
 
-    python scripts/probe_gluon_scan.py [--compile-only [--async] [--maxnreg R]] [--out DIR] [--rounds N] [--shapes 'a;b']
+    python scripts/probe_gluon_scan.py [--compile-only [--maxnreg R]] [--variants JSON] [--out DIR]
+        [--rounds N] [--shapes 'a;b']
 """
 from __future__ import annotations
 

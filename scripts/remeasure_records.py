@@ -3,7 +3,7 @@ one trial: the float64 gate, then eager and graph times), into a new database. F
 that a template change made stale: the configs stay, their times and hashes become this code's.
 
     python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--only large|small]
-        [--also KNOB=VALUE ...] [--dry-run]
+        [--dtype fp16|bf16] [--also KNOB=VALUE ...] [--dry-run]
 
 --also KNOB=VALUE: measure each config a second time with these knobs changed (where that config
 is feasible for its problem), e.g. `--also scan_gluon=1` when a new knob's value is to compete
@@ -39,12 +39,14 @@ def shape_of(p: dict) -> str:
 
 
 def jobs(records: list[dict], only: str | None, also: dict | None = None,
-         arch: str = "sm90") -> list[tuple[str, str, str]]:
+         arch: str = "sm90", dtype: str | None = None) -> list[tuple[str, str, str]]:
     from autossd.space import Config, violations
     seen, out = set(), []
     for r in records:
         p = r["problem"]
         if only == "large" and p["seqlen"] * p["batch"] <= 2048 or only == "small" and p["seqlen"] * p["batch"] > 2048:
+            continue
+        if dtype and p["dtype"] != dtype:
             continue
         configs = [r["config"]]
         if also:
@@ -74,6 +76,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="database the new records go to")
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--only", choices=("large", "small"), help="shapes above / up to 2048 tokens")
+    ap.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="only this input dtype's records")
     ap.add_argument("--storage-dir", default=None, help="Optuna journals (default: beside --out)")
     ap.add_argument("--also", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="also measure each config with these knobs changed")
@@ -81,7 +84,7 @@ def main() -> int:
     a = ap.parse_args()
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
-    todo = jobs(json.loads(shown), a.only, dict(_override(t) for t in a.also), a.arch)
+    todo = jobs(json.loads(shown), a.only, dict(_override(t) for t in a.also), a.arch, a.dtype)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     for i, (shape, dtype, fix) in enumerate(todo):

@@ -253,7 +253,7 @@ def _replays_what_a_fresh_plan_would_launch(prob, config):
                         list(w.shape), list(w.strides), w.padding)
                 else:
                     assert a == w
-    for _, _, _, template, slots in rec:   # a replay fills a copy: concurrent replays share these
+    for _, _, _, template, slots, _ in rec:   # a replay fills a copy: concurrent replays share these
         assert all(template[i] is None for i, _, _, _ in slots)
     return launches1
 
@@ -282,6 +282,75 @@ def test_launch_cache_replays_the_gluon_scan_on_each_calls_tensors(monkeypatch):
     assert scan.kernel == "ssd_chunk_scan_gluon"
     assert sum(isinstance(v, chunk._TMA_DESCRIPTORS) for v in scan.args.values()) == 4
     assert scan.constexprs["EVEN_L"] is False and scan.constexprs["N"] == 128
+
+
+def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
+    """A replay of the Gluon chunk scan calls the launcher's compiled entry point itself, with each
+    TMA descriptor encoded once per base address, and passes it exactly what triton's launcher
+    would (that launcher built without a GPU: its entry point and encoder are stand-ins that
+    record what they get)."""
+    from triton.backends.nvidia import driver as nv
+
+    from autossd.ops.ssd import chunk
+    from autossd.render import load
+    from autossd.space import default_config
+
+    encoded = []
+
+    def encode(arg, meta):   # triton's make_tensordesc_arg, without the driver call
+        encoded.append(arg.base.data_ptr())
+        return [("tmap", arg.base.data_ptr(), meta), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    prob = Problem(batch=1, seqlen=256, nheads=2, headdim=64, dstate=64, ngroups=1, dtype="fp16")
+    cfg = default_config("sm90", prob).replace(scan_gluon=1)
+    mod = load(cfg)
+    t1, t2 = make_inputs(prob, seed=1), make_inputs(prob, seed=2)
+    buf = chunk.allocate(prob, cfg, "cpu")
+    launches = chunk.plan(prob, cfg, t1, buf, "cuda", (0.0, float("inf")))
+    entry = []
+
+    class Compiled:   # a CompiledKernel's parts that _record and the launch use
+        function, packed_metadata = "fn", "meta"
+
+        def __init__(self, ln):
+            values = {**ln.args, **ln.constexprs}
+            names = getattr(mod, ln.kernel).arg_names
+            sig = {i: "tensordesc<fp16[64, 64]>" if isinstance(values[n], chunk._TMA_DESCRIPTORS) else "i32"
+                   for i, n in enumerate(names)}
+            ndesc = sum(v.startswith("tensordesc") for v in sig.values())
+            self.run = nv.CudaLauncher.__new__(nv.CudaLauncher)
+            self.run.launch = nv.wrap_handle_tensordesc(lambda *a: entry.append(a), sig,
+                                                        [{"m": i} for i in range(ndesc)] or None)
+            self.run.num_ctas, self.run.launch_cooperative_grid, self.run.launch_pdl = 1, False, False
+            self.run.global_scratch_size = self.run.profile_scratch_size = 0
+            self.run.global_scratch_align = self.run.profile_scratch_align = 1
+
+        def _init_handles(self):
+            pass
+
+    rec = chunk._record(launches, [Compiled(ln) for ln in launches], t1, buf, mod)
+    assert [d is not None for *_, d in rec] == [ln.kernel == "ssd_chunk_scan_gluon" for ln in launches]
+    ck, grid, srcs, _, slots, direct = rec[-1]
+    del encoded[:]
+
+    def through_triton(t):   # what triton's own launch path passes to the entry point
+        args = [k if kind == "const" else None for kind, k in srcs]
+        for i, from_input, k, desc in slots:
+            v = t[k] if from_input else getattr(buf, k)
+            args[i] = v.data_ptr() if desc is None else chunk._DescArg(v, desc)
+        ck.run(*grid, 7, ck.function, ck.packed_metadata, None, None, None, *args)
+        return entry.pop()
+
+    for t, new in ((t1, 4), (t1, 0), (t2, 2), (t1, 0)):   # x and C are new in t2; CB, states kept
+        direct(grid, 7, t, buf)
+        got = entry.pop()
+        assert len(encoded) == new
+        del encoded[:]
+        assert got == through_triton(t)
+        del encoded[:]
+    assert all(enc is None or len(enc) <= chunk._DirectLaunch.KEEP for *_, enc in direct.slots)
 
 
 def test_launch_cache_is_bounded(monkeypatch):
@@ -325,7 +394,7 @@ def test_launch_cache_goes_through_triton_when_a_launch_hook_is_set():
             calls.append(("launcher",))
 
     t = {"x": torch.zeros(4)}
-    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)), [None, 3], ((0, True, "x", None),))]
+    rec = [(Stub(), (1, 1, 1), (("in", "x"), ("const", 3)), [None, 3], ((0, True, "x", None),), None)]
     hook = lambda meta: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:

@@ -182,8 +182,8 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         cands += [base.replace(fold_prep=f) for f in KNOB_BY_NAME["fold_prep"].values if f != base.fold_prep]
     if base.launches in KNOB_BY_NAME["scan_gluon"].depths and "scan_gluon" not in space.pinned:
         # the Gluon scan takes 64 x 64 tiles only: a sampled draw rarely meets that, so seed it
-        offered = KNOB_BY_NAME["scan_gluon"].values_on(get_arch(arch) if isinstance(arch, str) else arch)
-        cands += [base.replace(scan_gluon=v) for v in offered if v != base.scan_gluon]
+        # (where it is not offered, the filter below drops it)
+        cands += [base.replace(scan_gluon=v) for v in KNOB_BY_NAME["scan_gluon"].values if v != base.scan_gluon]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):

@@ -207,7 +207,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
-    scan = _gluon_scan(prob, config, t, buf, backend, opts) if config.scan_gluon else None
+    scan = _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) if config.scan_gluon else None
     scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
@@ -290,13 +290,12 @@ def _is_sm90(index: int) -> bool:
 def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
                     backend: str = "cuda") -> list[str]:
     """Why this call cannot run the Gluon chunk scan (scan_gluon = 1); empty when it can. The
-    config's and problem's limits (space.scan_gluon_gaps), then the call's: a GPU that is an
-    sm90 (meta tensors stand for one: compile_config has checked the arch), and x, C, CB and the
-    states laid out as the TMA descriptors' 2-D views need them."""
-    from ...arch import get_arch
-    from ...space import scan_gluon_gaps
+    config's and problem's limits (space.gluon_scan_violations), then the call's: a GPU that is
+    an sm90 (meta tensors stand for one: compile_config has checked the arch), and x, C, CB and
+    the states laid out as the TMA descriptors' 2-D views need them."""
+    from ...space import gluon_scan_violations
     x, C = t["x"], t["C"]
-    why = scan_gluon_gaps(config, get_arch("sm90"), prob)
+    why = gluon_scan_violations(config, prob)
     if backend != "cuda" or interpreting() or x.device.type not in ("cuda", "meta"):
         why.append("the Gluon chunk scan runs on an NVIDIA GPU only (no interpreter)")
     elif x.device.type == "cuda" and (torch.version.hip or not _is_sm90(x.device.index or 0)):
@@ -318,7 +317,7 @@ def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffer
     return why
 
 
-def _gluon_scan(prob, config, t, buf, backend, opts) -> Launch | None:
+def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None:
     """The Gluon chunk scan's launch, or None where the call cannot take it (gluon_scan_gaps):
     the tl kernel of the same config runs instead, with the same result to rounding."""
     if gluon_scan_gaps(prob, config, t, buf, backend):
@@ -337,11 +336,6 @@ def _gluon_scan(prob, config, t, buf, backend, opts) -> Launch | None:
                  st_desc=TensorDescriptor(buf.states, [b * nc * h * p, n], [n, 1], tile, layout),
                  cb_desc=TensorDescriptor(buf.cb, [b * nc * g * q, q], [q, 1], tile, layout),
                  x_desc=TensorDescriptor(x, [b * l, h * p], [x.stride(1), 1], tile, layout))
-    s_dt = buf.dt.stride()[:3]
-    if D is None:
-        s_D = (0, 0)
-    else:
-        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
     return Launch("chunk_scan", "ssd_chunk_scan_gluon", (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
                        L=l, H=h, P=p, G=g, heads_per_group=h // g,
@@ -499,7 +493,9 @@ def input_sig(t: dict) -> tuple:
 def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, module) -> list:
     """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order,
     the argument list with every constant in place and None for each pointer, and the pointers'
-    (position, from an input?, name)): a replay copies the list and fills in only the pointers."""
+    (position, from an input?, name, TMA descriptor or None)), and for a kernel that takes TMA
+    descriptors its _DirectLaunch where one can be made: a replay copies the list and fills in only
+    the pointers."""
     ids = {id(v): ("in", k) for k in INPUTS if (v := t.get(k)) is not None}
     ids.update({id(v): ("buf", k) for k in _BUFFERS if (v := getattr(buf, k)) is not None})
     out = []
@@ -519,7 +515,8 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
         ck._init_handles()  # loads the module once, so the replay can take ck.function directly
         template = [k if kind == "const" else None for kind, k in srcs]
         slots = tuple((i, kind == "in", k, descs.get(i)) for i, (kind, k) in enumerate(srcs) if kind != "const")
-        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots))  # 3-D grid
+        direct = _DirectLaunch.of(ck, template, slots) if descs else None
+        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots, direct))  # 3-D grid
     return out
 
 
@@ -544,6 +541,71 @@ class _DescArg:
         self.base, self.shape, self.strides, self.padding = base, desc.shape, desc.strides, desc.padding
 
 
+class _DirectLaunch:
+    """A recorded kernel that takes TMA descriptors, launched past triton's per-launch encoding.
+    triton's launcher encodes every descriptor argument on the host at each launch (a driver
+    call, cuTensorMapEncodeTiled): four per Gluon chunk scan, 8-19 us per eager call at 2.7b
+    1x2048 (BENCHMARKS §93). A recorded descriptor's shape, strides and block are fixed by the
+    launch-cache key, so only its base address varies: each is encoded once per address (by
+    triton's own encoder) and the launcher's compiled entry point gets the encoded arguments.
+    `of` returns None where the launcher is not the one this was written against (a HIP or
+    changed triton, scratch memory): the replay then goes through triton's launcher."""
+    __slots__ = ("raw", "head", "template", "slots", "encode")
+    KEEP = 8   # encodings kept per descriptor argument: a few caller buffers take turns
+
+    def __init__(self, raw, head, template, slots, encode):
+        self.raw, self.head, self.template, self.slots, self.encode = raw, head, template, slots, encode
+
+    @classmethod
+    def of(cls, ck, template: list, slots: tuple) -> "_DirectLaunch | None":
+        import sys
+        run = ck.run
+        if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) \
+                or getattr(run, "profile_scratch_size", 1):
+            return None
+        wrapper = run.launch   # triton's wrap_handle_tensordesc closure around the entry point
+        code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None) or ()
+        free = dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code else {}
+        encode = getattr(sys.modules.get(type(run).__module__), "make_tensordesc_arg", None)
+        descs = {i: d for i, _, _, d in slots if d is not None}
+        if encode is None or "launcher" not in free or set(free.get("tensordesc_indices", ())) != set(descs):
+            return None
+        metas = iter(free.get("tensordesc_meta") or [None] * len(descs))
+        xtemplate, at = [], {}
+        for i, v in enumerate(template):   # descriptor i expands to [encoded, *its constant sizes]
+            if i in descs:
+                meta = next(metas)
+                width = len(encode(_DescArg(descs[i].base, descs[i]), meta))   # the recorded call's
+                at[i] = (len(xtemplate), width, meta)
+                xtemplate.extend([None] * width)
+            else:
+                at[i] = (len(xtemplate), 1, None)
+                xtemplate.append(v)
+        xslots = tuple((at[i][0], at[i][1], from_input, k, d, at[i][2], {} if d is not None else None)
+                       for i, from_input, k, d in slots)
+        head = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, ck.packed_metadata,
+                None, None, None)   # scratch buffers (none), launch metadata and hooks (none)
+        return cls(free["launcher"], head, xtemplate, xslots, encode)
+
+    def __call__(self, grid: tuple, stream, t: dict, buf: Buffers) -> None:
+        args = self.template.copy()
+        for at, width, from_input, k, desc, meta, enc in self.slots:
+            v = t[k] if from_input else getattr(buf, k)
+            if desc is None:
+                args[at] = v.data_ptr()
+                continue
+            ptr = v.data_ptr()
+            e = enc.get(ptr) if meta is not None else None
+            if e is None:
+                e = self.encode(_DescArg(v, desc), meta)
+                if meta is not None:   # an encoding holds the address only (without meta: the tensor)
+                    if len(enc) >= self.KEEP:
+                        enc.pop(next(iter(enc)), None)
+                    enc[ptr] = e
+            args[at:at + width] = e
+        self.raw(grid[0], grid[1], grid[2], stream, *self.head, *args)
+
+
 def _active(hook) -> bool:
     # triton 3.6 keeps an (empty) HookChain there, never None; earlier versions keep None
     return hook is not None and bool(getattr(hook, "calls", True))
@@ -560,7 +622,10 @@ def _replay(cached: list, t: dict, buf: Buffers, stream=None) -> None:
     hooked = _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
     if stream is None and not hooked:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
-    for ck, grid, srcs, template, slots in cached:
+    for ck, grid, srcs, template, slots, direct in cached:
+        if direct is not None and not hooked:
+            direct(grid, stream, t, buf)
+            continue
         if hooked:
             args = [t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k for kind, k in srcs]
             for i, _, _, desc in slots:
