@@ -6,7 +6,8 @@ time goes), and `--once` for running one forward under a profiler (ncu).
         python scripts/profile_host.py --once --shape 2.7b:1x131072 --dtype fp16 [--config JSON]
 
 --once runs the drop-in (the database's pick), or with --config the sm90 default with those
-overrides through ssd_forward, and exits.
+overrides through ssd_forward, and exits. Without --once, --config overrides knobs of the pick for
+the phases from `allocate` on (e.g. '{"scan_gluon": 1}': the host cost of its TMA descriptors).
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def main():
     ap.add_argument("--shape", default="2.7b:1x2048")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--once", action="store_true")
-    ap.add_argument("--config", default=None, help="with --once: JSON overrides of the sm90 default")
+    ap.add_argument("--config", default=None, help="JSON overrides: with --once of the sm90 default, "
+                    "else of the drop-in's pick for the phases from `allocate` on")
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile 300 warm eager drop-in calls; print and write the top functions")
     ap.add_argument("--compare", action="store_true",
@@ -114,8 +116,12 @@ def main():
         compare(args, kw, kern.config, a.out)
         return
     cfg = kern.config
-    tensors = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
     mod = kern.module()
+    if a.config is not None:   # the phases below (from `allocate` on) on the pick with these overrides
+        from autossd.render import load
+        cfg = fit(cfg.replace(**json.loads(a.config)), prob)
+        mod = load(cfg)
+    tensors = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
     buf = ssd_chunk.allocate(prob, cfg, "cuda")
     launches = ssd_chunk.plan(prob, cfg, tensors, buf)
 
@@ -140,24 +146,30 @@ def main():
         stream = torch.cuda.current_stream().cuda_stream
         # 50 calls: few enough launches that the queue never fills and blocks the host
         res[f"replay of {len(cached)} launch(es)"] = per_call_us(lambda: ssd_chunk._replay(cached, tensors, buf, stream), n=50)
+        # the two comparisons with prebuilt arguments pass pointers: not for TMA descriptors
+        plain = [] if any(d is not None for entry in cached for *_, d in entry[4]) else cached
         pre = [(ck, grid, [tensors[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf" else k
-                           for kind, k in srcs]) for ck, grid, srcs, *_ in cached]
+                           for kind, k in srcs]) for ck, grid, srcs, *_ in plain]
 
         def launcher_only():
             for ck, grid, args_ in pre:
                 ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args_)
         res["launcher calls alone (arguments prebuilt)"] = per_call_us(launcher_only, n=50)
-        res["arguments per launch"] = float(sum(len(a) for _, _, a in pre) / len(pre))
+        res["arguments per launch"] = float(sum(len(a) for _, _, a in pre) / max(len(pre), 1))
 
         def replay_per_argument():   # the replay before argument templates (§53): every argument's source looked at
-            for ck, grid, srcs, *_ in cached:
+            for ck, grid, srcs, *_ in plain:
                 ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
                        *[tensors[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf"
                          else k for kind, k in srcs])
-        rounds = {"templates": [], "per-argument": []}
+        # descriptors encoded once per address (_DirectLaunch) vs by triton's launcher at every launch
+        through_triton = [(*entry[:5], None) for entry in cached]
+        rounds = {"templates": [], "per-argument": [], "templates, TMA encoded per launch": []}
         for _ in range(5):
             rounds["templates"].append(per_call_us(lambda: ssd_chunk._replay(cached, tensors, buf, stream), n=50))
             rounds["per-argument"].append(per_call_us(replay_per_argument, n=50))
+            rounds["templates, TMA encoded per launch"].append(
+                per_call_us(lambda: ssd_chunk._replay(through_triton, tensors, buf, stream), n=50))
         for k, v in rounds.items():
             res[f"replay, {k} (median of 5 interleaved)"] = sorted(v)[2]
     # the kept workspace (chunk.WORKSPACE_BYTES) against fresh allocations, interleaved rounds
