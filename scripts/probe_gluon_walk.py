@@ -1,0 +1,246 @@
+"""Probe: the chunk state and the state passing as one Gluon walk over the chunks (BENCHMARKS §96).
+
+Five launches spend 1.3 ms of 3.45 at 2.7b 1x131072 fp16 on two stages that move 2 GB: the chunk
+state reads x and writes each chunk's local state (0.67 GB), the state passing reads them and
+writes the entering states. A walk writes only the entering states: one program per (headdim tile,
+dstate tile, head, batch) carries its state tile through every chunk in order, in the wgmma's
+accumulator, S <- exp(dA_last) S + sum_t exp(dA_last - dA_t) dt'_t x_t^T B_t. §29's tl walk lost
+(2.09 ms) because each chunk's loads were waited for at the chunk's top; here x and B come by TMA
+through a ring of STAGES 64-token blocks, issued STAGES blocks ahead, and the entering state leaves
+by TMA store. The x block is read transposed from shared memory into registers, scaled by its
+tokens' weights there and fed to the wgmma as its register operand; B feeds it from shared memory.
+
+Scope: L a multiple of 256 (chunk 256), headdim a multiple of 64, dstate a multiple of BN, 16-bit
+inputs and states, no seq_idx, no initial states. The harness runs autossd's five launches (their
+states and final states are the reference), then each variant on the same dA/dt into poisoned
+states, compares, and times each variant against the five launches' chunk state + state passing,
+eagerly and by graph replay. Needs an sm90 GPU (Gluon has no interpreter); `--compile-only`
+cross-compiles and prints registers, spills and shared memory.
+
+    python scripts/probe_gluon_walk.py [--compile-only] [--variants JSON] [--out DIR] [--rounds N]
+        [--shapes 'a;b']
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
+
+ACC64 = ttgl.constexpr(ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+COL = ttgl.constexpr(ttgl.SliceLayout(0, ACC64.value))
+LOG2E = ttgl.constexpr(1.4426950408889634)
+CHUNK = ttgl.constexpr(256)
+
+
+@gluon.jit
+def _fill(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, BN: ttgl.constexpr, KB: ttgl.constexpr):
+    mbarrier.expect(bars.index(stage), (KB * 64 + KB * BN) * 2)
+    tma.async_copy_global_to_shared(x_desc, [row, col_x], bars.index(stage), xs.index(stage))
+    tma.async_copy_global_to_shared(B_desc, [row, col_b], bars.index(stage), bs.index(stage))
+
+
+@gluon.jit
+def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
+         s_dt_b, s_dt_h, s_dt_c,
+         N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr):
+    ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+    A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
+    dtype: ttgl.constexpr = x_desc.dtype
+    NBN: ttgl.constexpr = N // BN
+    PER: ttgl.constexpr = CHUNK // KB    # token blocks per chunk
+    pid0 = ttgl.program_id(0)
+    h = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    pid_m = pid0 // NBN
+    pid_n = pid0 % NBN
+    g = h // heads_per_group
+    NC = L // CHUNK
+    T = NC * PER                      # token blocks, walked in order
+    row0 = b * L
+    col_x = h * P + pid_m * 64
+    col_b = g * N + pid_n * BN
+    st_row = (b * NC * H + h) * P + pid_m * 64   # chunk c's tile: st_row + c * H * P
+
+    xs = ttgl.allocate_shared_memory(dtype, [STAGES, KB, 64], x_desc.layout)
+    bs = ttgl.allocate_shared_memory(dtype, [STAGES, KB, BN], B_desc.layout)
+    ss = ttgl.allocate_shared_memory(dtype, [64, BN], st_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    for i in ttgl.static_range(STAGES):
+        if i < T:
+            _fill(x_desc, B_desc, xs, bs, bars, i, row0 + i * KB, col_x, col_b, BN, KB)
+
+    cols = ttgl.arange(0, KB, layout=COL)
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h
+    # dA/dt of the next block and the next chunk's last dA are loaded one step ahead
+    nA = ttgl.load(dA_base + cols)
+    nT = ttgl.load(dt_base + cols)
+    dA_last = ttgl.load(dA_base + CHUNK - 1)
+    nLast = dA_last
+    acc = ttgl.zeros([64, BN], ttgl.float32, ACC)
+    for it in range(T):
+        c = it // PER
+        if it % PER == 0:
+            # the state entering chunk c leaves by TMA; the tile buffer is free once the last store is
+            tma.store_wait(0)
+            ttgl.thread_barrier()
+            ss.store(acc.to(dtype))
+            fence_async_shared()
+            ttgl.thread_barrier()
+            tma.async_copy_shared_to_global(st_desc, [st_row + c * H * P, pid_n * BN], ss)
+            dA_last = nLast
+            nLast = ttgl.load(dA_base + ttgl.minimum(c + 1, NC - 1).to(ttgl.int64) * s_dt_c + CHUNK - 1)
+            acc = acc * ttgl.exp(dA_last)
+        stage = it % STAGES
+        w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
+        i1 = ttgl.minimum(it + 1, T - 1)
+        off1 = (i1 // PER).to(ttgl.int64) * s_dt_c + (i1 % PER) * KB
+        nA = ttgl.load(dA_base + off1 + cols)
+        nT = ttgl.load(dt_base + off1 + cols)
+        mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
+        xa = xs.index(stage).permute((1, 0)).load(ACC64).to(ttgl.float32)   # (headdim, tokens)
+        a = ttgl.convert_layout((xa * w[None, :]).to(dtype), A_OP)
+        acc = warpgroup_mma(a, bs.index(stage), acc)
+        ttgl.thread_barrier()   # every warp has read the stage and its MMA is done
+        nxt = it + STAGES
+        if nxt < T:
+            _fill(x_desc, B_desc, xs, bs, bars, stage, row0 + nxt * KB, col_x, col_b, BN, KB)
+    tma.store_wait(0)
+    rows = ttgl.arange(0, 64, layout=ttgl.SliceLayout(1, ACC))
+    ncol = ttgl.arange(0, BN, layout=ttgl.SliceLayout(0, ACC))
+    fin = final_ptr + ((b * H + h).to(ttgl.int64) * P + pid_m * 64 + rows)[:, None] * N + (pid_n * BN + ncol)[None, :]
+    ttgl.store(fin, acc)
+    for i in ttgl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+
+def _layout(block, dtype):
+    return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
+
+
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64):
+    """A no-argument launch of the walk on these buffers (descriptors built once)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    nc = states.shape[1]
+    gdt = {torch.float16: ttgl.float16, torch.bfloat16: ttgl.bfloat16}[x.dtype]
+    assert x.is_contiguous() and B.is_contiguous() and states.is_contiguous() and states.dtype == x.dtype
+    assert l % 256 == 0 and p % 64 == 0 and n % BN == 0
+    x_d = GD(x, [b * l, h * p], [h * p, 1], [KB, 64], _layout([KB, 64], gdt))
+    B_d = GD(B, [b * l, g * n], [g * n, 1], [KB, BN], _layout([KB, BN], gdt))
+    s_d = GD(states, [b * nc * h * p, n], [n, 1], [64, BN], _layout([64, BN], gdt))
+    grid = ((p // 64) * (n // BN), h, b)
+    args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
+    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
+
+
+def compile_only(BN=64, STAGES=4, KB=64):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+
+    from autossd.compile import _nvidia_resources
+    lx, lB, lS = (_layout(s, ttgl.float16) for s in ([KB, 64], [KB, BN], [64, BN]))
+    sig = {"x_desc": f"tensordesc<fp16[{KB},64],{lx}>", "B_desc": f"tensordesc<fp16[{KB},{BN}],{lB}>",
+           "st_desc": f"tensordesc<fp16[64,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
+           "final_ptr": "*fp32", "L": "i32", "H": "i32", "P": "i32", "heads_per_group": "i32",
+           "s_dt_b": "i32", "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "BN": "constexpr",
+           "STAGES": "constexpr", "KB": "constexpr"}
+    k = triton.compile(ASTSource(walk, sig, {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    regs, spill = _nvidia_resources(k.asm["cubin"])
+    print(f"walk BN={BN} STAGES={STAGES} KB={KB} sm90: {regs} registers, {spill} bytes spilled, "
+          f"{k.metadata.shared} bytes of shared memory")
+    return k
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--variants", default='[{"BN": 64, "STAGES": 4, "KB": 64}, {"BN": 64, "STAGES": 3, "KB": 128}, '
+                    '{"BN": 128, "STAGES": 2, "KB": 128}, {"BN": 128, "STAGES": 4, "KB": 64}]',
+                    help="JSON list of constexpr knobs: dstate tile BN, ring stages, tokens per block KB")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shapes", default="mamba2-2.7b:b=1,l=131072;mamba2-2.7b:b=4,l=16384;"
+                    "codestral-7b:b=1,l=131072;mamba2-2.7b:b=1,l=2048")
+    a = ap.parse_args()
+    variants = json.loads(a.variants)
+    if a.compile_only:
+        for v in variants:
+            compile_only(**v)
+        return
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    from autossd.ops.ssd import chunk
+    from autossd.render import load
+    from autossd.space import default_config
+    from autossd.testing import make_inputs, rel_err
+    from autossd.tuner.shapes import parse_shape
+
+    def times(fn):
+        return (do_bench(fn, warmup=10, rep=100, return_mode="median"),
+                do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+    rows = []
+    for rnd in range(a.rounds):
+        for dtype in ("fp16", "bf16"):
+            for shape in a.shapes.split(";"):
+                prob = parse_shape(shape, dtype).replace(return_final_states=True)
+                cfg = default_config("sm90", prob)
+                assert cfg.launches == 5 and cfg.chunk_size == 256 and cfg.state_dtype == dtype
+                t = make_inputs(prob, "cuda", seed=7)
+                tensors = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
+                                                 "initial_states", "seq_idx")}
+                mod = load(cfg, "cuda")
+                buf = chunk.allocate(prob, cfg, "cuda")
+                launches = chunk.plan(prob, cfg, tensors, buf)
+                chunk.run(launches, mod)        # fills dA, dt, the entering states and the final states
+                torch.cuda.synchronize()
+                st_ref, fin_ref = buf.states.clone(), buf.final.clone()
+                two = [ln for ln in launches if ln.stage in ("chunk_state", "state_passing")]
+                assert len(two) == 2, [ln.stage for ln in launches]
+                ks = [(getattr(mod, ln.kernel), ln) for ln in two]
+
+                def tl_two():
+                    for k, ln in ks:
+                        k[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+                ms_tl, g_tl = times(tl_two)
+                row = dict(round=rnd + 1, shape=shape, dtype=dtype, tl_ms=ms_tl, tl_graph_ms=g_tl, variants=[])
+                for v in variants:
+                    st = torch.full_like(buf.states, float("nan"))   # poisoned: unwritten shows
+                    fin = torch.full_like(buf.final, float("nan"))
+                    fn = launcher(tensors["x"], tensors["B"], st, buf.dA, buf.dt, fin, **v)
+                    fn()
+                    torch.cuda.synchronize()
+                    res = dict(knobs=v, states_rel_err=rel_err(st, st_ref.double()),
+                               final_rel_err=rel_err(fin, fin_ref.double()),
+                               nan=bool(torch.isnan(st).any() or torch.isnan(fin).any()))
+                    res["ms"], res["graph_ms"] = times(fn)
+                    row["variants"].append(res)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                del buf, t, tensors
+                torch.cuda.empty_cache()
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "probe_gluon_walk.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
