@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's 
 
 ACC64 = ttgl.constexpr(ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 COL = ttgl.constexpr(ttgl.SliceLayout(0, ACC64.value))
+XROWS = ttgl.constexpr(ttgl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))   # x block as stored
 LOG2E = ttgl.constexpr(1.4426950408889634)
 CHUNK = ttgl.constexpr(256)
 
@@ -52,7 +53,8 @@ def _fill(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, BN: ttgl.const
 @gluon.jit
 def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
          s_dt_b, s_dt_h, s_dt_c,
-         N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr):
+         N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr,
+         XT: ttgl.constexpr = 0):
     ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
     A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
@@ -89,11 +91,13 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
     # dA/dt of the next block and the next chunk's last dA are loaded one step ahead
     nA = ttgl.load(dA_base + cols)
     nT = ttgl.load(dt_base + cols)
-    dA_last = ttgl.load(dA_base + CHUNK - 1)
-    nLast = dA_last
+    nLast = ttgl.load(dA_base + CHUNK - 1)   # the last dA of the next block's chunk
     acc = ttgl.zeros([64, BN], ttgl.float32, ACC)
     for it in range(T):
         c = it // PER
+        # set in every iteration, not in the branch below: a value the branch assigned from a
+        # loop-carried one came out stale in the next chunk (§96's first run)
+        dA_last = nLast
         if it % PER == 0:
             # the state entering chunk c leaves by TMA; the tile buffer is free once the last store is
             tma.store_wait(0)
@@ -102,8 +106,6 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
             fence_async_shared()
             ttgl.thread_barrier()
             tma.async_copy_shared_to_global(st_desc, [st_row + c * H * P, pid_n * BN], ss)
-            dA_last = nLast
-            nLast = ttgl.load(dA_base + ttgl.minimum(c + 1, NC - 1).to(ttgl.int64) * s_dt_c + CHUNK - 1)
             acc = acc * ttgl.exp(dA_last)
         stage = it % STAGES
         w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
@@ -111,8 +113,12 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
         off1 = (i1 // PER).to(ttgl.int64) * s_dt_c + (i1 % PER) * KB
         nA = ttgl.load(dA_base + off1 + cols)
         nT = ttgl.load(dt_base + off1 + cols)
+        nLast = ttgl.load(dA_base + (i1 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
         mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
-        xa = xs.index(stage).permute((1, 0)).load(ACC64).to(ttgl.float32)   # (headdim, tokens)
+        if XT == 0:   # transposed by the shared-memory read
+            xa = xs.index(stage).permute((1, 0)).load(ACC64).to(ttgl.float32)   # (headdim, tokens)
+        else:         # read as stored, transposed in registers
+            xa = ttgl.convert_layout(ttgl.permute(xs.index(stage).load(XROWS), (1, 0)), ACC64).to(ttgl.float32)
         a = ttgl.convert_layout((xa * w[None, :]).to(dtype), A_OP)
         acc = warpgroup_mma(a, bs.index(stage), acc)
         ttgl.thread_barrier()   # every warp has read the stage and its MMA is done
@@ -132,7 +138,7 @@ def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -146,10 +152,28 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64):
     s_d = GD(states, [b * nc * h * p, n], [n, 1], [64, BN], _layout([64, BN], gdt))
     grid = ((p // 64) * (n // BN), h, b)
     args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
-    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
+    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, num_warps=4)
 
 
-def compile_only(BN=64, STAGES=4, KB=64):
+def reference(x, B, dA, dt, heads_per_group):
+    """The entering states (b, nc, h, p, n) and final states in float64, from the same dA/dt."""
+    b, l, h, p = x.shape
+    n, q = B.shape[3], dA.shape[3]
+    nc = l // q
+    xc = x.double().view(b, nc, q, h, p)
+    Bc = B.double().view(b, nc, q, B.shape[2], n).repeat_interleave(heads_per_group, dim=3)
+    dA64, dt64 = dA.double(), dt.double()                       # (b, h, nc, q)
+    w = torch.exp(dA64[..., -1:] - dA64) * dt64                 # (b, h, nc, q)
+    local = torch.einsum("bhct,bcthp,bcthn->bchpn", w, xc, Bc)
+    S = torch.zeros(b, h, p, n, dtype=torch.float64, device=x.device)
+    out = []
+    for c in range(nc):
+        out.append(S)
+        S = torch.exp(dA64[:, :, c, -1])[..., None, None] * S + local[:, c]
+    return torch.stack(out, 1), S
+
+
+def compile_only(BN=64, STAGES=4, KB=64, XT=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
@@ -159,11 +183,11 @@ def compile_only(BN=64, STAGES=4, KB=64):
            "st_desc": f"tensordesc<fp16[64,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
            "final_ptr": "*fp32", "L": "i32", "H": "i32", "P": "i32", "heads_per_group": "i32",
            "s_dt_b": "i32", "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "BN": "constexpr",
-           "STAGES": "constexpr", "KB": "constexpr"}
-    k = triton.compile(ASTSource(walk, sig, {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}),
+           "STAGES": "constexpr", "KB": "constexpr", "XT": "constexpr"}
+    k = triton.compile(ASTSource(walk, sig, {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB, "XT": XT}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"walk BN={BN} STAGES={STAGES} KB={KB} sm90: {regs} registers, {spill} bytes spilled, "
+    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} sm90: {regs} registers, {spill} bytes spilled, "
           f"{k.metadata.shared} bytes of shared memory")
     return k
 
@@ -176,6 +200,7 @@ def main():
                     help="JSON list of constexpr knobs: dstate tile BN, ring stages, tokens per block KB")
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--debug", action="store_true", help="errors per chunk against a float64 walk")
     ap.add_argument("--shapes", default="mamba2-2.7b:b=1,l=131072;mamba2-2.7b:b=4,l=16384;"
                     "codestral-7b:b=1,l=131072;mamba2-2.7b:b=1,l=2048")
     a = ap.parse_args()
@@ -230,6 +255,11 @@ def main():
                     res = dict(knobs=v, states_rel_err=rel_err(st, st_ref.double()),
                                final_rel_err=rel_err(fin, fin_ref.double()),
                                nan=bool(torch.isnan(st).any() or torch.isnan(fin).any()))
+                    if a.debug:
+                        s64, f64 = reference(tensors["x"], tensors["B"], buf.dA, buf.dt, prob.nheads // prob.ngroups)
+                        res["chunks_rel_err"] = [rel_err(st[:, c], s64[:, c]) for c in range(min(6, st.shape[1]))]
+                        res["tl_chunks_rel_err"] = [rel_err(st_ref[:, c], s64[:, c]) for c in range(min(6, st.shape[1]))]
+                        res["final_vs_f64"], res["tl_final_vs_f64"] = rel_err(fin, f64), rel_err(fin_ref, f64)
                     res["ms"], res["graph_ms"] = times(fn)
                     row["variants"].append(res)
                 rows.append(row)
