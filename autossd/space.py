@@ -79,6 +79,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("fold_prep", (0, 1), 0,
          "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5)",
          "chunk_state", depths=(5,), measured_only=True),
+    # 1: the chunk state and the state passing as one Gluon walk over the chunks
+    # (state_walk_gluon.jinja): one program per (headdim tile, dstate tile, head, batch) carries
+    # its state tile through every chunk in the wgmma's accumulator, x and B by TMA through a
+    # ring, the entering states out by TMA store; four launches instead of five, 0.67 GB of local
+    # states neither written nor read back. sm90 only. 8-35% faster than the two stages it
+    # replaces (BENCHMARKS.md §96); a call it cannot take (seq_idx, strides TMA cannot address)
+    # runs those two stages. measured_only: the static model cannot rank a data path.
+    Knob("state_walk", (0, 1), 0, "1: chunk state + state passing as one Gluon walk (sm90)", "chunk_state",
+         backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
@@ -237,6 +246,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
             why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
     if config.scan_gluon:
         why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
+    if config.state_walk:
+        why += walk_violations(config, problem)
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
@@ -281,6 +292,30 @@ def gluon_scan_violations(config: Config, problem=None) -> list[str]:
             why.append(f"scan_gluon=1 needs headdim a multiple of 64, got {problem.headdim}")
         if problem.has_seq_idx:
             why.append("scan_gluon=1 does not take seq_idx")
+    return why
+
+
+def walk_violations(config: Config, problem=None) -> list[str]:
+    """What the Gluon walk (state_walk = 1, state_walk_gluon.jinja) cannot do, for this config and
+    problem on sm90. Strides and alignment are the call's: plan() checks those
+    (ops.ssd.chunk.walk_gaps)."""
+    why = []   # (launches != 5 cannot occur: a Config resets state_walk there, Knob.depths)
+    if config.fold_prep:
+        why.append("state_walk=1 replaces the chunk-state launch that fold_prep folds the cumsum into")
+    if config.smem_pad:
+        why.append(f"state_walk=1 replaces the Gluon chunk state that smem_pad={config.smem_pad} chooses")
+    if problem is not None:
+        if problem.dtype not in ("fp16", "bf16"):
+            why.append(f"state_walk=1 needs fp16/bf16 inputs, got {problem.dtype}")
+        elif config.state_dtype != problem.dtype:
+            why.append(f"state_walk=1 needs states in the input dtype ({problem.dtype}): they leave by "
+                       f"TMA as the accumulator rounded to it, got state_dtype={config.state_dtype}")
+        if problem.dstate not in (64, 128, 256):
+            why.append(f"state_walk=1 needs dstate 64, 128 or 256, got {problem.dstate}")
+        if problem.headdim % 64:
+            why.append(f"state_walk=1 needs headdim a multiple of 64, got {problem.headdim}")
+        if problem.has_seq_idx:
+            why.append("state_walk=1 does not take seq_idx")
     return why
 
 

@@ -2,14 +2,16 @@
 float64 chunked reference (itself checked against the token recurrence in the tests).
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
+        [--walk-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
 tokens) checks the whole output for NaN/Inf and a head subset against the reference (heads are
 independent, so a subset is an exact check of those heads). The smem_pad cases run the Gluon
 chunk-state kernel and the scan_gluon cases the Gluon chunk scan, which the CPU interpreter
-cannot run: this is where they are checked. Each result names the chunk-scan kernel its plan
-launched (a call the Gluon scan cannot take runs the tl one: the seq_idx case checks that).
+cannot run: this is where they are checked; so are the state_walk cases (the Gluon walk in place of
+the chunk state and the state passing). Each result names the chunk-scan and state kernels its
+plan launched (a call a Gluon kernel cannot take runs the tl ones: the seq_idx cases check that).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from autossd.ops.ssd.chunk import allocate, execute, gluon_scan_gaps  # noqa: E402
+from autossd.ops.ssd.chunk import allocate, execute, gluon_scan_gaps, walk_gaps  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.space import KNOB_BY_NAME, default_config, fit  # noqa: E402
@@ -94,6 +96,21 @@ def scan_gluon_cases():
     return out
 
 
+def walk_cases():
+    """The Gluon walk (state_walk = 1) on the scan_gluon cases' problems, alone and with the Gluon
+    scan, plus dstate 256 (two state tiles per head) and 64-token chunks (one ring block per
+    chunk); the seq_idx case runs the tl stages."""
+    out = []
+    for prob, sd, over in scan_gluon_cases():
+        out.append((prob, sd, {**over, "scan_gluon": 0, "state_walk": 1}))
+        out.append((prob, sd, {**over, "state_walk": 1}))
+    out.append((Problem(batch=2, seqlen=3000, dtype="bf16", nheads=8, headdim=64, dstate=256, ngroups=1,
+                        **FULL), "bf16", {"state_walk": 1}))
+    out.append((Problem(batch=2, seqlen=1000, dtype="fp16", nheads=8, headdim=64, dstate=128, ngroups=1,
+                        **FULL), "fp16", {"state_walk": 1, "chunk_size": 64}))   # one block per chunk
+    return out
+
+
 def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None = None,
              overrides: dict | None = None, depths=(5,)) -> list[dict]:
     """One case at each fusion depth, on the same inputs against one float64 reference."""
@@ -132,9 +149,12 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         first = first if isinstance(first, tuple) else (first,)
         out = out if isinstance(out, tuple) else (out,)
         y = out[0]
-        gaps = gluon_scan_gaps(prob, cfg, tensors, allocate(prob, cfg, "meta")) if cfg.scan_gluon else ["off"]
+        meta_buf = allocate(prob, cfg, "meta")
+        gaps = gluon_scan_gaps(prob, cfg, tensors, meta_buf) if cfg.scan_gluon else ["off"]
+        wgaps = walk_gaps(prob, cfg, tensors, meta_buf) if cfg.state_walk else ["off"]
         res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
                "scan_kernel": "tl" if gaps else "gluon", "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
+               "state_kernel": "tl" if wgaps else "walk", "walk_gaps": wgaps if cfg.state_walk else [],
                "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
                "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}
         i = 1
@@ -162,6 +182,7 @@ def main():
                     help="smem_pad values to validate the Gluon chunk state with ('': none)")
     ap.add_argument("--depths", default="5,3,1", help="fusion depths to run every case at")
     ap.add_argument("--no-scan-gluon", action="store_true", help="skip the Gluon chunk-scan cases")
+    ap.add_argument("--walk-only", action="store_true", help="only the state_walk cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -171,10 +192,14 @@ def main():
              smem_pad_cases([int(v) for v in a.smem_pad.split(",") if v])]
     if not a.no_scan_gluon:
         todo += [(p, sd, None, over) for p, sd, over in scan_gluon_cases()]
+    todo += [(p, sd, None, over) for p, sd, over in walk_cases()]
+    if a.walk_only:
+        todo = [case for case in todo if case[3] and case[3].get("state_walk")]
     depths = [int(d) for d in a.depths.split(",")]
     for i, (prob, sd, heads, over) in enumerate(todo):
         # the Gluon chunk state exists only in the five-launch family
-        ds = [5] if over and over.get("smem_pad") else [d for d in depths if d != 1] if over else depths
+        ds = [5] if over and (over.get("smem_pad") or over.get("state_walk")) else \
+            [d for d in depths if d != 1] if over else depths
         try:
             rs = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over, depths=ds)
         except Exception as e:  # record and go on: one failure must not hide the others
@@ -185,7 +210,7 @@ def main():
             errs = " ".join(f"{k}={v:.2e}" for k, v in r.items() if k.endswith("_err"))
             print(f"{'PASS' if r['pass'] else 'FAIL'} launches={r.get('launches')} {prob.dtype} b={prob.batch} "
                   f"L={prob.seqlen} h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} "
-                  f"scan={r.get('scan_kernel')} {errs} "
+                  f"scan={r.get('scan_kernel')} states={r.get('state_kernel')} {errs} "
                   f"tol={r.get('tol')} {r.get('error', '')}", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -284,6 +284,27 @@ def test_launch_cache_replays_the_gluon_scan_on_each_calls_tensors(monkeypatch):
     assert scan.constexprs["EVEN_L"] is False and scan.constexprs["N"] == 128
 
 
+def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
+    """The walk (state_walk = 1) replaces the chunk state and the state passing: four launches,
+    its descriptors on x, B and the states rebuilt on each call's tensors by a replay (planned as
+    on an sm90 GPU, walk_gaps stubbed; nothing is launched)."""
+    from autossd.ops.ssd import chunk
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=300, nheads=4, headdim=64, dstate=128, ngroups=2, dtype="bf16",
+                   **{**FULL, "has_seq_idx": False})   # the walk does not take seq_idx
+    cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=1, state_dtype="bf16")
+    assert violations(cfg, "sm90", prob) == []
+    monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
+    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
+    assert [ln.stage for ln in launches] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
+    walk = launches[2]
+    assert sum(isinstance(v, chunk._TMA_DESCRIPTORS) for v in walk.args.values()) == 3
+    assert walk.constexprs == dict(N=128, BN=128, HAS_INIT=True, HAS_FINAL=True, EVEN_L=False)
+    assert walk.grid == (1, 4, 2)   # (headdim / 64) x (dstate / 128) tiles, heads, batch
+
+
 def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
     """A replay of the Gluon chunk scan calls the launcher's compiled entry point itself, with each
     TMA descriptor encoded once per base address, and passes it exactly what triton's launcher
@@ -709,6 +730,28 @@ def test_warm_up_compiles_only_never_compiled_kernels_side_by_side(monkeypatch):
     module.bad = Fn("bad", fail=True)
     with pytest.raises(RuntimeError, match="bad: compile error"):
         chunk.warm_up(launches("other", "bad"), module)              # compiled for device 0 only
+
+
+def test_walk_gaps_name_what_keeps_a_call_on_the_two_state_stages():
+    """A config with state_walk = 1 runs the walk only where the call fits it; the reasons name
+    what does not (the CPU, a B whose rows TMA cannot address), and the plan then launches the
+    chunk state and the state passing, which the interpreter runs to the same result."""
+    from autossd.ops.ssd import chunk
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=300, nheads=2, headdim=64, dstate=64, ngroups=1, dtype="fp16",
+                   has_D=True)
+    cfg = default_config("sm90", prob).replace(state_walk=1, state_dtype="fp16")
+    t = make_inputs(prob, seed=4)
+    buf = chunk.allocate(prob, cfg, "cpu")
+    assert chunk.walk_gaps(prob, cfg, t, buf) == ["the Gluon walk runs on an NVIDIA GPU only (no interpreter)"]
+    wide = torch.randn(2, 301, 1, 64, dtype=torch.float16)[:, :300]
+    assert any("B's strides" in w for w in chunk.walk_gaps(prob, cfg, {**t, "B": wide}, buf))
+    assert [ln.stage for ln in chunk.plan(prob, cfg, t, buf)] == \
+        ["cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"]
+    args = (t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size)
+    y = ssd_forward(*args, D=t["D"], config=cfg)
+    assert torch.equal(y, ssd_forward(*args, D=t["D"], config=cfg.replace(state_walk=0)))
 
 
 def test_gluon_scan_gaps_name_what_keeps_a_call_on_the_tl_scan():

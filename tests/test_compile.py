@@ -147,3 +147,22 @@ def test_gluon_chunk_scan_fits_four_ctas_per_sm_without_spills(features):
     # the tl scan of the same config compiles to a different artifact
     tl = compile_config(cfg.replace(scan_gluon=0), "sm90", prob, stages=("chunk_scan",))
     assert tl.stages[0].artifact_sha != st.artifact_sha
+
+
+# state_walk = 1 swaps the chunk state and the state passing for the Gluon walk
+# (state_walk_gluon.jinja); these cross-compiles are its CI coverage, gpu_validate.py's
+# state_walk cases its GPU check.
+@pytest.mark.parametrize("features", [{}, {"seqlen": 1000, "batch": 2, "has_initial_states": True,
+                                           "return_final_states": True, "ngroups": 2},
+                                      {"dstate": 64, "headdim": 128}, {"dstate": 256}])
+def test_gluon_walk_replaces_two_stages_in_two_ctas_per_sm_without_spills(features):
+    """Its design point (BENCHMARKS.md §96): a two-stage ring of 128-token blocks, one warpgroup,
+    nothing spilled, two CTAs per SM; four launches in all."""
+    prob = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="fp16",
+                   has_D=True).replace(**features)
+    cfg = default_config("sm90", prob).replace(state_walk=1, state_dtype="fp16")
+    rep = compile_config(cfg, "sm90", prob)
+    assert rep.ok, rep.why()
+    assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
+    st = rep.stages[2]
+    assert st.spill_bytes == 0 and st.occupancy >= 2 and st.shared_bytes <= 116 * 1024

@@ -116,6 +116,29 @@ def test_single_launch_is_infeasible_not_a_crash_when_dstate_exceeds_a_tile():
     assert not violations(default_config("sm90", prob), "sm90", prob)
 
 
+def test_state_walk_is_offered_on_sm90_at_five_launches_with_what_its_kernel_takes():
+    knob = KNOB_BY_NAME["state_walk"]
+    assert [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    good = default_config("sm90", PROB).replace(state_walk=1)
+    assert violations(good, "sm90", PROB) == []
+    assert violations(good.replace(scan_gluon=1), "sm90", PROB) == []
+    for d in (3, 1):   # no separate chunk-state and state-passing launches there
+        assert Config(launches=d, state_walk=1).state_walk == 0
+    for arch in ("sm80", "gfx942"):
+        assert any("state_walk=1 is not offered" in w for w in violations(good, arch, PROB))
+    bad = {  # each departure from what the kernel takes, with the words that name it
+        "fold_prep": (good.replace(fold_prep=1), PROB, "fold_prep folds the cumsum into"),
+        "smem_pad": (good.replace(smem_pad=4), PROB, "replaces the Gluon chunk state"),
+        "fp32 states": (good.replace(state_dtype="fp32"), PROB, "states in the input dtype"),
+        "fp32 inputs": (good, PROB.replace(dtype="fp32"), "fp16/bf16 inputs"),
+        "dstate": (good, PROB.replace(dstate=32), "dstate 64, 128 or 256"),
+        "headdim": (good, PROB.replace(headdim=80), "headdim a multiple of 64"),
+        "seq_idx": (good, PROB.replace(has_seq_idx=True), "does not take seq_idx"),
+    }
+    for name, (cfg, prob, words) in bad.items():
+        assert any(words in w for w in violations(cfg, "sm90", prob)), name
+
+
 def test_scan_gluon_is_offered_on_sm90_only_with_what_its_kernel_takes():
     knob = KNOB_BY_NAME["scan_gluon"]
     assert [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]

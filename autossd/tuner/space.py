@@ -184,6 +184,9 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # the Gluon scan takes 64 x 64 tiles only: a sampled draw rarely meets that, so seed it
         # (where it is not offered, the filter below drops it)
         cands += [base.replace(scan_gluon=v) for v in KNOB_BY_NAME["scan_gluon"].values if v != base.scan_gluon]
+    if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
+        # the walk changes the launch count, as the folds do: seed it, with and without the Gluon scan
+        cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1)) if not c.state_walk]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):

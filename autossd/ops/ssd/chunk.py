@@ -253,6 +253,12 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                           **init_strides, **fin, **seq_strides),
                      dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
                      opts["state_passing"])
+    cumsum = Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
+                    dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
+                         **dt_strides, **dt_out), flags, opts["cumsum"])
+    walk = _gluon_walk(prob, config, t, buf, backend, opts, s_dt) if config.state_walk else None
+    if walk is not None:
+        return [cumsum, bmm, walk, scan]
     if config.fold_prep:
         # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
         return [Launch(
@@ -264,9 +270,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                  **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb), **dt_out, **seq_strides, **st_strides),
             dict(**flags, HAS_SEQ=seq is not None), opts["chunk_state"]), passing, scan]
     return [
-        Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
-               dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
-                    **dt_strides, **dt_out), flags, opts["cumsum"]),
+        cumsum,
         bmm,
         Launch("chunk_state", "ssd_chunk_state", (state_grid0, nc, b),
                dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
@@ -287,34 +291,96 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
-def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
-                    backend: str = "cuda") -> list[str]:
-    """Why this call cannot run the Gluon chunk scan (scan_gluon = 1); empty when it can. The
-    config's and problem's limits (space.gluon_scan_violations), then the call's: a GPU that is
-    an sm90 (meta tensors stand for one: compile_config has checked the arch), and x, C, CB and
-    the states laid out as the TMA descriptors' 2-D views need them."""
-    from ...space import gluon_scan_violations
-    x, C = t["x"], t["C"]
-    why = gluon_scan_violations(config, prob)
+def _sm90_gaps(what: str, x: torch.Tensor, backend: str) -> list[str]:
+    """Why a Gluon kernel for sm90 cannot run this call's device: a GPU that is an sm90 (meta
+    tensors stand for one: compile_config has checked the arch), no interpreter."""
     if backend != "cuda" or interpreting() or x.device.type not in ("cuda", "meta"):
-        why.append("the Gluon chunk scan runs on an NVIDIA GPU only (no interpreter)")
-    elif x.device.type == "cuda" and (torch.version.hip or not _is_sm90(x.device.index or 0)):
-        why.append("the Gluon chunk scan needs an sm90 GPU")
-    b, l, h, p, n, g, q = (prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups,
-                           config.chunk_size)
-    for name, v, inner in (("x", x, h * p), ("C", C, g * n)):
-        # the 2-D view (batch * seqlen, inner): rows one stride apart, 16-byte aligned
+        return [f"{what} runs on an NVIDIA GPU only (no interpreter)"]
+    if x.device.type == "cuda" and (torch.version.hip or not _is_sm90(x.device.index or 0)):
+        return [f"{what} needs an sm90 GPU"]
+    return []
+
+
+def _tma_view_gaps(prob: _problem.Problem, views) -> list[str]:
+    """Why these (name, tensor (batch, seqlen, k, m), k * m) inputs do not make TMA-addressable 2-D
+    views (batch * seqlen, k * m): rows one stride apart, 16-byte aligned."""
+    why = []
+    b, l = prob.batch, prob.seqlen
+    for name, v, inner in views:
         if not (v.stride(3) == 1 and v.stride(2) == v.shape[3] and (b == 1 or v.stride(0) == l * v.stride(1))
                 and v.stride(1) * v.element_size() % 16 == 0 and v.stride(1) >= inner
                 and v.data_ptr() % 16 == 0):
             why.append(f"{name}'s strides {tuple(v.stride())} do not make a TMA-addressable "
                        f"(batch * seqlen, {inner}) view")
+    return why
+
+
+def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
+                    backend: str = "cuda") -> list[str]:
+    """Why this call cannot run the Gluon chunk scan (scan_gluon = 1); empty when it can. The
+    config's and problem's limits (space.gluon_scan_violations), then the call's: an sm90 GPU,
+    and x, C, CB and the states laid out as the TMA descriptors' 2-D views need them."""
+    from ...space import gluon_scan_violations
+    x, C = t["x"], t["C"]
+    b, l, h, p, n, g, q = (prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups,
+                           config.chunk_size)
+    why = gluon_scan_violations(config, prob) + _sm90_gaps("the Gluon chunk scan", x, backend)
+    why += _tma_view_gaps(prob, (("x", x, h * p), ("C", C, g * n)))
     if buf.cb is None or not buf.cb.is_contiguous() or buf.states is None or not buf.states.is_contiguous():
         why.append("CB and the states must be contiguous buffers")
     nc = triton.cdiv(l, q)
     if max(b * l, b * nc * g * q, b * nc * h * p) >= _INT32:
         why.append("a TMA coordinate would pass 2**31")
     return why
+
+
+def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
+              backend: str = "cuda") -> list[str]:
+    """Why this call cannot run the Gluon walk (state_walk = 1); empty when it can: the config's
+    and problem's limits (space.walk_violations), an sm90 GPU, x and B as TMA-addressable 2-D
+    views, contiguous states, and the final states as the walk writes them."""
+    from ...space import walk_violations
+    x, B = t["x"], t["B"]
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    why = walk_violations(config, prob) + _sm90_gaps("the Gluon walk", x, backend)
+    why += _tma_view_gaps(prob, (("x", x, h * p), ("B", B, g * n)))
+    if buf.states is None or not buf.states.is_contiguous():
+        why.append("the states must be a contiguous buffer")
+    if buf.final is not None and not buf.final.is_contiguous():
+        why.append("the final states must be a contiguous buffer")
+    if max(b * l, b * triton.cdiv(l, config.chunk_size) * h * p) >= _INT32:
+        why.append("a TMA coordinate would pass 2**31")
+    return why
+
+
+def _gluon_walk(prob, config, t, buf, backend, opts, s_dt) -> Launch | None:
+    """The Gluon walk's launch (chunk state + state passing), or None where the call cannot take
+    it (walk_gaps): the two tl stages of the same config run instead."""
+    if walk_gaps(prob, config, t, buf, backend):
+        return None
+    from triton.experimental.gluon import language as ttgl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    x, B, init = t["x"], t["B"], t.get("initial_states")
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc = triton.cdiv(l, q)
+    bn, kb = min(n, 128), min(q, 128)
+    gdt = getattr(ttgl, str(x.dtype).split(".")[1])
+
+    def desc(base, shape, stride, block):
+        return TensorDescriptor(base, shape, [stride, 1], block, ttgl.NVMMASharedLayout.get_default_for(block, gdt))
+    # each base is the caller's tensor itself, so the launch cache can put a new call's in its place
+    descs = dict(x_desc=desc(x, [b * l, h * p], x.stride(1), [kb, 64]),
+                 B_desc=desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
+                 st_desc=desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
+    return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, b),
+                  dict(**descs, dt_ptr=buf.dt, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final,
+                       L=l, H=h, P=p, heads_per_group=h // g, s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
+                       **_named("s_init", ("b", "h", "p", "n"), init),
+                       s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
+                       s_fin_h=buf.final.stride(1) if buf.final is not None else 0),
+                  dict(N=n, BN=bn, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, EVEN_L=l % q == 0),
+                  opts["state_walk"])
 
 
 def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None:
