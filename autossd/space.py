@@ -280,19 +280,8 @@ def gluon_scan_violations(config: Config, problem=None) -> list[str]:
     if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
         why.append(f"scan_gluon=1 runs 64 x 64 tiles in one warpgroup: needs scan_block_m, scan_block_n "
                    f"and scan_block_k = 64 and scan_warps = 4, got {tiles}, scan_warps={config.scan_warps}")
-    if problem is not None:
-        if problem.dtype not in ("fp16", "bf16"):
-            why.append(f"scan_gluon=1 needs fp16/bf16 inputs, got {problem.dtype}")
-        elif config.state_dtype != problem.dtype:
-            why.append(f"scan_gluon=1 needs states in the input dtype ({problem.dtype}): the state tile "
-                       f"is an MMA operand as stored, got state_dtype={config.state_dtype}")
-        if problem.dstate not in (64, 128):
-            why.append(f"scan_gluon=1 needs dstate 64 or 128, got {problem.dstate}")
-        if problem.headdim % 64:
-            why.append(f"scan_gluon=1 needs headdim a multiple of 64, got {problem.headdim}")
-        if problem.has_seq_idx:
-            why.append("scan_gluon=1 does not take seq_idx")
-    return why
+    return why + _gluon_problem_violations("scan_gluon", config, problem, (64, 128),
+                                           "the state tile is an MMA operand as stored")
 
 
 def walk_violations(config: Config, problem=None) -> list[str]:
@@ -304,18 +293,28 @@ def walk_violations(config: Config, problem=None) -> list[str]:
         why.append("state_walk=1 replaces the chunk-state launch that fold_prep folds the cumsum into")
     if config.smem_pad:
         why.append(f"state_walk=1 replaces the Gluon chunk state that smem_pad={config.smem_pad} chooses")
-    if problem is not None:
-        if problem.dtype not in ("fp16", "bf16"):
-            why.append(f"state_walk=1 needs fp16/bf16 inputs, got {problem.dtype}")
-        elif config.state_dtype != problem.dtype:
-            why.append(f"state_walk=1 needs states in the input dtype ({problem.dtype}): they leave by "
-                       f"TMA as the accumulator rounded to it, got state_dtype={config.state_dtype}")
-        if problem.dstate not in (64, 128, 256):
-            why.append(f"state_walk=1 needs dstate 64, 128 or 256, got {problem.dstate}")
-        if problem.headdim % 64:
-            why.append(f"state_walk=1 needs headdim a multiple of 64, got {problem.headdim}")
-        if problem.has_seq_idx:
-            why.append("state_walk=1 does not take seq_idx")
+    return why + _gluon_problem_violations("state_walk", config, problem, (64, 128, 256),
+                                           "they leave by TMA as the accumulator rounded to it")
+
+
+def _gluon_problem_violations(knob: str, config: Config, problem, dstates: tuple, why_states: str) -> list[str]:
+    """What the sm90 Gluon kernels share: 16-bit inputs and states in the input dtype, dstate
+    among `dstates`, headdim in 64-wide tiles, no seq_idx."""
+    why = []
+    if problem is None:
+        return why
+    if problem.dtype not in ("fp16", "bf16"):
+        why.append(f"{knob}=1 needs fp16/bf16 inputs, got {problem.dtype}")
+    elif config.state_dtype != problem.dtype:
+        why.append(f"{knob}=1 needs states in the input dtype ({problem.dtype}): {why_states}, "
+                   f"got state_dtype={config.state_dtype}")
+    if problem.dstate not in dstates:
+        allowed = ", ".join(map(str, dstates[:-1])) + f" or {dstates[-1]}"
+        why.append(f"{knob}=1 needs dstate {allowed}, got {problem.dstate}")
+    if problem.headdim % 64:
+        why.append(f"{knob}=1 needs headdim a multiple of 64, got {problem.headdim}")
+    if problem.has_seq_idx:
+        why.append(f"{knob}=1 does not take seq_idx")
     return why
 
 
