@@ -306,7 +306,7 @@ def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
 
 
 def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
-    """A replay of the Gluon chunk scan calls the launcher's compiled entry point itself, with each
+    """A replay calls each launcher's compiled entry point itself, the Gluon chunk scan's with each
     TMA descriptor encoded once per base address, and passes it exactly what triton's launcher
     would (that launcher built without a GPU: its entry point and encoder are stand-ins that
     record what they get)."""
@@ -352,11 +352,11 @@ def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
             pass
 
     rec = chunk._record(launches, [Compiled(ln) for ln in launches], t1, buf, mod)
-    assert [d is not None for *_, d in rec] == [ln.kernel == "ssd_chunk_scan_gluon" for ln in launches]
-    ck, grid, srcs, _, slots, direct = rec[-1]
+    assert all(d is not None for *_, d in rec)   # every launch, with descriptors or without
     del encoded[:]
 
-    def through_triton(t):   # what triton's own launch path passes to the entry point
+    def through_triton(entry_of, t):   # what triton's own launch path passes to the entry point
+        ck, grid, srcs, _, slots, _ = entry_of
         args = [k if kind == "const" else None for kind, k in srcs]
         for i, from_input, k, desc in slots:
             v = t[k] if from_input else getattr(buf, k)
@@ -365,13 +365,19 @@ def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
         return entry.pop()
 
     for t, new in ((t1, 4), (t1, 0), (t2, 2), (t1, 0)):   # x and C are new in t2; CB, states kept
-        direct(grid, 7, t, buf)
-        got = entry.pop()
-        assert len(encoded) == new
-        del encoded[:]
-        assert got == through_triton(t)
-        del encoded[:]
-    assert all(enc is None or len(enc) <= chunk._DirectLaunch.KEEP for *_, enc in direct.slots)
+        for ln, e in zip(launches, rec):
+            e[-1](e[1], 7, t, buf)
+            got = entry.pop()
+            assert len(encoded) == (new if ln.kernel == "ssd_chunk_scan_gluon" else 0)
+            del encoded[:]
+            assert got == through_triton(e, t), ln.kernel
+            del encoded[:]
+    direct = rec[-1][-1]
+    assert all(len(enc) <= chunk._DirectLaunch.KEEP for *_, enc in direct.slots[1])
+    # a launcher with scratch memory, or another launcher type, keeps triton's path
+    ck = Compiled(launches[0])
+    ck.run.global_scratch_size = 64
+    assert chunk._DirectLaunch.of(ck, rec[0][3], rec[0][4]) is None
 
 
 def test_launch_cache_is_bounded(monkeypatch):

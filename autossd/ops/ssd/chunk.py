@@ -559,9 +559,8 @@ def input_sig(t: dict) -> tuple:
 def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, module) -> list:
     """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order,
     the argument list with every constant in place and None for each pointer, and the pointers'
-    (position, from an input?, name, TMA descriptor or None)), and for a kernel that takes TMA
-    descriptors its _DirectLaunch where one can be made: a replay copies the list and fills in only
-    the pointers."""
+    (position, from an input?, name, TMA descriptor or None)), and its _DirectLaunch where one can
+    be made: a replay copies the list and fills in only the pointers."""
     ids = {id(v): ("in", k) for k in INPUTS if (v := t.get(k)) is not None}
     ids.update({id(v): ("buf", k) for k in _BUFFERS if (v := getattr(buf, k)) is not None})
     out = []
@@ -581,7 +580,7 @@ def _record(launches: list[Launch], compiled: list, t: dict, buf: Buffers, modul
         ck._init_handles()  # loads the module once, so the replay can take ck.function directly
         template = [k if kind == "const" else None for kind, k in srcs]
         slots = tuple((i, kind == "in", k, descs.get(i)) for i, (kind, k) in enumerate(srcs) if kind != "const")
-        direct = _DirectLaunch.of(ck, template, slots) if descs else None
+        direct = _DirectLaunch.of(ck, template, slots)
         out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots, direct))  # 3-D grid
     return out
 
@@ -608,14 +607,15 @@ class _DescArg:
 
 
 class _DirectLaunch:
-    """A recorded kernel that takes TMA descriptors, launched past triton's per-launch encoding.
-    triton's launcher encodes every descriptor argument on the host at each launch (a driver
-    call, cuTensorMapEncodeTiled): four per Gluon chunk scan, 8-19 us per eager call at 2.7b
-    1x2048 (BENCHMARKS §93). A recorded descriptor's shape, strides and block are fixed by the
-    launch-cache key, so only its base address varies: each is encoded once per address (by
-    triton's own encoder) and the launcher's compiled entry point gets the encoded arguments.
-    `of` returns None where the launcher is not the one this was written against (a HIP or
-    changed triton, scratch memory): the replay then goes through triton's launcher."""
+    """A recorded kernel launched by the launcher's compiled entry point itself. triton's
+    launcher (CudaLauncher) wraps that entry point in Python at every launch: the scratch
+    allocations' closures (0.6 us a launch on a CPU here), and for a kernel that takes TMA
+    descriptors an encoding of each one on the host (a driver call, cuTensorMapEncodeTiled):
+    four per Gluon chunk scan, 13 us per eager call at 2.7b 1x2048 (BENCHMARKS §94). A recorded
+    descriptor's shape, strides and block are fixed by the launch-cache key, so only its base
+    address varies: each is encoded once per address (by triton's own encoder). `of` returns
+    None where the launcher is not the one this was written against (HIP, another triton,
+    scratch memory): the replay then goes through triton's launcher."""
     __slots__ = ("raw", "head", "template", "slots", "encode")
     KEEP = 8   # encodings kept per descriptor argument: a few caller buffers take turns
 
@@ -629,12 +629,18 @@ class _DirectLaunch:
         if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) \
                 or getattr(run, "profile_scratch_size", 1):
             return None
-        wrapper = run.launch   # triton's wrap_handle_tensordesc closure around the entry point
+        descs = {i: d for i, _, _, d in slots if d is not None}
+        encode = getattr(sys.modules.get(type(run).__module__), "make_tensordesc_arg", None)
+        wrapper = run.launch   # the entry point, or triton's wrap_handle_tensordesc closure around it
         code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None) or ()
         free = dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code else {}
-        encode = getattr(sys.modules.get(type(run).__module__), "make_tensordesc_arg", None)
-        descs = {i: d for i, _, _, d in slots if d is not None}
-        if encode is None or "launcher" not in free or set(free.get("tensordesc_indices", ())) != set(descs):
+        if not descs:
+            raw = wrapper   # what CudaLauncher.__call__ calls, less its scratch allocations (none)
+        elif encode is None or "launcher" not in free or set(free.get("tensordesc_indices", ())) != set(descs):
+            raw = None
+        else:
+            raw = free["launcher"]
+        if raw is None:
             return None
         metas = iter(free.get("tensordesc_meta") or [None] * len(descs))
         xtemplate, at = [], {}
@@ -647,19 +653,21 @@ class _DirectLaunch:
             else:
                 at[i] = (len(xtemplate), 1, None)
                 xtemplate.append(v)
-        xslots = tuple((at[i][0], at[i][1], from_input, k, d, at[i][2], {} if d is not None else None)
-                       for i, from_input, k, d in slots)
+        # pointers, then descriptors (each with its encodings by address)
+        xslots = (tuple((at[i][0], from_input, k) for i, from_input, k, d in slots if d is None),
+                  tuple((at[i][0], at[i][1], from_input, k, d, at[i][2], {})
+                        for i, from_input, k, d in slots if d is not None))
         head = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, ck.packed_metadata,
                 None, None, None)   # scratch buffers (none), launch metadata and hooks (none)
-        return cls(free["launcher"], head, xtemplate, xslots, encode)
+        return cls(raw, head, xtemplate, xslots, encode)
 
     def __call__(self, grid: tuple, stream, t: dict, buf: Buffers) -> None:
         args = self.template.copy()
-        for at, width, from_input, k, desc, meta, enc in self.slots:
+        ptrs, descs = self.slots
+        for at, from_input, k in ptrs:
+            args[at] = (t[k] if from_input else getattr(buf, k)).data_ptr()
+        for at, width, from_input, k, desc, meta, enc in descs:
             v = t[k] if from_input else getattr(buf, k)
-            if desc is None:
-                args[at] = v.data_ptr()
-                continue
             ptr = v.data_ptr()
             e = enc.get(ptr) if meta is not None else None
             if e is None:
