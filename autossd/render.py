@@ -29,7 +29,6 @@ STAGE_LAUNCH = {
     "state_passing": ("pass_warps", None, None),
     "chunk_scan": ("scan_warps", "scan_stages", "scan_maxnreg"),
     "state_fused": ("state_warps", "state_stages", "state_maxnreg"),
-    "state_walk": (None, None, None),   # one warpgroup; its ring is in the template
     "fused": ("scan_warps", "scan_stages", "scan_maxnreg"),
 }
 AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")

@@ -557,6 +557,18 @@ def test_shipped_database_is_valid_and_found():
     assert all(math.isfinite(r.time_ms) for r in recs if r.provenance == "measured")
 
 
+def test_shipped_records_are_fresh_for_the_code_that_ships_them():
+    """A record is fresh while its config's rendering hashes as when it was timed. Anything
+    rendered into every module (render.STAGE_LAUNCH's table, a shared helper) changes every
+    config's hash: then the shipped picks go stale at once. This fails at that edit, not after a
+    user finds stale picks: re-measure (scripts/remeasure_records.py) or, where the launched
+    kernels are unchanged, rehash (scripts/build_shipped_db.py --rehash-from REV)."""
+    from autossd.db.records import current_kernel_hash
+    recs = read_records(to_url(dblookup.shipped_db_path("sm90")), readonly=True)
+    stale = [r.problem.key() for r in recs if r.template_hash != current_kernel_hash(r.config, r.arch)]
+    assert recs and not stale, f"{len(stale)} of {len(recs)} shipped records stale, e.g. {stale[:2]}"
+
+
 def _build_script():
     import importlib.util
     root = Path(__file__).resolve().parent.parent

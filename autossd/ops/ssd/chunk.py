@@ -256,7 +256,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     cumsum = Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
                     dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
                          **dt_strides, **dt_out), flags, opts["cumsum"])
-    walk = _gluon_walk(prob, config, t, buf, backend, opts, s_dt) if config.state_walk else None
+    walk = _gluon_walk(prob, config, t, buf, backend, s_dt) if config.state_walk else None
     if walk is not None:
         return [cumsum, bmm, walk, scan]
     if config.fold_prep:
@@ -353,7 +353,7 @@ def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
     return why
 
 
-def _gluon_walk(prob, config, t, buf, backend, opts, s_dt) -> Launch | None:
+def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
     """The Gluon walk's launch (chunk state + state passing), or None where the call cannot take
     it (walk_gaps): the two tl stages of the same config run instead."""
     if walk_gaps(prob, config, t, buf, backend):
@@ -380,7 +380,10 @@ def _gluon_walk(prob, config, t, buf, backend, opts, s_dt) -> Launch | None:
                        s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
                        s_fin_h=buf.final.stride(1) if buf.final is not None else 0),
                   dict(N=n, BN=bn, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, EVEN_L=l % q == 0),
-                  opts["state_walk"])
+                  # one warpgroup, its ring in the template. Not in render.STAGE_LAUNCH: that table
+                  # is rendered into every module, so a row there would change every config's
+                  # kernel hash and leave every tuned record stale
+                  dict(num_warps=4, num_stages=1))
 
 
 def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None:
