@@ -76,8 +76,11 @@ KNOBS: tuple[Knob, ...] = (
     # the same grid. At small shapes each launch is a few µs of ramp and one load chain; the
     # folded cumsum lengthens every chunk-state program, which costs at larger shapes. (Folding
     # C·Bᵀ alone, cumsum kept, lost at every shape measured: BENCHMARKS.md §45.)
-    Knob("fold_prep", (0, 1), 0,
-         "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5)",
+    # 2: the cumsum and C·Bᵀ in one launch of their own (prep.jinja): four launches, or three
+    # with state_walk, which needs the chunk-state launch left as it is (§98).
+    Knob("fold_prep", (0, 1, 2), 0,
+         "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5); "
+         "2: cumsum and C·Bᵀ in one launch (4 instead of 5)",
          "chunk_state", depths=(5,), measured_only=True),
     # 1: the chunk state and the state passing as one Gluon walk over the chunks
     # (state_walk_gluon.jinja): one program per (headdim tile, dstate tile, head, batch) carries
@@ -242,8 +245,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
         why += _gluon_state_violations(config, arch, problem)
-        if config.fold_prep:
-            why.append(f"fold_prep needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
+        if config.fold_prep == 1:
+            why.append(f"fold_prep=1 needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
     if config.scan_gluon:
         why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
     if config.state_walk:
@@ -289,8 +292,8 @@ def walk_violations(config: Config, problem=None) -> list[str]:
     problem on sm90. Strides and alignment are the call's: plan() checks those
     (ops.ssd.chunk.walk_gaps)."""
     why = []   # (launches != 5 cannot occur: a Config resets state_walk there, Knob.depths)
-    if config.fold_prep:
-        why.append("state_walk=1 replaces the chunk-state launch that fold_prep folds the cumsum into")
+    if config.fold_prep == 1:
+        why.append("state_walk=1 replaces the chunk-state launch that fold_prep=1 folds the cumsum into")
     if config.smem_pad:
         why.append(f"state_walk=1 replaces the Gluon chunk state that smem_pad={config.smem_pad} chooses")
     return why + _gluon_problem_violations("state_walk", config, problem, (64, 128, 256),

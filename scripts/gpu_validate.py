@@ -99,7 +99,8 @@ def scan_gluon_cases():
 def walk_cases():
     """The Gluon walk (state_walk = 1) on the scan_gluon cases' problems, alone and with the Gluon
     scan, plus dstate 256 (two state tiles per head) and 64-token chunks (one ring block per
-    chunk); the seq_idx case runs the tl stages."""
+    chunk); the seq_idx case runs the tl stages. Then the prep launch (fold_prep = 2), which the
+    interpreter checks too, on the GPU with and without the walk."""
     out = []
     for prob, sd, over in scan_gluon_cases():
         out.append((prob, sd, {**over, "scan_gluon": 0, "state_walk": 1}))
@@ -108,6 +109,10 @@ def walk_cases():
                         **FULL), "bf16", {"state_walk": 1}))
     out.append((Problem(batch=2, seqlen=1000, dtype="fp16", nheads=8, headdim=64, dstate=128, ngroups=1,
                         **FULL), "fp16", {"state_walk": 1, "chunk_size": 64}))   # one block per chunk
+    # the prep launch (fold_prep = 2: cumsum and C·Bᵀ in one), with the walk and without it
+    for prob, sd, _ in scan_gluon_cases()[3:5]:   # 2.7b 1x2048 fp16; ragged, batch 2, every feature
+        out.append((prob, sd, {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1}))
+        out.append((prob, sd, {"fold_prep": 2}))
     return out
 
 
@@ -193,12 +198,12 @@ def main():
     if not a.no_scan_gluon:
         todo += [(p, sd, None, over) for p, sd, over in scan_gluon_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_cases()]
-    if a.walk_only:
-        todo = [case for case in todo if case[3] and case[3].get("state_walk")]
+    if a.walk_only:   # (and the prep launch's cases, listed with them)
+        todo = [case for case in todo if case[3] and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
     depths = [int(d) for d in a.depths.split(",")]
     for i, (prob, sd, heads, over) in enumerate(todo):
         # the Gluon chunk state exists only in the five-launch family
-        ds = [5] if over and (over.get("smem_pad") or over.get("state_walk")) else \
+        ds = [5] if over and (over.get("smem_pad") or over.get("state_walk") or over.get("fold_prep")) else \
             [d for d in depths if d != 1] if over else depths
         try:
             rs = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over, depths=ds)

@@ -70,22 +70,28 @@ def test_every_feature_every_dtype(dtype, state_dtype, depth):
     check(prob, SMALL.replace(state_dtype=state_dtype), depth)
 
 
+FOLDED = {1: ["ssd_chunk_state_prep", "ssd_state_passing", "ssd_chunk_scan"],
+          2: ["ssd_prep", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan"]}
+
+
+@pytest.mark.parametrize("fold", [1, 2])
 @pytest.mark.parametrize("dtype,state_dtype", [("fp32", "fp32"), ("fp16", "fp16"), ("bf16", "fp32")])
-def test_fold_prep_every_feature(dtype, state_dtype):
-    # several state tiles per (batch, chunk, head), all writing that chunk's dt' and dA, and
-    # several C·Bᵀ tiles per chunk and group after them in the same grid
+def test_fold_prep_every_feature(dtype, state_dtype, fold):
+    # fold 1: several state tiles per (batch, chunk, head), all writing that chunk's dt' and dA,
+    # and several C·Bᵀ tiles per chunk and group after them in the same grid; fold 2: the C·Bᵀ
+    # tiles, then blocks of heads' cumsums (two blocks of 2 here), in one grid of their own
     prob = Problem(batch=2, seqlen=150, nheads=4, headdim=32, dstate=32, ngroups=2, dtype=dtype, **FULL)
-    cfg = SMALL.replace(state_dtype=state_dtype, fold_prep=1)
-    assert [ln.kernel for ln in _launches(prob, cfg)] == ["ssd_chunk_state_prep", "ssd_state_passing",
-                                                          "ssd_chunk_scan"]
+    cfg = SMALL.replace(state_dtype=state_dtype, fold_prep=fold, cumsum_block_h=2)
+    assert [ln.kernel for ln in _launches(prob, cfg)] == FOLDED[fold]
     check(prob, cfg, 5)
 
 
+@pytest.mark.parametrize("fold", [1, 2])
 @pytest.mark.parametrize("seqlen", [1, 64, 300])
-def test_fold_prep_with_ragged_and_single_chunks(seqlen):
+def test_fold_prep_with_ragged_and_single_chunks(seqlen, fold):
     prob = Problem(batch=1, seqlen=seqlen, nheads=3, headdim=16, dstate=16, ngroups=1, dtype="fp16",
                    has_D=True, dt_softplus=True, has_dt_bias=True, return_final_states=True)
-    check(prob, SMALL.replace(fold_prep=1, bmm_block_m=16, bmm_block_n=16), 5)
+    check(prob, SMALL.replace(fold_prep=fold, bmm_block_m=16, bmm_block_n=16), 5)
 
 
 def _launches(prob, cfg):
@@ -297,6 +303,8 @@ def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
     assert violations(cfg, "sm90", prob) == []
     monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
     monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    folded = _replays_what_a_fresh_plan_would_launch(prob, cfg.replace(fold_prep=2))
+    assert [ln.stage for ln in folded] == ["prep", "state_walk", "chunk_scan"]   # three launches
     launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
     assert [ln.stage for ln in launches] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
     walk = launches[2]

@@ -122,12 +122,13 @@ def test_state_walk_is_offered_on_sm90_at_five_launches_with_what_its_kernel_tak
     good = default_config("sm90", PROB).replace(state_walk=1)
     assert violations(good, "sm90", PROB) == []
     assert violations(good.replace(scan_gluon=1), "sm90", PROB) == []
+    assert violations(good.replace(fold_prep=2), "sm90", PROB) == []   # its own prep launch
     for d in (3, 1):   # no separate chunk-state and state-passing launches there
         assert Config(launches=d, state_walk=1).state_walk == 0
     for arch in ("sm80", "gfx942"):
         assert any("state_walk=1 is not offered" in w for w in violations(good, arch, PROB))
     bad = {  # each departure from what the kernel takes, with the words that name it
-        "fold_prep": (good.replace(fold_prep=1), PROB, "fold_prep folds the cumsum into"),
+        "fold_prep": (good.replace(fold_prep=1), PROB, "fold_prep=1 folds the cumsum into"),
         "smem_pad": (good.replace(smem_pad=4), PROB, "replaces the Gluon chunk state"),
         "fp32 states": (good.replace(state_dtype="fp32"), PROB, "states in the input dtype"),
         "fp32 inputs": (good, PROB.replace(dtype="fp32"), "fp16/bf16 inputs"),

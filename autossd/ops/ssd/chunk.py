@@ -256,10 +256,19 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     cumsum = Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
                     dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
                          **dt_strides, **dt_out), flags, opts["cumsum"])
+    if config.fold_prep == 2:   # cumsum and C·Bᵀ in one launch: bmm's tiles, then cumsum's head blocks
+        prep = [Launch("prep", "ssd_prep", (bmm.grid[0] + cumsum.grid[1], nc, b),
+                       dict(**dt_in, C_ptr=C, B_ptr=B, cb_ptr=buf.cb, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
+                            L=l, H=h, G=g, N=n, dt_lo=lo, dt_hi=hi, **dt_strides, **dt_out,
+                            **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
+                            **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
+                       flags, opts["bmm"])]   # bmm's warps and stages: its tiles hold the matmul
+    else:
+        prep = [cumsum, bmm]
     walk = _gluon_walk(prob, config, t, buf, backend, s_dt) if config.state_walk else None
     if walk is not None:
-        return [cumsum, bmm, walk, scan]
-    if config.fold_prep:
+        return [*prep, walk, scan]
+    if config.fold_prep == 1:
         # cumsum and C·Bᵀ inside the chunk-state launch: bmm's tiles follow the state programs
         return [Launch(
             "chunk_state", "ssd_chunk_state_prep", (state_grid0 + bmm.grid[0], nc, b),
@@ -270,8 +279,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                  **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb), **dt_out, **seq_strides, **st_strides),
             dict(**flags, HAS_SEQ=seq is not None), opts["chunk_state"]), passing, scan]
     return [
-        cumsum,
-        bmm,
+        *prep,
         Launch("chunk_state", "ssd_chunk_state", (state_grid0, nc, b),
                dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
                     L=l, H=h, P=p, N=n, heads_per_group=hpg,
