@@ -10,6 +10,9 @@ through a ring of STAGES 64-token blocks, issued STAGES blocks ahead, and the en
 by TMA store. The x block is read transposed from shared memory into registers, scaled by its
 tokens' weights there and fed to the wgmma as its register operand; B feeds it from shared memory.
 
+`walk_async` (variant knob ASYNC=1, §100, not yet run on a GPU) keeps block t's wgmma in flight
+while block t+1's operand is read and scaled, with dA/dt loaded two blocks ahead.
+
 Scope: L a multiple of 256 (chunk 256), headdim a multiple of 64, dstate a multiple of BN, 16-bit
 inputs and states, no seq_idx, no initial states. The harness runs autossd's five launches (their
 states and final states are the reference), then each variant on the same dA/dt into poisoned
@@ -32,7 +35,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                 warpgroup_mma_wait)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
 
@@ -134,11 +138,106 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
         mbarrier.invalidate(bars.index(i))
 
 
+@gluon.jit
+def _operand(xs, bars, it, dA_last, nA, nT, STAGES: ttgl.constexpr, A_OP: ttgl.constexpr,
+             dtype: ttgl.constexpr):
+    # block it's register operand: x^T scaled by exp(dA_last - dA_t) dt'_t
+    w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
+    stage = it % STAGES
+    mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
+    xa = xs.index(stage).permute((1, 0)).load(ACC64).to(ttgl.float32)
+    return ttgl.convert_layout((xa * w[None, :]).to(dtype), A_OP)
+
+
+@gluon.jit
+def walk_async(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
+               s_dt_b, s_dt_h, s_dt_c,
+               N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr):
+    # walk with block it's wgmma in flight while block it + 1's operand is read and scaled (the
+    # chain per block was ~2,000 cycles with everything in series, §96); one MMA in flight, so a
+    # stage is refilled once its MMA is waited for. dA/dt are loaded two blocks ahead.
+    ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+    A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
+    dtype: ttgl.constexpr = x_desc.dtype
+    NBN: ttgl.constexpr = N // BN
+    PER: ttgl.constexpr = CHUNK // KB
+    pid0 = ttgl.program_id(0)
+    h = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    pid_m = pid0 // NBN
+    pid_n = pid0 % NBN
+    g = h // heads_per_group
+    NC = L // CHUNK
+    T = NC * PER
+    row0 = b * L
+    col_x = h * P + pid_m * 64
+    col_b = g * N + pid_n * BN
+    st_row = (b * NC * H + h) * P + pid_m * 64
+
+    xs = ttgl.allocate_shared_memory(dtype, [STAGES, KB, 64], x_desc.layout)
+    bs = ttgl.allocate_shared_memory(dtype, [STAGES, KB, BN], B_desc.layout)
+    ss = ttgl.allocate_shared_memory(dtype, [64, BN], st_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    for i in ttgl.static_range(STAGES):
+        if i < T:
+            _fill(x_desc, B_desc, xs, bs, bars, i, row0 + i * KB, col_x, col_b, BN, KB)
+
+    cols = ttgl.arange(0, KB, layout=COL)
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h
+    # block 0's operand, and block 1's dA/dt and chunk's last dA
+    last = ttgl.load(dA_base + CHUNK - 1)
+    a_cur = _operand(xs, bars, 0, last, ttgl.load(dA_base + cols), ttgl.load(dt_base + cols), STAGES, A_OP, dtype)
+    i1 = ttgl.minimum(1, T - 1)
+    off1 = (i1 // PER).to(ttgl.int64) * s_dt_c
+    nA = ttgl.load(dA_base + off1 + (i1 % PER) * KB + cols)
+    nT = ttgl.load(dt_base + off1 + (i1 % PER) * KB + cols)
+    nLast = ttgl.load(dA_base + off1 + CHUNK - 1)
+    acc = ttgl.zeros([64, BN], ttgl.float32, ACC)
+    for it in range(T):
+        c = it // PER
+        if it % PER == 0:   # acc is complete here: every MMA was waited for
+            tma.store_wait(0)
+            ttgl.thread_barrier()
+            ss.store(acc.to(dtype))
+            fence_async_shared()
+            ttgl.thread_barrier()
+            tma.async_copy_shared_to_global(st_desc, [st_row + c * H * P, pid_n * BN], ss)
+            acc = acc * ttgl.exp(last)
+        stage = it % STAGES
+        acc = warpgroup_mma(a_cur, bs.index(stage), acc, is_async=True)
+        # block it + 1's operand under the MMA (the last iteration reads block T - 1 again)
+        a_next = _operand(xs, bars, ttgl.minimum(it + 1, T - 1), nLast, nA, nT, STAGES, A_OP, dtype)
+        last = nLast
+        i2 = ttgl.minimum(it + 2, T - 1)
+        off2 = (i2 // PER).to(ttgl.int64) * s_dt_c
+        nA = ttgl.load(dA_base + off2 + (i2 % PER) * KB + cols)
+        nT = ttgl.load(dt_base + off2 + (i2 % PER) * KB + cols)
+        nLast = ttgl.load(dA_base + off2 + CHUNK - 1)
+        acc, a_cur = warpgroup_mma_wait(0, deps=[acc, a_cur])   # it reads a_cur's registers until done
+        ttgl.thread_barrier()   # every warp is past block it's stage
+        nxt = it + STAGES
+        if nxt < T:
+            _fill(x_desc, B_desc, xs, bs, bars, stage, row0 + nxt * KB, col_x, col_b, BN, KB)
+        a_cur = a_next
+    tma.store_wait(0)
+    rows = ttgl.arange(0, 64, layout=ttgl.SliceLayout(1, ACC))
+    ncol = ttgl.arange(0, BN, layout=ttgl.SliceLayout(0, ACC))
+    fin = final_ptr + ((b * H + h).to(ttgl.int64) * P + pid_m * 64 + rows)[:, None] * N + (pid_n * BN + ncol)[None, :]
+    ttgl.store(fin, acc)
+    for i in ttgl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+
 def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -152,6 +251,8 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0):
     s_d = GD(states, [b * nc * h * p, n], [n, 1], [64, BN], _layout([64, BN], gdt))
     grid = ((p // 64) * (n // BN), h, b)
     args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
+    if ASYNC:
+        return lambda: walk_async[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
     return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, num_warps=4)
 
 
@@ -173,7 +274,7 @@ def reference(x, B, dA, dt, heads_per_group):
     return torch.stack(out, 1), S
 
 
-def compile_only(BN=64, STAGES=4, KB=64, XT=0):
+def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
@@ -183,11 +284,14 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0):
            "st_desc": f"tensordesc<fp16[64,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
            "final_ptr": "*fp32", "L": "i32", "H": "i32", "P": "i32", "heads_per_group": "i32",
            "s_dt_b": "i32", "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "BN": "constexpr",
-           "STAGES": "constexpr", "KB": "constexpr", "XT": "constexpr"}
-    k = triton.compile(ASTSource(walk, sig, {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB, "XT": XT}),
+           "STAGES": "constexpr", "KB": "constexpr"}
+    consts = {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}
+    if not ASYNC:
+        sig["XT"], consts["XT"] = "constexpr", XT
+    k = triton.compile(ASTSource(walk_async if ASYNC else walk, sig, consts),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} sm90: {regs} registers, {spill} bytes spilled, "
+    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} sm90: {regs} registers, {spill} bytes spilled, "
           f"{k.metadata.shared} bytes of shared memory")
     return k
 
@@ -195,9 +299,11 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--variants", default='[{"BN": 64, "STAGES": 4, "KB": 64}, {"BN": 64, "STAGES": 3, "KB": 128}, '
-                    '{"BN": 128, "STAGES": 2, "KB": 128}, {"BN": 128, "STAGES": 4, "KB": 64}]',
-                    help="JSON list of constexpr knobs: dstate tile BN, ring stages, tokens per block KB")
+    ap.add_argument("--variants", default='[{"BN": 128, "STAGES": 2, "KB": 128}, '
+                    '{"BN": 128, "STAGES": 4, "KB": 64, "ASYNC": 1}, {"BN": 128, "STAGES": 3, "KB": 64, "ASYNC": 1}, '
+                    '{"BN": 128, "STAGES": 3, "KB": 128, "ASYNC": 1}]',
+                    help="JSON list of constexpr knobs: dstate tile BN, ring stages, tokens per block KB, "
+                         "ASYNC (walk_async)")
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--debug", action="store_true", help="errors per chunk against a float64 walk")
