@@ -3,11 +3,13 @@ one trial: the float64 gate, then eager and graph times), into a new database. F
 that a template change made stale: the configs stay, their times and hashes become this code's.
 
     python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--only large|small]
-        [--dtype fp16|bf16] [--also KNOB=VALUE ...] [--dry-run]
+        [--dtype fp16|bf16] [--also KNOB=VALUE ...] [--alt KNOB=VALUE,...]... [--dry-run]
 
 --also KNOB=VALUE: measure each config a second time with these knobs changed (where that config
 is feasible for its problem), e.g. `--also scan_gluon=1` when a new knob's value is to compete
-with the stored configs; the merge keeps whichever is faster per launch mode.
+with the stored configs; the merge keeps whichever is faster per launch mode. --alt
+KNOB=VALUE,KNOB=VALUE (repeatable) adds further sets, each measured as its own variant, e.g.
+`--also state_walk=1 --alt state_walk=1,fold_prep=2`.
 
 A problem whose eager and graph records hold different configs gets both measured; merging the new
 database (scripts/build_shipped_db.py) then keeps each launch mode's faster one.
@@ -38,9 +40,12 @@ def shape_of(p: dict) -> str:
                     + [f"{k}={int(bool(p[f]))}" for k, f in FLAGS.items()])
 
 
-def jobs(records: list[dict], only: str | None, also: dict | None = None,
+def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None = None,
          arch: str = "sm90", dtype: str | None = None) -> list[tuple[str, str, str]]:
+    """(shape, dtype, pinned knobs) per config to measure: each record's config as stored, then
+    with each set of knob changes in `also` where that is feasible for its problem."""
     from autossd.space import Config, violations
+    alts = [also] if isinstance(also, dict) else list(also or [])
     seen, out = set(), []
     for r in records:
         p = r["problem"]
@@ -49,8 +54,10 @@ def jobs(records: list[dict], only: str | None, also: dict | None = None,
         if dtype and p["dtype"] != dtype:
             continue
         configs = [r["config"]]
-        if also:
-            changed = Config({**r["config"], **also})
+        for alt in alts:
+            if not alt:
+                continue
+            changed = Config({**r["config"], **alt})
             if not violations(changed, arch, Problem(**p)):
                 configs.append(changed.as_dict())
         for cfg in configs:
@@ -80,11 +87,15 @@ def main() -> int:
     ap.add_argument("--storage-dir", default=None, help="Optuna journals (default: beside --out)")
     ap.add_argument("--also", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="also measure each config with these knobs changed")
+    ap.add_argument("--alt", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE...]",
+                    help="another set of knob changes to measure each config with (repeatable; "
+                         "beside --also's set)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
-    todo = jobs(json.loads(shown), a.only, dict(_override(t) for t in a.also), a.arch, a.dtype)
+    alts = [dict(_override(t) for t in a.also)] + [dict(_override(t) for t in g.split(",")) for g in a.alt]
+    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     for i, (shape, dtype, fix) in enumerate(todo):

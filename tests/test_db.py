@@ -578,6 +578,32 @@ def _build_script():
     return b, root
 
 
+def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(monkeypatch):
+    """scripts/remeasure_records.py: every stored config as it is, then once per set of knob
+    changes where the changed config is feasible for its problem, each (shape, dtype, config) once."""
+    import importlib.util
+    monkeypatch.setattr(sys, "path", list(sys.path))   # the script puts the repo first
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("remeasure_records", root / "scripts" / "remeasure_records.py")
+    rm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rm)
+    prob = Problem(batch=1, seqlen=2048, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="fp16",
+                   has_D=True, has_dt_bias=True, dt_softplus=True)
+    base = default_config("sm90", prob)
+    folded = base.replace(fold_prep=1)
+    recs = [{"problem": prob.key(), "config": c.as_dict()} for c in (base, folded, base)]
+    alts = [{"state_walk": 1}, {"state_walk": 1, "fold_prep": 2}]
+    todo = rm.jobs(recs, "small", alts, "sm90")
+    pinned = [dict(kv.split("=") for kv in fix.split(",")) for _, _, fix in todo]
+    got = [(d["fold_prep"], d["state_walk"]) for d in pinned]
+    # base; base + walk; base + walk + prep; folded, whose walk variant is infeasible (the walk
+    # replaces the launch fold_prep=1 folds into) and whose walk + prep variant is base's; the
+    # repeated base record adds nothing
+    assert got == [("0", "0"), ("0", "1"), ("2", "1"), ("1", "0")]
+    assert rm.jobs(recs, "large", alts, "sm90") == []                       # 2048 tokens: small
+    assert rm.jobs(recs, "small", alts, "sm80") == rm.jobs(recs, "small", [], "sm80")   # sm90 knobs
+
+
 def test_rehash_only_where_the_launched_kernels_and_their_launch_are_unchanged(monkeypatch, capsys):
     """scripts/build_shipped_db.py --rehash-from: a record stamped by a revision's code gets the
     current kernel hash only when every kernel its config launches is the same code and launches
