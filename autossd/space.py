@@ -77,7 +77,7 @@ KNOBS: tuple[Knob, ...] = (
     # folded cumsum lengthens every chunk-state program, which costs at larger shapes. (Folding
     # C·Bᵀ alone, cumsum kept, lost at every shape measured: BENCHMARKS.md §45.)
     # 2: the cumsum and C·Bᵀ in one launch of their own (prep.jinja): four launches, or three
-    # with state_walk, which needs the chunk-state launch left as it is (§98).
+    # with state_walk, which needs the chunk-state launch left as it is (§99).
     Knob("fold_prep", (0, 1, 2), 0,
          "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5); "
          "2: cumsum and C·Bᵀ in one launch (4 instead of 5)",

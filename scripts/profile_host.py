@@ -162,7 +162,10 @@ def main():
                 ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
                        *[tensors[k].data_ptr() if kind == "in" else getattr(buf, k).data_ptr() if kind == "buf"
                          else k for kind, k in srcs])
-        # descriptors encoded once per address (_DirectLaunch) vs by triton's launcher at every launch
+        # the replay as it runs (_DirectLaunch: the launcher's entry point, each TMA descriptor
+        # encoded once per address) vs every launch through triton's launcher (which encodes the
+        # descriptors at every launch). Before §98 only descriptor kernels went direct; the key
+        # keeps §94's name
         through_triton = [(*entry[:5], None) for entry in cached]
         rounds = {"templates": [], "per-argument": [], "templates, TMA encoded per launch": []}
         for _ in range(5):

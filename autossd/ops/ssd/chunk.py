@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -361,26 +362,29 @@ def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
     return why
 
 
+def _tma_desc(base: torch.Tensor, shape: list, row_stride: int, block: list):
+    """A TMA descriptor of `base` viewed as 2-D rows (shape, row_stride) in `block` tiles, in the
+    default swizzled shared layout for the block. The base is the caller's tensor itself, so the
+    launch cache can put a new call's tensor in its place."""
+    from triton.experimental.gluon import language as ttgl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    layout = ttgl.NVMMASharedLayout.get_default_for(block, getattr(ttgl, str(base.dtype).split(".")[1]))
+    return TensorDescriptor(base, shape, [row_stride, 1], block, layout)
+
+
 def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
     """The Gluon walk's launch (chunk state + state passing), or None where the call cannot take
     it (walk_gaps): the two tl stages of the same config run instead."""
     if walk_gaps(prob, config, t, buf, backend):
         return None
-    from triton.experimental.gluon import language as ttgl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     x, B, init = t["x"], t["B"], t.get("initial_states")
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
     bn, kb = min(n, 128), min(q, 128)
-    gdt = getattr(ttgl, str(x.dtype).split(".")[1])
-
-    def desc(base, shape, stride, block):
-        return TensorDescriptor(base, shape, [stride, 1], block, ttgl.NVMMASharedLayout.get_default_for(block, gdt))
-    # each base is the caller's tensor itself, so the launch cache can put a new call's in its place
-    descs = dict(x_desc=desc(x, [b * l, h * p], x.stride(1), [kb, 64]),
-                 B_desc=desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
-                 st_desc=desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
+    descs = dict(x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), [kb, 64]),
+                 B_desc=_tma_desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
+                 st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
     return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, b),
                   dict(**descs, dt_ptr=buf.dt, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final,
                        L=l, H=h, P=p, heads_per_group=h // g, s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
@@ -399,20 +403,15 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None
     the tl kernel of the same config runs instead, with the same result to rounding."""
     if gluon_scan_gaps(prob, config, t, buf, backend):
         return None
-    from triton.experimental.gluon import language as ttgl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     x, C, D, z = t["x"], t["C"], t.get("D"), t.get("z")
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
-    layout = ttgl.NVMMASharedLayout.get_default_for([64, 64], getattr(ttgl, str(x.dtype).split(".")[1]))
     tile = [64, 64]
-    # each base is the caller's tensor itself (its shape and strides given here), so the launch
-    # cache can put a new call's tensor in its place
-    descs = dict(C_desc=TensorDescriptor(C, [b * l, g * n], [C.stride(1), 1], tile, layout),
-                 st_desc=TensorDescriptor(buf.states, [b * nc * h * p, n], [n, 1], tile, layout),
-                 cb_desc=TensorDescriptor(buf.cb, [b * nc * g * q, q], [q, 1], tile, layout),
-                 x_desc=TensorDescriptor(x, [b * l, h * p], [x.stride(1), 1], tile, layout))
+    descs = dict(C_desc=_tma_desc(C, [b * l, g * n], C.stride(1), tile),
+                 st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, tile),
+                 cb_desc=_tma_desc(buf.cb, [b * nc * g * q, q], q, tile),
+                 x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
     return Launch("chunk_scan", "ssd_chunk_scan_gluon", (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
                        L=l, H=h, P=p, G=g, heads_per_group=h // g,
@@ -635,7 +634,6 @@ class _DirectLaunch:
 
     @classmethod
     def of(cls, ck, template: list, slots: tuple) -> "_DirectLaunch | None":
-        import sys
         run = ck.run
         if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) \
                 or getattr(run, "profile_scratch_size", 1):
