@@ -36,6 +36,7 @@ class StageReport:
     shared_bytes: int = 0
     occupancy: float = 0.0    # NVIDIA: blocks per SM; AMD: waves per SIMD (from the assembler)
     artifact_sha: str = ""
+    pdl: bool = False         # launched with programmatic dependent launch (knob pdl)
     reasons: list[str] = field(default_factory=list)
 
 
@@ -133,6 +134,42 @@ def _amd_field(asm: str, key: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+# state spaces an access may have that the previous launch cannot have written
+_PRIVATE_SPACES = ("shared", "param", "local", "const")
+
+
+def pdl_order_reasons(ptx: str) -> list[str]:
+    """Under programmatic dependent launch a kernel may start before its predecessor ends: every
+    access to global memory must come after its griddepcontrol.wait. Checked on the PTX (the
+    wait is inline assembly, which the compiler could in principle reorder loads around): [] when
+    the wait comes first, else why not."""
+    wait = first = None
+    for n, line in enumerate(ptx.splitlines()):
+        words = line.split()
+        if words and words[0].startswith("@"):   # a predicated instruction
+            words = words[1:]
+        if not words:
+            continue
+        op = words[0]
+        if op.startswith("griddepcontrol.wait"):
+            wait = n
+            break
+        parts = op.split(".")
+        if parts[0] == "cp":   # async copies (TMA included): global when a side of them is
+            touches = ".global" in op or ".tensor" in op
+        else:                  # ld/st/atom/red/prefetch: the state space follows the opcode
+            touches = parts[0] in ("ld", "st", "atom", "red", "prefetch") and \
+                not (len(parts) > 1 and parts[1].split("::")[0] in _PRIVATE_SPACES)
+        if touches and first is None:
+            first = (n, op)
+    if wait is None:
+        return ["launched with pdl, but its PTX has no griddepcontrol.wait"]
+    if first is not None:
+        return [f"launched with pdl, but accesses memory ({first[1]}, PTX line {first[0] + 1}) "
+                f"before its griddepcontrol.wait (line {wait + 1})"]
+    return []
+
+
 def _report_stage(arch: Arch, launch, compiled) -> StageReport:
     md = compiled.metadata
     rep = StageReport(stage=launch.stage, num_warps=launch.options["num_warps"],
@@ -157,6 +194,9 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
         rep.occupancy = float(min(by_regs, by_threads, by_smem))
         if rep.occupancy < 1:
             rep.reasons.append(f"occupancy 0: {rep.registers} registers x {threads} threads")
+        rep.pdl = bool(getattr(md, "launch_pdl", False))
+        if rep.pdl:
+            rep.reasons += pdl_order_reasons(compiled.asm["ptx"])
     if rep.shared_bytes > arch.smem_per_block:
         rep.reasons.append(f"shared memory {rep.shared_bytes} B exceeds {arch.name}'s "
                            f"{arch.smem_per_block} B per block")

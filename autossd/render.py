@@ -83,6 +83,8 @@ def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
             opts.update({k: config[k] for k in AMD_OPTIONS})
         elif maxnreg and config[maxnreg]:  # a CUDA option only; 0 leaves ptxas its choice
             opts["maxnreg"] = config[maxnreg]
+        if config.pdl:   # only then: the table is rendered into every module (kernel_hash)
+            opts["launch_pdl"] = True
         out[stage] = opts
     return out
 
@@ -92,6 +94,9 @@ def render(config: Config, backend: str = "cuda") -> str:
         raise TypeError(f"config: expected an autossd Config, got {type(config).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if config.pdl and backend != "cuda":   # griddepcontrol is PTX (space.py offers it on sm90 only)
+        raise ValueError(f"config: pdl=1 is programmatic dependent launch, a CUDA (sm90) feature; "
+                         f"backend {backend!r} has none")
     return _env().get_template("module.py.jinja").render(
         cfg=config, backend=backend, config_json=config.key(),
         state_tl_dtype=STATE_DTYPES[config.state_dtype],

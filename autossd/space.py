@@ -112,6 +112,15 @@ KNOBS: tuple[Knob, ...] = (
     # large shapes (BENCHMARKS.md §92); measured_only: the static model cannot rank a data path.
     Knob("scan_gluon", (0, 1), 0, "1: the Gluon chunk scan with TMA operands (sm90)", "chunk_scan",
          backends=("cuda",), depths=(5, 3), measured_only=True, archs=("sm90",)),
+    # 1: programmatic dependent launch. Every launch of the forward may start while the one before
+    # it drains: each kernel first waits for its predecessor (griddepcontrol.wait, before any
+    # memory access), then lets its successor launch (griddepcontrol.launch_dependents), so
+    # a launch's ramp overlaps its predecessor's tail. Worth a few µs at the small shapes, where
+    # three to five launches take ~60 µs (BENCHMARKS.md §103). sm90 only (the instructions);
+    # depth 5 only: the fused depths order their programs by tickets in global memory.
+    # measured_only: launch overlap is invisible to the static model.
+    Knob("pdl", (0, 1), 0, "1: programmatic dependent launch between the forward's kernels (sm90)",
+         backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
          backends=("hip",)),

@@ -2,7 +2,7 @@
 float64 chunked reference (itself checked against the token recurrence in the tests).
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
-        [--walk-only]
+        [--walk-only] [--pdl-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -10,7 +10,8 @@ tokens) checks the whole output for NaN/Inf and a head subset against the refere
 independent, so a subset is an exact check of those heads). The smem_pad cases run the Gluon
 chunk-state kernel and the scan_gluon cases the Gluon chunk scan, which the CPU interpreter
 cannot run: this is where they are checked; so are the state_walk cases (the Gluon walk in place of
-the chunk state and the state passing). Each result names the chunk-scan and state kernels its
+the chunk state and the state passing) and the pdl cases (launch overlap: each also replayed
+from a CUDA graph and run back to back, unsynchronized, on the kept workspace). Each result names the chunk-scan and state kernels its
 plan launched (a call a Gluon kernel cannot take runs the tl ones: the seq_idx cases check that).
 """
 from __future__ import annotations
@@ -116,6 +117,61 @@ def walk_cases():
     return out
 
 
+def pdl_cases():
+    """Programmatic dependent launch (pdl = 1) on each depth-5 family: the five tl launches, the
+    fold into the chunk state, the Gluon chunk state, and the fewest launches (prep | walk |
+    Gluon scan); at the small shape it is for, a many-chunk bf16 shape, and every feature at a
+    ragged length with seq_idx (the tl stages). Each also runs the checks of `pdl_checks`."""
+    three = {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "pdl": 1}
+    small = Problem(batch=1, seqlen=2048, dtype="fp16", **M27, **FULL)
+    out = [(small, "fp32", {"pdl": 1}), (small, "fp16", three), (small, "fp16", {**three, "fold_prep": 0}),
+           (small, "fp32", {"fold_prep": 1, "pdl": 1}), (small, "fp32", {"smem_pad": 4, "pdl": 1}),
+           (Problem(batch=4, seqlen=16384, dtype="bf16", **M27, **FULL), "bf16", three),
+           (Problem(batch=1, seqlen=32768, dtype="bf16", **CODESTRAL, **FULL), "bf16", three),
+           (Problem(batch=2, seqlen=16383, dtype="fp16", **M27, has_D=True, D_has_hdim=True, has_z=True,
+                    has_dt_bias=True, dt_softplus=True, has_dt_limit=True, has_initial_states=True,
+                    has_seq_idx=True, return_final_states=True), "fp32", {"pdl": 1}),
+           (Problem(batch=2, seqlen=16383, dtype="bf16", **M27, has_D=True, D_has_hdim=True, has_z=True,
+                    has_dt_bias=True, dt_softplus=True, has_initial_states=True, return_final_states=True),
+            "bf16", three)]
+    return out
+
+
+def pdl_checks(prob: Problem, cfg, tensors: dict, cu, lim, want: tuple, seed: int) -> dict:
+    """What launch overlap could break: a launch that reads before its predecessor's writes land,
+    or writes what its predecessor still reads. (1) A CUDA graph of the call (PDL edges in the
+    graph), replayed: bitwise equal to the eager call. (2) Back to back on the kept workspace:
+    calls on two input sets alternating, nothing synchronized between them, so each call's
+    first launch overwrites what the previous call's last launch reads: every output bitwise
+    equal to its set's synchronized call."""
+    def as_tuple(o):
+        return o if isinstance(o, tuple) else (o,)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        execute(prob, cfg, tensors, cu_seqlens=cu, dt_limit=lim)   # recorded outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = as_tuple(execute(prob, cfg, tensors, cu_seqlens=cu, dt_limit=lim))
+    graph.replay()
+    torch.cuda.synchronize()
+    graph_ok = all(torch.equal(a, b) for a, b in zip(got, want))
+    del graph, got
+    t2 = make_inputs(prob, "cuda", seed=seed + 7919)
+    other = {k: t2[k] for k in tensors}
+    sets = [(tensors, want), (other, as_tuple(execute(prob, cfg, other, cu_seqlens=t2["cu_seqlens"], dt_limit=lim)))]
+    torch.cuda.synchronize()
+    outs = []
+    for i in range(12):
+        ins, _ = sets[i % 2]
+        outs.append(as_tuple(execute(prob, cfg, ins, cu_seqlens=cu if i % 2 == 0 else t2["cu_seqlens"],
+                                     dt_limit=lim, keep=True)))
+    torch.cuda.synchronize()
+    b2b_ok = all(torch.equal(a, b) for i, o in enumerate(outs) for a, b in zip(o, sets[i % 2][1]))
+    return {"graph_bitwise": graph_ok, "back_to_back_bitwise": b2b_ok}
+
+
 def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None = None,
              overrides: dict | None = None, depths=(5,)) -> list[dict]:
     """One case at each fusion depth, on the same inputs against one float64 reference."""
@@ -170,7 +226,10 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
             res["varlen_err"] = rel_err(out[i][:, h_sl], vr)
         errs = [v for k, v in res.items() if k.endswith("_err")]
         res["replay_bitwise"] = all(torch.equal(a, b) for a, b in zip(first, out))
-        res["pass"] = res["finite"] and res["replay_bitwise"] and all(e <= res["tol"] for e in errs)
+        if cfg.pdl:
+            res.update(pdl_checks(prob, cfg, tensors, t["cu_seqlens"], lim, out, seed))
+        res["pass"] = res["finite"] and res["replay_bitwise"] and all(e <= res["tol"] for e in errs) \
+            and res.get("graph_bitwise", True) and res.get("back_to_back_bitwise", True)
         results.append(res)
         del out, first
     del yr, fr, vr, t
@@ -188,6 +247,7 @@ def main():
     ap.add_argument("--depths", default="5,3,1", help="fusion depths to run every case at")
     ap.add_argument("--no-scan-gluon", action="store_true", help="skip the Gluon chunk-scan cases")
     ap.add_argument("--walk-only", action="store_true", help="only the state_walk cases")
+    ap.add_argument("--pdl-only", action="store_true", help="only the pdl cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -198,12 +258,17 @@ def main():
     if not a.no_scan_gluon:
         todo += [(p, sd, None, over) for p, sd, over in scan_gluon_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_cases()]
+    todo += [(p, sd, None, over) for p, sd, over in pdl_cases()]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
-        todo = [case for case in todo if case[3] and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
+        todo = [case for case in todo if case[3] and not case[3].get("pdl")
+                and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
+    if a.pdl_only:
+        todo = [case for case in todo if case[3] and case[3].get("pdl")]
     depths = [int(d) for d in a.depths.split(",")]
     for i, (prob, sd, heads, over) in enumerate(todo):
         # the Gluon chunk state exists only in the five-launch family
-        ds = [5] if over and (over.get("smem_pad") or over.get("state_walk") or over.get("fold_prep")) else \
+        ds = [5] if over and (over.get("smem_pad") or over.get("state_walk") or over.get("fold_prep")
+                              or over.get("pdl")) else \
             [d for d in depths if d != 1] if over else depths
         try:
             rs = run_case(prob, sd, seed=1000 + i, heads_ref=heads, overrides=over, depths=ds)
@@ -213,9 +278,11 @@ def main():
         for r in rs:
             results.append(r)
             errs = " ".join(f"{k}={v:.2e}" for k, v in r.items() if k.endswith("_err"))
+            pdl_words = " ".join(f"{k}={r[k]} " for k in ("graph_bitwise", "back_to_back_bitwise") if k in r)
             print(f"{'PASS' if r['pass'] else 'FAIL'} launches={r.get('launches')} {prob.dtype} b={prob.batch} "
                   f"L={prob.seqlen} h={prob.nheads} g={prob.ngroups} state={sd} {over or ''} "
                   f"scan={r.get('scan_kernel')} states={r.get('state_kernel')} {errs} "
+                  f"{pdl_words}"
                   f"tol={r.get('tol')} {r.get('error', '')}", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -166,3 +166,32 @@ def test_gluon_walk_replaces_two_stages_in_two_ctas_per_sm_without_spills(featur
     assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
     st = rep.stages[2]
     assert st.spill_bytes == 0 and st.occupancy >= 2 and st.shared_bytes <= 116 * 1024
+
+
+# pdl = 1 launches every kernel with programmatic dependent launch; the GPU check is
+# gpu_validate.py's pdl cases. Here: each kernel of each depth-5 variant is launched with it, and
+# waits (griddepcontrol.wait) before its first access to global memory (compile.pdl_order_reasons
+# makes that a reason to refuse the config, so `rep.ok` says it).
+@pytest.mark.parametrize("over", [{}, {"fold_prep": 1}, {"smem_pad": 4},
+                                  {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}])
+def test_pdl_kernels_wait_before_their_first_memory_access(over):
+    prob = PROB.replace(dtype="fp16")
+    base = default_config("sm90", prob).replace(**over)
+    on = compile_config(base.replace(pdl=1), "sm90", prob)
+    assert on.ok, on.why()
+    assert len(on.stages) >= 3 and all(s.pdl for s in on.stages), [(s.stage, s.pdl) for s in on.stages]
+    off = compile_config(base, "sm90", prob)
+    assert off.ok and not any(s.pdl for s in off.stages)
+    # the wait and the release cost no registers worth a CTA
+    assert [s.occupancy for s in on.stages] == [s.occupancy for s in off.stages]
+
+
+def test_pdl_order_check_names_an_access_before_the_wait():
+    from autossd.compile import pdl_order_reasons
+    ok = "ld.param.u64 %rd1, [k_param_0];\ngriddepcontrol.wait;\nld.global.b32 %r1, [%rd1];\n"
+    assert pdl_order_reasons(ok) == []
+    early = "@%p1 ld.global.b32 %r1, [%rd1];\ngriddepcontrol.wait;\n"
+    assert "ld.global.b32" in pdl_order_reasons(early)[0]
+    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2, %r3}], [%r4];\ngriddepcontrol.wait;\n"
+    assert "cp.async.bulk.tensor" in pdl_order_reasons(tma)[0]
+    assert "no griddepcontrol.wait" in pdl_order_reasons("st.global.b32 [%rd1], %r1;\n")[0]

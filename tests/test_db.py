@@ -193,6 +193,7 @@ def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
     v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob (nor any later one)
     v6_cfg.pop("scan_gluon")
     v6_cfg.pop("state_walk")
+    v6_cfg.pop("pdl")
     row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v6_cols},
            "config_json": json.dumps(v6_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
@@ -225,6 +226,7 @@ def test_schema_8_gives_older_rows_the_tl_chunk_scan(tmp_path):
     v7_cfg = json.loads(TUNED.key())
     v7_cfg.pop("scan_gluon")   # as schema 7 wrote it: no such knob (nor any later one)
     v7_cfg.pop("state_walk")
+    v7_cfg.pop("pdl")
     row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v7_cols},
            "config_json": json.dumps(v7_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
@@ -257,7 +259,8 @@ def test_schema_9_gives_older_rows_the_two_state_stages(tmp_path):
         v8_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
     assert "cfg_state_walk" not in v8_cols and "cfg_scan_gluon" in v8_cols
     v8_cfg = json.loads(TUNED.key())
-    v8_cfg.pop("state_walk")   # as schema 8 wrote it: no such knob
+    v8_cfg.pop("state_walk")   # as schema 8 wrote it: no such knob (nor any later one)
+    v8_cfg.pop("pdl")
     row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v8_cols},
            "config_json": json.dumps(v8_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
@@ -279,6 +282,40 @@ def test_schema_9_gives_older_rows_the_two_state_stages(tmp_path):
         assert "cfg_state_walk" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
         (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
     assert json.loads(text) == v8_cfg   # the walk row is gone, the other lost only the key
+
+
+def test_schema_10_gives_older_rows_launches_in_order(tmp_path):
+    """Before pdl every record launched each kernel after the previous one ended: an older row
+    gains "pdl": 0 in its canonical config_json and in cfg_pdl; a downgrade drops the pdl rows,
+    whose time would otherwise read as the ordered launches', and the key."""
+    url = to_url(tmp_path / "v9.sqlite")
+    assert migrate(url, "0009") == "0009"
+    with dbengine.get_engine(url).connect() as conn:
+        v9_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    assert "cfg_pdl" not in v9_cols and "cfg_state_walk" in v9_cols
+    v9_cfg = json.loads(TUNED.key())
+    v9_cfg.pop("pdl")   # as schema 9 wrote it: no such knob
+    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v9_cols},
+           "config_json": json.dumps(v9_cfg, sort_keys=True)}
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
+    assert migrate(url) == HEAD
+    with dbengine.get_engine(url).connect() as conn:
+        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_pdl FROM tuned_records")).fetchall()
+    assert json.loads(text)["pdl"] == 0 and col == 0
+    assert text == TUNED.key()   # canonical, as Config.key() writes it
+    (r,) = read_records(url)
+    assert r.config == TUNED and r.config.pdl == 0
+    pdl = TUNED.replace(launches=5, pdl=1)
+    assert pdl.pdl == 1
+    add_records(url, [rec(config=pdl, time_ms=0.3)])
+    assert {r.config.pdl for r in read_records(url)} == {0, 1}
+    _downgrade(url, "0009")
+    with dbengine.get_engine(url).connect() as conn:
+        assert dbengine.current_revision(conn) == "0009"
+        assert "cfg_pdl" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
+    assert json.loads(text) == v9_cfg   # the pdl row is gone, the other lost only the key
 
 
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):

@@ -120,6 +120,38 @@ def test_register_cap_is_a_cuda_launch_option_only_when_set():
     assert all("maxnreg" not in o for o in render.launch_options(cfg, "hip").values())
 
 
+def test_pdl_waits_first_in_every_launched_kernel_and_is_a_launch_option():
+    """pdl = 1: every kernel of the depth-5 module calls its wait-then-release helper as its
+    first statement (before any memory access; tests/test_compile.py checks the PTX), and every
+    stage launches with launch_pdl; pdl = 0 renders none of it."""
+    import ast
+
+    def first_calls(src):   # kernel -> (decorator, the name its first statement calls)
+        out = {}
+        for fn in ast.parse(src).body:
+            if isinstance(fn, ast.FunctionDef) and fn.name.startswith("ssd_"):
+                stmt = fn.body[0]
+                call = stmt.value.func.id if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+                    and isinstance(stmt.value.func, ast.Name) else None
+                out[fn.name] = (fn.decorator_list[0].value.id, call)
+        return out
+
+    for over in ({}, {"fold_prep": 1}, {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1}, {"smem_pad": 4}):
+        off = Config(**over)
+        on = off.replace(pdl=1)
+        src_off = render.render(off)
+        assert "gdc" not in src_off and "launch_pdl" not in src_off
+        calls = first_calls(render.render(on))
+        assert len(calls) >= 3 and "ssd_chunk_scan" in calls, (over, calls)
+        for name, (deco, call) in calls.items():
+            assert call == ("_gdc_enter_gl" if deco == "gluon" else "_gdc_enter"), (over, name, call)
+        assert all(o.get("launch_pdl") is True for o in render.launch_options(on, "cuda").values())
+        assert not any("launch_pdl" in o for o in render.launch_options(off, "cuda").values())
+    assert Config(launches=3, pdl=1) == Config(launches=3)   # never at the fused depths
+    with pytest.raises(ValueError, match="pdl=1 is programmatic dependent launch.*'hip'"):
+        render.render(Config(pdl=1), "hip")
+
+
 def test_an_interpreter_switched_on_after_triton_was_imported_is_named(tmp_path):
     # Triton builds tl's helpers at import: TRITON_INTERPRET set later failed deep in Triton
     import os

@@ -160,3 +160,16 @@ def test_scan_gluon_is_offered_on_sm90_only_with_what_its_kernel_takes():
     }
     for name, (cfg, prob, words) in bad.items():
         assert any(words in w for w in violations(cfg, "sm90", prob)), name
+
+
+def test_pdl_is_offered_on_sm90_at_five_launches_only():
+    knob = KNOB_BY_NAME["pdl"]
+    assert [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    good = default_config("sm90", PROB).replace(pdl=1)
+    assert violations(good, "sm90", PROB) == []
+    for over in ({"state_walk": 1, "scan_gluon": 1, "fold_prep": 2}, {"fold_prep": 1}, {"smem_pad": 4}):
+        assert violations(good.replace(**over), "sm90", PROB) == [], over
+    for d in (3, 1):   # the fused depths order their programs by tickets: never with pdl
+        assert Config(launches=d, pdl=1).pdl == 0
+    for arch in ("sm80", "gfx90a", "gfx942"):   # griddepcontrol is sm90's
+        assert any("pdl=1 is not offered" in w for w in violations(good, arch, PROB))

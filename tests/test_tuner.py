@@ -127,6 +127,10 @@ def test_seeds_hold_the_default_and_are_feasible():
     # the Gluon walk, alone and with the Gluon scan (sm90 only: the filter drops it elsewhere)
     assert {(c.state_walk, c.scan_gluon) for c in seeds if c.state_walk} == {(1, 0), (1, 1)}
     assert not any(c.state_walk for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
+    three = default_config("sm90", SMALL).replace(state_walk=1, scan_gluon=1, fold_prep=2)
+    assert three in seeds and three.replace(pdl=1) in seeds   # the fewest launches, with and without pdl
+    assert default_config("sm90", SMALL).replace(pdl=1) in seeds
+    assert not any(c.pdl for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
 
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():
@@ -206,7 +210,7 @@ def test_infeasible_configs_are_pruned_before_compile(tmp_path):
 
 def test_failed_candidates_never_win(tmp_path):
     runner = FakeRunner(fail=lambda c: c.scan_block_m == 16)   # the formula's fastest tile
-    st = Settings(trials=15, sampler="tpe", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
+    st = Settings(trials=30, sampler="tpe", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
     res = tune_problem("sm90", SMALL, runner, st)
     assert res.failed >= 1 and res.best_config.scan_block_m != 16
     assert all("gate" in why for _, why in res.failures)

@@ -168,7 +168,8 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
     """Known-good starting points enqueued before sampling: the arch default (fitted to the
     problem), the default at every other fusion depth, at each chunk size and at each fold of
-    the small stages (fold_prep). Only those inside the space and feasible."""
+    the small stages (fold_prep), the Gluon walk and scan, and pdl on the default and on the
+    fewest launches. Only those inside the space and feasible."""
     base = default_config(arch, problem, launches=space.pinned.get("launches"))
     base = base.replace(**{k: v for k, v in space.pins(base.launches).items() if base[k] != v})
     depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
@@ -187,6 +188,12 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
         # the walk changes the launch count, as the folds do: seed it, with and without the Gluon scan
         cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1)) if not c.state_walk]
+        # and the fewest launches (prep | walk | Gluon scan): the small shapes' pick (BENCHMARKS §102)
+        cands.append(base.replace(state_walk=1, scan_gluon=1, fold_prep=2))
+    if base.launches in KNOB_BY_NAME["pdl"].depths and "pdl" not in space.pinned:
+        # launch overlap: on the default and on the fewest launches, where it weighs most
+        cands += [c.replace(pdl=1) for c in (base, base.replace(state_walk=1, scan_gluon=1, fold_prep=2))
+                  if not c.pdl]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):

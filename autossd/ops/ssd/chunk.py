@@ -395,7 +395,7 @@ def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
                   # one warpgroup, its ring in the template. Not in render.STAGE_LAUNCH: that table
                   # is rendered into every module, so a row there would change every config's
                   # kernel hash and leave every tuned record stale
-                  dict(num_warps=4, num_stages=1))
+                  dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if config.pdl else {})))
 
 
 def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None:
