@@ -10,8 +10,11 @@ through a ring of STAGES 64-token blocks, issued STAGES blocks ahead, and the en
 by TMA store. The x block is read transposed from shared memory into registers, scaled by its
 tokens' weights there and fed to the wgmma as its register operand; B feeds it from shared memory.
 
-`walk_async` (variant knob ASYNC=1, §100, not yet run on a GPU) keeps block t's wgmma in flight
-while block t+1's operand is read and scaled, with dA/dt loaded two blocks ahead.
+`walk_async` (variant knob ASYNC=1, §100) keeps block t's wgmma in flight while block t+1's
+operand is read and scaled, with dA/dt loaded two blocks ahead: slower at every shape (§101).
+`SA=1` (§104, not yet run on a GPU) scales x in place in its ring stage, read as stored, and
+feeds the wgmma both operands from shared memory (x transposed by the MMA's descriptor) instead
+of an ldmatrix.trans read into the register operand.
 
 Scope: L a multiple of 256 (chunk 256), headdim a multiple of 64, dstate a multiple of BN, 16-bit
 inputs and states, no seq_idx, no initial states. The harness runs autossd's five launches (their
@@ -58,7 +61,7 @@ def _fill(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, BN: ttgl.const
 def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
          s_dt_b, s_dt_h, s_dt_c,
          N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr,
-         XT: ttgl.constexpr = 0):
+         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0):
     ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
     A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
@@ -119,12 +122,20 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
         nT = ttgl.load(dt_base + off1 + cols)
         nLast = ttgl.load(dA_base + (i1 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
         mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
-        if XT == 0:   # transposed by the shared-memory read
+        if SA == 1:   # x scaled in place, read as stored; both MMA operands from shared memory
+            xr = xs.index(stage).load(XROWS)                                    # (tokens, headdim)
+            wr = ttgl.convert_layout(w, ttgl.SliceLayout(1, XROWS))
+            xs.index(stage).store((xr.to(ttgl.float32) * wr[:, None]).to(dtype))
+            fence_async_shared()
+            ttgl.thread_barrier()   # every warp's scaled rows are in place before the MMA reads them
+            acc = warpgroup_mma(xs.index(stage).permute((1, 0)), bs.index(stage), acc)
+        elif XT == 0:   # transposed by the shared-memory read
             xa = xs.index(stage).permute((1, 0)).load(ACC64).to(ttgl.float32)   # (headdim, tokens)
         else:         # read as stored, transposed in registers
             xa = ttgl.convert_layout(ttgl.permute(xs.index(stage).load(XROWS), (1, 0)), ACC64).to(ttgl.float32)
-        a = ttgl.convert_layout((xa * w[None, :]).to(dtype), A_OP)
-        acc = warpgroup_mma(a, bs.index(stage), acc)
+        if SA == 0:
+            a = ttgl.convert_layout((xa * w[None, :]).to(dtype), A_OP)
+            acc = warpgroup_mma(a, bs.index(stage), acc)
         ttgl.thread_barrier()   # every warp has read the stage and its MMA is done
         nxt = it + STAGES
         if nxt < T:
@@ -237,7 +248,7 @@ def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -253,7 +264,7 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0)
     args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
     if ASYNC:
         return lambda: walk_async[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
-    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, num_warps=4)
+    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, num_warps=4)
 
 
 def reference(x, B, dA, dt, heads_per_group):
@@ -274,7 +285,7 @@ def reference(x, B, dA, dt, heads_per_group):
     return torch.stack(out, 1), S
 
 
-def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0):
+def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
@@ -288,10 +299,11 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0):
     consts = {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}
     if not ASYNC:
         sig["XT"], consts["XT"] = "constexpr", XT
+        sig["SA"], consts["SA"] = "constexpr", SA
     k = triton.compile(ASTSource(walk_async if ASYNC else walk, sig, consts),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} sm90: {regs} registers, {spill} bytes spilled, "
+    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} SA={SA} sm90: {regs} registers, {spill} bytes spilled, "
           f"{k.metadata.shared} bytes of shared memory")
     return k
 
@@ -300,10 +312,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--variants", default='[{"BN": 128, "STAGES": 2, "KB": 128}, '
-                    '{"BN": 128, "STAGES": 4, "KB": 64, "ASYNC": 1}, {"BN": 128, "STAGES": 3, "KB": 64, "ASYNC": 1}, '
-                    '{"BN": 128, "STAGES": 3, "KB": 128, "ASYNC": 1}]',
+                    '{"BN": 128, "STAGES": 2, "KB": 128, "SA": 1}, {"BN": 128, "STAGES": 3, "KB": 128, "SA": 1}]',
                     help="JSON list of constexpr knobs: dstate tile BN, ring stages, tokens per block KB, "
-                         "ASYNC (walk_async)")
+                         "ASYNC (walk_async), SA (both operands from shared memory)")
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--debug", action="store_true", help="errors per chunk against a float64 walk")
