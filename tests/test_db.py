@@ -23,7 +23,7 @@ from autossd.db import lookup as dblookup
 from autossd.db.models import KNOB_COLUMNS, PROBLEM_COLUMNS, Base, tuned_records
 from autossd.db.records import row_count
 from autossd.problem import Problem
-from autossd.space import KNOBS, Config, default_config, fit
+from autossd.space import KNOB_BY_NAME, KNOBS, Config, default_config, fit
 
 PROB = Problem(1, 2048, 8, 64, 128, 1, "bf16", 256, has_D=True, has_dt_bias=True, dt_softplus=True)
 TUNED = default_config("sm90", PROB).replace(scan_block_m=32, bmm_warps=8)
@@ -180,142 +180,52 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
         assert "launch_mode" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
 
 
-def test_schema_7_gives_older_rows_the_five_separate_launches(tmp_path):
-    """Before fold_prep every record ran the five separate launches: an older row gains
-    "fold_prep": 0 in its canonical config_json and in cfg_fold_prep; a downgrade drops the
-    folded rows, whose time would otherwise read as the unfolded kernel's, and the key."""
-    url = to_url(tmp_path / "v6.sqlite")
-    assert migrate(url, "0006") == "0006"
+# Knobs each added by a schema whose older rows all ran the knob's default: (revision that adds
+# it, knob, a config with another value, what that value stands for). Later knobs come later.
+KNOB_SCHEMAS = [
+    ("0007", "fold_prep", TUNED.replace(fold_prep=1), "the five separate launches"),
+    ("0008", "scan_gluon", TUNED.replace(scan_gluon=1, scan_block_m=64), "the tl chunk scan"),
+    ("0009", "state_walk", TUNED.replace(launches=5, state_walk=1), "the two state stages"),
+    ("0010", "pdl", TUNED.replace(launches=5, pdl=1), "launches one after another"),
+]
+
+
+@pytest.mark.parametrize("rev,knob,other,meaning", KNOB_SCHEMAS, ids=[k[1] for k in KNOB_SCHEMAS])
+def test_a_knob_schema_gives_older_rows_the_knob_default(tmp_path, rev, knob, other, meaning):
+    """Before the knob every record ran its default (`meaning`): an older row gains the default
+    in its canonical config_json and in its cfg_ column; a downgrade drops the rows of any other
+    value, whose time would otherwise read as the default's, and the key."""
+    before = f"{int(rev) - 1:04d}"
+    url = to_url(tmp_path / f"v{before}.sqlite")
+    assert migrate(url, before) == before
     with dbengine.get_engine(url).connect() as conn:
-        v6_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    assert "cfg_fold_prep" not in v6_cols
-    v6_cfg = json.loads(TUNED.key())
-    v6_cfg.pop("fold_prep")   # as schema 6 wrote it: no such knob (nor any later one)
-    v6_cfg.pop("scan_gluon")
-    v6_cfg.pop("state_walk")
-    v6_cfg.pop("pdl")
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v6_cols},
-           "config_json": json.dumps(v6_cfg, sort_keys=True)}
+        old_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    assert f"cfg_{knob}" not in old_cols
+    old_cfg = json.loads(TUNED.key())
+    for r, k, *_ in KNOB_SCHEMAS:   # as the older schema wrote it: no such knob, nor any later one
+        if r >= rev:
+            old_cfg.pop(k)
+    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in old_cols},
+           "config_json": json.dumps(old_cfg, sort_keys=True)}
     with dbengine.get_engine(url).begin() as conn:
         conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
     assert migrate(url) == HEAD
+    default = KNOB_BY_NAME[knob].default
     with dbengine.get_engine(url).connect() as conn:
-        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_fold_prep FROM tuned_records")).fetchall()
-    assert json.loads(text)["fold_prep"] == 0 and col == 0
+        (text, col), = conn.execute(sa.text(f"SELECT config_json, cfg_{knob} FROM tuned_records")).fetchall()
+    assert json.loads(text)[knob] == default and col == default
     assert text == TUNED.key()   # canonical, as Config.key() writes it
     (r,) = read_records(url)
-    assert r.config == TUNED and r.config.fold_prep == 0
-    add_records(url, [rec(config=TUNED.replace(fold_prep=1), time_ms=0.3)])
-    _downgrade(url, "0006")
+    assert r.config == TUNED and r.config[knob] == default
+    assert other[knob] != default
+    add_records(url, [rec(config=other, time_ms=0.3)])
+    assert {r.config[knob] for r in read_records(url)} == {default, other[knob]}
+    _downgrade(url, before)
     with dbengine.get_engine(url).connect() as conn:
-        assert dbengine.current_revision(conn) == "0006"
-        assert "cfg_fold_prep" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+        assert dbengine.current_revision(conn) == before
+        assert f"cfg_{knob}" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
         (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
-    assert json.loads(text) == v6_cfg   # the folded row is gone, the other lost only the key
-
-
-def test_schema_8_gives_older_rows_the_tl_chunk_scan(tmp_path):
-    """Before scan_gluon every record ran the tl chunk scan: an older row gains "scan_gluon": 0
-    in its canonical config_json and in cfg_scan_gluon; a downgrade drops the Gluon-scan rows,
-    whose time would otherwise read as the tl kernel's, and the key."""
-    url = to_url(tmp_path / "v7.sqlite")
-    assert migrate(url, "0007") == "0007"
-    with dbengine.get_engine(url).connect() as conn:
-        v7_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    assert "cfg_scan_gluon" not in v7_cols
-    v7_cfg = json.loads(TUNED.key())
-    v7_cfg.pop("scan_gluon")   # as schema 7 wrote it: no such knob (nor any later one)
-    v7_cfg.pop("state_walk")
-    v7_cfg.pop("pdl")
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v7_cols},
-           "config_json": json.dumps(v7_cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
-    assert migrate(url) == HEAD
-    with dbengine.get_engine(url).connect() as conn:
-        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_scan_gluon FROM tuned_records")).fetchall()
-    assert json.loads(text)["scan_gluon"] == 0 and col == 0
-    assert text == TUNED.key()   # canonical, as Config.key() writes it
-    (r,) = read_records(url)
-    assert r.config == TUNED and r.config.scan_gluon == 0
-    gluon = TUNED.replace(scan_gluon=1, scan_block_m=64)
-    add_records(url, [rec(config=gluon, time_ms=0.3)])
-    assert {r.config.scan_gluon for r in read_records(url)} == {0, 1}
-    _downgrade(url, "0007")
-    with dbengine.get_engine(url).connect() as conn:
-        assert dbengine.current_revision(conn) == "0007"
-        assert "cfg_scan_gluon" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
-    assert json.loads(text) == v7_cfg   # the Gluon row is gone, the other lost only the key
-
-
-def test_schema_9_gives_older_rows_the_two_state_stages(tmp_path):
-    """Before state_walk every record ran the chunk state and the state passing: an older row
-    gains "state_walk": 0 in its canonical config_json and in cfg_state_walk; a downgrade drops
-    the walk rows, whose time would otherwise read as the two stages', and the key."""
-    url = to_url(tmp_path / "v8.sqlite")
-    assert migrate(url, "0008") == "0008"
-    with dbengine.get_engine(url).connect() as conn:
-        v8_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    assert "cfg_state_walk" not in v8_cols and "cfg_scan_gluon" in v8_cols
-    v8_cfg = json.loads(TUNED.key())
-    v8_cfg.pop("state_walk")   # as schema 8 wrote it: no such knob (nor any later one)
-    v8_cfg.pop("pdl")
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v8_cols},
-           "config_json": json.dumps(v8_cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
-    assert migrate(url) == HEAD
-    with dbengine.get_engine(url).connect() as conn:
-        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_state_walk FROM tuned_records")).fetchall()
-    assert json.loads(text)["state_walk"] == 0 and col == 0
-    assert text == TUNED.key()   # canonical, as Config.key() writes it
-    (r,) = read_records(url)
-    assert r.config == TUNED and r.config.state_walk == 0
-    walk = TUNED.replace(launches=5, state_walk=1)
-    assert walk.state_walk == 1
-    add_records(url, [rec(config=walk, time_ms=0.3)])
-    assert {r.config.state_walk for r in read_records(url)} == {0, 1}
-    _downgrade(url, "0008")
-    with dbengine.get_engine(url).connect() as conn:
-        assert dbengine.current_revision(conn) == "0008"
-        assert "cfg_state_walk" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
-    assert json.loads(text) == v8_cfg   # the walk row is gone, the other lost only the key
-
-
-def test_schema_10_gives_older_rows_launches_in_order(tmp_path):
-    """Before pdl every record launched each kernel after the previous one ended: an older row
-    gains "pdl": 0 in its canonical config_json and in cfg_pdl; a downgrade drops the pdl rows,
-    whose time would otherwise read as the ordered launches', and the key."""
-    url = to_url(tmp_path / "v9.sqlite")
-    assert migrate(url, "0009") == "0009"
-    with dbengine.get_engine(url).connect() as conn:
-        v9_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    assert "cfg_pdl" not in v9_cols and "cfg_state_walk" in v9_cols
-    v9_cfg = json.loads(TUNED.key())
-    v9_cfg.pop("pdl")   # as schema 9 wrote it: no such knob
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in v9_cols},
-           "config_json": json.dumps(v9_cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
-    assert migrate(url) == HEAD
-    with dbengine.get_engine(url).connect() as conn:
-        (text, col), = conn.execute(sa.text("SELECT config_json, cfg_pdl FROM tuned_records")).fetchall()
-    assert json.loads(text)["pdl"] == 0 and col == 0
-    assert text == TUNED.key()   # canonical, as Config.key() writes it
-    (r,) = read_records(url)
-    assert r.config == TUNED and r.config.pdl == 0
-    pdl = TUNED.replace(launches=5, pdl=1)
-    assert pdl.pdl == 1
-    add_records(url, [rec(config=pdl, time_ms=0.3)])
-    assert {r.config.pdl for r in read_records(url)} == {0, 1}
-    _downgrade(url, "0009")
-    with dbengine.get_engine(url).connect() as conn:
-        assert dbengine.current_revision(conn) == "0009"
-        assert "cfg_pdl" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
-    assert json.loads(text) == v9_cfg   # the pdl row is gone, the other lost only the key
+    assert json.loads(text) == old_cfg   # the other value's row is gone, the older one lost only the key
 
 
 def test_lookup_does_not_create_the_user_database(tmp_path, no_shipped_db):
