@@ -1,13 +1,16 @@
 """Benchmark: autossd's SSD forward against mamba_ssm (optional peer) and the speed-of-light
 floor, in one run, on the local GPU.
 
-    python scripts/bench_ssd.py --out DIR [--dtypes fp16,bf16] [--stages] [--sweep JSON] [--depths 3,1]
+    python scripts/bench_ssd.py --out DIR [--dtypes fp16,bf16] [--shapes mamba2-2.7b:1x2048,...]
+        [--stages] [--sweep JSON] [--depths 3,1] [--no-default]
 
 Ceilings are measured in the same run: a device-to-device copy (bytes read + written) and a bf16
 matmul. floor = max(min HBM bytes / copy rate, causal FLOPs / matmul rate), min bytes = x + y +
 B + C + dt. The call is Mamba2's: D (h,), dt_bias, dt_softplus, chunk 256, no z. "default" is the
 five-launch default config; --depths also times each other fusion depth's default; "drop-in" is
-autossd.mamba_chunk_scan_combined choosing from the tuned databases.
+autossd.mamba_chunk_scan_combined choosing from the tuned databases: timed by eager calls (its
+eager pick) and by replaying a CUDA graph of one call (its graph pick), as mamba_ssm is. The
+headline (share of the floor, speed-up over mamba_ssm) is the drop-in's, in each mode.
 """
 from __future__ import annotations
 
@@ -50,6 +53,26 @@ def bench_autossd(prob, t, cfg: Config, stages: bool):
     return res
 
 
+def _vs(row: dict, ours: str, peer: str) -> str:
+    """'autossd T ms (F% of floor), mamba_ssm T ms, Sx' for one timing mode of a row."""
+    ms, pm = row[ours], row.get(peer)
+    out = f"autossd {ms:8.3f} ms ({100 * row['floor_ms'] / ms:5.1f}% of floor)"
+    return out + ("" if pm is None else f"  mamba_ssm {pm:8.3f} ms  {pm / ms:5.2f}x")
+
+
+def graph_ms(fn) -> float:
+    """Median time of one call replayed from a CUDA graph: a warm eager call first (compiles,
+    autotunes), then one captured call, replayed."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = do_bench(g.replay, warmup=10, rep=100, return_mode="median")
+    del g
+    return ms
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -58,7 +81,17 @@ def main():
     ap.add_argument("--sweep", default="", help="JSON list of config overrides to time too")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--depths", default="3,1", help="other fusion depths to time at their defaults ('': none)")
+    ap.add_argument("--shapes", default="", help="only these of DESIGN.md's shapes, model:BxL,... (default: all)")
+    ap.add_argument("--no-default", action="store_true", help="do not time the five-launch default config")
     a = ap.parse_args()
+    shapes = DESIGN_SHAPES
+    if a.shapes:
+        want = {(m, int(bl.split("x")[0]), int(bl.split("x")[1]))
+                for m, bl in (v.split(":") for v in a.shapes.split(","))}
+        unknown = want - set(DESIGN_SHAPES)
+        if unknown:
+            ap.error(f"--shapes: {sorted(unknown)} not among DESIGN.md's shapes {DESIGN_SHAPES}")
+        shapes = [v for v in DESIGN_SHAPES if v in want]
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s",
           flush=True)
@@ -66,22 +99,29 @@ def main():
     sweep = json.loads(a.sweep) if a.sweep else []
     rows = []
     for dtype in a.dtypes.split(","):
-        for model, b, l in DESIGN_SHAPES:
+        for model, b, l in shapes:
             prob = problem_for(model, b, l, dtype)
             t = make_inputs(prob, "cuda", seed=7)
             row = {"model": model, "batch": b, "seqlen": l, "dtype": dtype, "floor_ms": floor_ms(prob, ceil)}
             cfg = default_config("sm90", prob)
-            row["autossd"] = bench_autossd(prob, t, cfg, a.stages)
-            row["autossd_config"] = cfg.as_dict()
+            if not a.no_default:
+                row["autossd"] = bench_autossd(prob, t, cfg, a.stages)
+                row["autossd_config"] = cfg.as_dict()
             for d in [int(v) for v in a.depths.split(",") if v]:
                 c = default_config("sm90", prob, launches=d)
                 row[f"launches{d}"] = {"config": c.as_dict(), **bench_autossd(prob, t, c, False)}
             # the user's path: validation, lookup in the tuned databases, launch
             k = autossd.get_kernel(prob.replace(chunk_size=256), "sm90")
-            row["dropin_ms"] = do_bench(lambda: autossd.mamba_chunk_scan_combined(
-                t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True),
-                warmup=25, rep=200, return_mode="median")
+            kg = autossd.get_kernel(prob.replace(chunk_size=256), "sm90", launch_mode="graph")
+
+            def dropin():
+                return autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"],
+                                                         dt_bias=t["dt_bias"], dt_softplus=True)
+            row["dropin_ms"] = do_bench(dropin, warmup=25, rep=200, return_mode="median")
+            row["dropin_graph_ms"] = graph_ms(dropin)
             row["dropin_choice"] = {"source": k.source, "provenance": k.provenance, "config": k.config.as_dict()}
+            row["dropin_graph_choice"] = {"source": kg.source, "provenance": kg.provenance,
+                                          "config": kg.config.as_dict()}
             for i, over in enumerate(sweep):
                 try:
                     c = default_config("sm90", prob).replace(**over)
@@ -95,21 +135,21 @@ def main():
                          dt_softplus=True)
                     torch.cuda.synchronize()
                     row["peer_first_call_s"] = time.perf_counter() - t0
-                    row["peer_ms"] = do_bench(lambda: peer(t["x"], t["dt"], t["A"], t["B"], t["C"], 256,
-                                                           D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True),
-                                              warmup=25, rep=200, return_mode="median")
+                    def peer_call():
+                        return peer(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"],
+                                    dt_softplus=True)
+                    row["peer_ms"] = do_bench(peer_call, warmup=25, rep=200, return_mode="median")
+                    row["peer_graph_ms"] = graph_ms(peer_call)
                 except Exception as e:
                     row["peer_error"] = repr(e)[:300]
             rows.append(row)
-            ms = row["autossd"]["ms"]
-            pm = row.get("peer_ms")
             extra = " ".join(f"s{i}={row[f'sweep_{i}'].get('ms', float('nan')):.3f}" for i in range(len(sweep)))
             extra += " " + " ".join(f"L{k[8:]}={v['ms']:.3f}" for k, v in row.items() if k.startswith("launches"))
-            print(f"{dtype} {model:13s} {b}x{l:<7d} autossd {ms:8.3f} ms  drop-in "
-                  f"{row['dropin_ms']:8.3f} ms ({row['dropin_choice']['provenance']})  mamba_ssm "
-                  f"{pm if pm is None else round(pm, 3)} ms  floor {row['floor_ms']:.3f} ms  "
-                  f"{100 * row['floor_ms'] / ms:5.1f}% of floor  "
-                  f"{'' if pm is None else f'{pm / ms:.2f}x peer'} {extra}", flush=True)
+            if "autossd" in row:
+                extra += f" default={row['autossd']['ms']:.3f}"
+            print(f"{dtype} {model:13s} {b}x{l:<7d} floor {row['floor_ms']:.3f} ms | "
+                  f"{_vs(row, 'dropin_ms', 'peer_ms')} eager | "
+                  f"{_vs(row, 'dropin_graph_ms', 'peer_graph_ms')} graph | {extra}", flush=True)
             del t
             torch.cuda.empty_cache()
     os.makedirs(a.out, exist_ok=True)

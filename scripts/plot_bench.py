@@ -3,7 +3,11 @@ roofline of the ceilings measured in that run (copy bandwidth, bf16 matmul rate)
 intensity is causal FLOPs / min HBM bytes, its rate FLOPs / measured time; the distance below the
 line is the gap to the floor.
 
-    python scripts/plot_bench.py scripts/results/<date>/bench_ssd.json --out roofline.png
+    python scripts/plot_bench.py scripts/results/<date>/bench_ssd.json [more.json ...] --out roofline.png
+
+Times: CUDA-graph replay where the run has it for both (the drop-in's graph pick, mamba_ssm in a
+graph), else the eager times (the drop-in, or the default config where it was faster). Several
+files (one run split by dtype or shape) plot together under the first file's ceilings.
 """
 from __future__ import annotations
 
@@ -22,13 +26,22 @@ from autossd.problem import Problem  # noqa: E402
 from autossd.tuner.shapes import MODELS  # noqa: E402
 
 
+def _times(r: dict) -> tuple[float, float | None]:
+    """(autossd ms, mamba_ssm ms or None) of a row, in one timing mode: graph replay where both
+    were timed so, else eager."""
+    if r.get("dropin_graph_ms") and (r.get("peer_graph_ms") or not r.get("peer_ms")):
+        return r["dropin_graph_ms"], r.get("peer_graph_ms")
+    ours = min([r["dropin_ms"]] + ([r["autossd"]["ms"]] if "autossd" in r else []))
+    return ours, r.get("peer_ms")
+
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("bench_json")
+    ap.add_argument("bench_json", nargs="+")
     ap.add_argument("--out", default="roofline.png")
     a = ap.parse_args()
-    data = json.load(open(a.bench_json))
+    runs = [json.load(open(p)) for p in a.bench_json]
+    data = {"meta": runs[0]["meta"], "rows": [r for run in runs for r in run["rows"]]}
     ceil = data["meta"]["ceilings"]
     bw, peak = ceil["copy_GBps"] * 1e9, ceil["bf16_matmul_TFLOPs"] * 1e12
     fig, ax = plt.subplots(figsize=(8, 5.5))
@@ -41,12 +54,12 @@ def main():
         prob = Problem(batch=r["batch"], seqlen=r["seqlen"], nheads=h, headdim=p, dstate=n, ngroups=g,
                        dtype=r["dtype"])
         flops, ai = prob.flops(256), prob.flops(256) / prob.min_bytes()
-        ours = min(r["autossd"]["ms"], r["dropin_ms"])
+        ours, theirs = _times(r)
         label = f"{r['model']} {r['batch']}x{r['seqlen']}"
         ax.scatter([ai], [flops / (ours * 1e-3) / 1e12], marker=marks[r["dtype"]], color="tab:blue",
                    s=36, zorder=3)
-        if r.get("peer_ms"):
-            ax.scatter([ai], [flops / (r["peer_ms"] * 1e-3) / 1e12], marker=marks[r["dtype"]],
+        if theirs:
+            ax.scatter([ai], [flops / (theirs * 1e-3) / 1e12], marker=marks[r["dtype"]],
                        facecolors="none", edgecolors="tab:red", s=36, zorder=3)
         if r["dtype"] == "fp16":
             ax.annotate(label, (ai, flops / (ours * 1e-3) / 1e12), fontsize=6, xytext=(8, 10 * (i % 4) - 12),
