@@ -138,11 +138,12 @@ def _amd_field(asm: str, key: str) -> int:
 _PRIVATE_SPACES = ("shared", "param", "local", "const")
 
 
-def pdl_order_reasons(ptx: str) -> list[str]:
+def pdl_order_reasons(ptx: str, loads_first: bool = False) -> list[str]:
     """Under programmatic dependent launch a kernel may start before its predecessor ends: every
     access to global memory must come after its griddepcontrol.wait. Checked on the PTX (the
     wait is inline assembly, which the compiler could in principle reorder loads around): [] when
-    the wait comes first, else why not."""
+    the wait comes first, else why not. loads_first: a kernel that reads what earlier launches
+    wrote before its wait (pdl = 2's chunk scan): only writes are checked."""
     wait = first = None
     for n, line in enumerate(ptx.splitlines()):
         words = line.split()
@@ -157,9 +158,13 @@ def pdl_order_reasons(ptx: str) -> list[str]:
         parts = op.split(".")
         if parts[0] == "cp":   # async copies (TMA included): global when a side of them is
             touches = ".global" in op or ".tensor" in op
+            if loads_first:    # a copy into shared memory reads global memory only
+                touches = touches and not op.startswith(("cp.async.bulk.tensor.2d.shared",
+                                                         "cp.async.bulk.shared", "cp.async.ca.shared",
+                                                         "cp.async.cg.shared"))
         else:                  # ld/st/atom/red/prefetch: the state space follows the opcode
-            touches = parts[0] in ("ld", "st", "atom", "red", "prefetch") and \
-                not (len(parts) > 1 and parts[1].split("::")[0] in _PRIVATE_SPACES)
+            touches = parts[0] in (("st", "atom", "red") if loads_first else ("ld", "st", "atom", "red", "prefetch")) \
+                and not (len(parts) > 1 and parts[1].split("::")[0] in _PRIVATE_SPACES)
         if touches and first is None:
             first = (n, op)
     if wait is None:
@@ -196,7 +201,7 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
             rep.reasons.append(f"occupancy 0: {rep.registers} registers x {threads} threads")
         rep.pdl = bool(getattr(md, "launch_pdl", False))
         if rep.pdl:
-            rep.reasons += pdl_order_reasons(compiled.asm["ptx"])
+            rep.reasons += pdl_order_reasons(compiled.asm["ptx"], loads_first=launch.kernel.endswith("_early"))
     if rep.shared_bytes > arch.smem_per_block:
         rep.reasons.append(f"shared memory {rep.shared_bytes} B exceeds {arch.name}'s "
                            f"{arch.smem_per_block} B per block")

@@ -119,7 +119,10 @@ KNOBS: tuple[Knob, ...] = (
     # three to five launches take ~60 µs (BENCHMARKS.md §103). sm90 only (the instructions);
     # depth 5 only: the fused depths order their programs by tickets in global memory.
     # measured_only: launch overlap is invisible to the static model.
-    Knob("pdl", (0, 1), 0, "1: programmatic dependent launch between the forward's kernels (sm90)",
+    # 2: as 1, and the Gluon chunk scan does its intra-chunk part before its wait, beside its
+    # predecessor (the walk leaves most SMs idle at batch 1); needs scan_gluon (§105).
+    Knob("pdl", (0, 1, 2), 0, "1: programmatic dependent launch between the forward's kernels (sm90); "
+         "2: and the Gluon chunk scan's intra-chunk part before its wait",
          backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
@@ -260,6 +263,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
     if config.state_walk:
         why += walk_violations(config, problem)
+    if config.pdl == 2 and not config.scan_gluon:
+        why.append("pdl=2 moves the Gluon chunk scan's intra-chunk part before its wait: needs scan_gluon=1")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

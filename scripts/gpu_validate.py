@@ -121,7 +121,8 @@ def pdl_cases():
     """Programmatic dependent launch (pdl = 1) on each depth-5 family: the five tl launches, the
     fold into the chunk state, the Gluon chunk state, and the fewest launches (prep | walk |
     Gluon scan); at the small shape it is for, a many-chunk bf16 shape, and every feature at a
-    ragged length with seq_idx (the tl stages). Each also runs the checks of `pdl_checks`."""
+    ragged length with seq_idx (the tl stages). Then pdl = 2. Each also runs the checks of
+    `pdl_checks`."""
     three = {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "pdl": 1}
     small = Problem(batch=1, seqlen=2048, dtype="fp16", **M27, **FULL)
     out = [(small, "fp32", {"pdl": 1}), (small, "fp16", three), (small, "fp16", {**three, "fold_prep": 0}),
@@ -134,6 +135,13 @@ def pdl_cases():
            (Problem(batch=2, seqlen=16383, dtype="bf16", **M27, has_D=True, D_has_hdim=True, has_z=True,
                     has_dt_bias=True, dt_softplus=True, has_initial_states=True, return_final_states=True),
             "bf16", three)]
+    # pdl = 2: the Gluon scan's intra-chunk part before its wait, after the walk and after the
+    # two tl state stages; ragged with initial states (chunk 0's state term is theirs)
+    early = {**three, "pdl": 2}
+    out += [(small, "fp16", early), (small, "fp16", {**early, "state_walk": 0, "fold_prep": 0}),
+            (Problem(batch=4, seqlen=16384, dtype="bf16", **M27, **FULL), "bf16", early),
+            (Problem(batch=1, seqlen=32768, dtype="bf16", **CODESTRAL, **FULL), "bf16", early),
+            (out[-1][0], "bf16", early)]
     return out
 
 

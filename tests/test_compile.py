@@ -172,12 +172,16 @@ def test_gluon_walk_replaces_two_stages_in_two_ctas_per_sm_without_spills(featur
 # gpu_validate.py's pdl cases. Here: each kernel of each depth-5 variant is launched with it, and
 # waits (griddepcontrol.wait) before its first access to global memory (compile.pdl_order_reasons
 # makes that a reason to refuse the config, so `rep.ok` says it).
-@pytest.mark.parametrize("over", [{}, {"fold_prep": 1}, {"smem_pad": 4},
-                                  {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}])
-def test_pdl_kernels_wait_before_their_first_memory_access(over):
+@pytest.mark.parametrize("over,pdl", [({}, 1), ({"fold_prep": 1}, 1), ({"smem_pad": 4}, 1),
+                                      ({"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}, 1),
+                                      ({"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}, 2),
+                                      ({"scan_gluon": 1, "state_dtype": "fp16"}, 2)])
+def test_pdl_kernels_wait_before_their_first_memory_access(over, pdl):
+    """pdl = 2's chunk scan reads before its wait (what earlier launches wrote), but writes only
+    after it: the order check allows it that and no more (compile.pdl_order_reasons)."""
     prob = PROB.replace(dtype="fp16")
     base = default_config("sm90", prob).replace(**over)
-    on = compile_config(base.replace(pdl=1), "sm90", prob)
+    on = compile_config(base.replace(pdl=pdl), "sm90", prob)
     assert on.ok, on.why()
     assert len(on.stages) >= 3 and all(s.pdl for s in on.stages), [(s.stage, s.pdl) for s in on.stages]
     off = compile_config(base, "sm90", prob)
@@ -195,3 +199,7 @@ def test_pdl_order_check_names_an_access_before_the_wait():
     tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2, %r3}], [%r4];\ngriddepcontrol.wait;\n"
     assert "cp.async.bulk.tensor" in pdl_order_reasons(tma)[0]
     assert "no griddepcontrol.wait" in pdl_order_reasons("st.global.b32 [%rd1], %r1;\n")[0]
+    # loads_first: reads and copies into shared memory may come first, writes may not
+    assert pdl_order_reasons(early + tma, loads_first=True) == []
+    assert "st.global" in pdl_order_reasons("st.global.b32 [%rd1], %r1;\ngriddepcontrol.wait;\n",
+                                            loads_first=True)[0]

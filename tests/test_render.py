@@ -145,6 +145,10 @@ def test_pdl_waits_first_in_every_launched_kernel_and_is_a_launch_option():
         assert len(calls) >= 3 and "ssd_chunk_scan" in calls, (over, calls)
         for name, (deco, call) in calls.items():
             assert call == ("_gdc_enter_gl" if deco == "gluon" else "_gdc_enter"), (over, name, call)
+        if on.scan_gluon:   # pdl = 2 adds the scan that waits later; it releases first
+            calls2 = first_calls(render.render(on.replace(pdl=2)))
+            assert calls2.pop("ssd_chunk_scan_gluon_early") == ("gluon", "_gdc_release_gl")
+            assert calls2 == calls
         assert all(o.get("launch_pdl") is True for o in render.launch_options(on, "cuda").values())
         assert not any("launch_pdl" in o for o in render.launch_options(off, "cuda").values())
     assert Config(launches=3, pdl=1) == Config(launches=3)   # never at the fused depths

@@ -173,3 +173,6 @@ def test_pdl_is_offered_on_sm90_at_five_launches_only():
         assert Config(launches=d, pdl=1).pdl == 0
     for arch in ("sm80", "gfx90a", "gfx942"):   # griddepcontrol is sm90's
         assert any("pdl=1 is not offered" in w for w in violations(good, arch, PROB))
+    early = good.replace(pdl=2)   # the Gluon scan's intra-chunk part before its wait
+    assert any("pdl=2" in w and "scan_gluon=1" in w for w in violations(early, "sm90", PROB))
+    assert violations(early.replace(scan_gluon=1), "sm90", PROB) == []

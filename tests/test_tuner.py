@@ -128,7 +128,7 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert {(c.state_walk, c.scan_gluon) for c in seeds if c.state_walk} == {(1, 0), (1, 1)}
     assert not any(c.state_walk for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
     three = default_config("sm90", SMALL).replace(state_walk=1, scan_gluon=1, fold_prep=2)
-    assert three in seeds and three.replace(pdl=1) in seeds   # the fewest launches, with and without pdl
+    assert {three, three.replace(pdl=1), three.replace(pdl=2)} <= set(seeds)   # the fewest launches, with pdl
     assert default_config("sm90", SMALL).replace(pdl=1) in seeds
     assert not any(c.pdl for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
 

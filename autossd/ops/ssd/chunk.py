@@ -412,7 +412,9 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, tile),
                  cb_desc=_tma_desc(buf.cb, [b * nc * g * q, q], q, tile),
                  x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
-    return Launch("chunk_scan", "ssd_chunk_scan_gluon", (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
+    early = config.pdl == 2   # its intra-chunk part before its wait (chunk_scan_gluon.jinja)
+    return Launch("chunk_scan", "ssd_chunk_scan_gluon_early" if early else "ssd_chunk_scan_gluon",
+                  (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
                        L=l, H=h, P=p, G=g, heads_per_group=h // g,
                        **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
