@@ -158,10 +158,8 @@ def pdl_order_reasons(ptx: str, loads_first: bool = False) -> list[str]:
         parts = op.split(".")
         if parts[0] == "cp":   # async copies (TMA included): global when a side of them is
             touches = ".global" in op or ".tensor" in op
-            if loads_first:    # a copy into shared memory reads global memory only
-                touches = touches and not op.startswith(("cp.async.bulk.tensor.2d.shared",
-                                                         "cp.async.bulk.shared", "cp.async.ca.shared",
-                                                         "cp.async.cg.shared"))
+            if loads_first and ".shared" in op:   # the destination's space comes first:
+                touches = touches and op.index(".global") < op.index(".shared")   # into shared = a read
         else:                  # ld/st/atom/red/prefetch: the state space follows the opcode
             touches = parts[0] in (("st", "atom", "red") if loads_first else ("ld", "st", "atom", "red", "prefetch")) \
                 and not (len(parts) > 1 and parts[1].split("::")[0] in _PRIVATE_SPACES)

@@ -95,7 +95,7 @@ def render(config: Config, backend: str = "cuda") -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if config.pdl and backend != "cuda":   # griddepcontrol is PTX (space.py offers it on sm90 only)
-        raise ValueError(f"config: pdl=1 is programmatic dependent launch, a CUDA (sm90) feature; "
+        raise ValueError(f"config: pdl={config.pdl} is programmatic dependent launch, a CUDA (sm90) feature; "
                          f"backend {backend!r} has none")
     return _env().get_template("module.py.jinja").render(
         cfg=config, backend=backend, config_json=config.key(),

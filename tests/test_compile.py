@@ -203,3 +203,5 @@ def test_pdl_order_check_names_an_access_before_the_wait():
     assert pdl_order_reasons(early + tma, loads_first=True) == []
     assert "st.global" in pdl_order_reasons("st.global.b32 [%rd1], %r1;\ngriddepcontrol.wait;\n",
                                             loads_first=True)[0]
+    tma_store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r2, %r3}], [%r4];\ngriddepcontrol.wait;\n"
+    assert "cp.async.bulk.tensor.2d.global" in pdl_order_reasons(tma_store, loads_first=True)[0]
