@@ -121,8 +121,11 @@ KNOBS: tuple[Knob, ...] = (
     # measured_only: launch overlap is invisible to the static model.
     # 2: as 1, and the Gluon chunk scan does its intra-chunk part before its wait, beside its
     # predecessor (the walk leaves most SMs idle at batch 1); needs scan_gluon (§105).
-    Knob("pdl", (0, 1, 2), 0, "1: programmatic dependent launch between the forward's kernels (sm90); "
-         "2: and the Gluon chunk scan's intra-chunk part before its wait",
+    # 3: as 2, and the scan follows the walk chunk by chunk: each chunk's state is read once the
+    # walk's flag publishes it, so the scan runs beside the whole walk; needs the walk too (§106).
+    Knob("pdl", (0, 1, 2, 3), 0, "1: programmatic dependent launch between the forward's kernels (sm90); "
+         "2: and the Gluon chunk scan's intra-chunk part before its wait; 3: and the scan follows the "
+         "walk chunk by chunk",
          backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
@@ -263,8 +266,11 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
     if config.state_walk:
         why += walk_violations(config, problem)
-    if config.pdl == 2 and not config.scan_gluon:
-        why.append("pdl=2 moves the Gluon chunk scan's intra-chunk part before its wait: needs scan_gluon=1")
+    if config.pdl >= 2 and not config.scan_gluon:
+        why.append(f"pdl={config.pdl} moves the Gluon chunk scan's intra-chunk part before its wait: "
+                   f"needs scan_gluon=1")
+    if config.pdl == 3 and not config.state_walk:
+        why.append("pdl=3 has the chunk scan follow the Gluon walk's published states: needs state_walk=1")
     for stage in ("bmm", "state", "scan", "pass"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")

@@ -121,7 +121,7 @@ def pdl_cases():
     """Programmatic dependent launch (pdl = 1) on each depth-5 family: the five tl launches, the
     fold into the chunk state, the Gluon chunk state, and the fewest launches (prep | walk |
     Gluon scan); at the small shape it is for, a many-chunk bf16 shape, and every feature at a
-    ragged length with seq_idx (the tl stages). Then pdl = 2. Each also runs the checks of
+    ragged length with seq_idx (the tl stages). Then pdl = 2 and 3. Each also runs the checks of
     `pdl_checks`."""
     three = {"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "pdl": 1}
     small = Problem(batch=1, seqlen=2048, dtype="fp16", **M27, **FULL)
@@ -142,6 +142,9 @@ def pdl_cases():
             (Problem(batch=4, seqlen=16384, dtype="bf16", **M27, **FULL), "bf16", early),
             (Problem(batch=1, seqlen=32768, dtype="bf16", **CODESTRAL, **FULL), "bf16", early),
             (out[-1][0], "bf16", early)]
+    # pdl = 3: the scan follows the walk's published states (the same problems as pdl = 2's with
+    # the walk; the tl-state case has no walk, so pdl = 3 is not offered there)
+    out += [(p, sd, {**o, "pdl": 3}) for p, sd, o in out[-5:] if o.get("state_walk")]
     return out
 
 

@@ -94,7 +94,7 @@ def test_fold_prep_with_ragged_and_single_chunks(seqlen, fold):
     check(prob, SMALL.replace(fold_prep=fold, bmm_block_m=16, bmm_block_n=16), 5)
 
 
-@pytest.mark.parametrize("fold,pdl", [(0, 1), (1, 1), (2, 1), (2, 2)])
+@pytest.mark.parametrize("fold,pdl", [(0, 1), (1, 1), (2, 1), (2, 2), (2, 3)])
 def test_pdl_launches_run_the_same_kernels_to_the_same_bits(fold, pdl):
     """pdl = 1 adds a wait-then-release at the top of every depth-5 kernel and a launch option.
     In the interpreter the launches run in order and the wait is compiled out (inline PTX), so
@@ -103,8 +103,9 @@ def test_pdl_launches_run_the_same_kernels_to_the_same_bits(fold, pdl):
     if DEV == "cuda" and ARCH != "sm90":
         pytest.skip("pdl is sm90's")
     prob = Problem(batch=2, seqlen=150, nheads=4, headdim=16, dstate=16, ngroups=2, dtype="fp16", **FULL)
-    base = fit(SMALL.replace(fold_prep=fold, state_dtype="fp16", scan_gluon=int(pdl == 2)), prob)
-    on = base.replace(pdl=pdl)   # (pdl = 2's Gluon scan needs a GPU: here its tl fallback runs)
+    base = fit(SMALL.replace(fold_prep=fold, state_dtype="fp16", scan_gluon=int(pdl >= 2),
+                             state_walk=int(pdl == 3)), prob)
+    on = base.replace(pdl=pdl)   # (the Gluon kernels need a GPU: here their tl fallbacks run)
     assert on.pdl == pdl and all(ln.options.get("launch_pdl") for ln in _launches(prob, on))
     t = make_inputs(prob, DEV, seed=next(_seed))
     kw = call_kwargs(prob, t)

@@ -175,7 +175,8 @@ def test_gluon_walk_replaces_two_stages_in_two_ctas_per_sm_without_spills(featur
 @pytest.mark.parametrize("over,pdl", [({}, 1), ({"fold_prep": 1}, 1), ({"smem_pad": 4}, 1),
                                       ({"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}, 1),
                                       ({"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}, 2),
-                                      ({"scan_gluon": 1, "state_dtype": "fp16"}, 2)])
+                                      ({"scan_gluon": 1, "state_dtype": "fp16"}, 2),
+                                      ({"fold_prep": 2, "state_walk": 1, "scan_gluon": 1, "state_dtype": "fp16"}, 3)])
 def test_pdl_kernels_wait_before_their_first_memory_access(over, pdl):
     """pdl = 2's chunk scan reads before its wait (what earlier launches wrote), but writes only
     after it: the order check allows it that and no more (compile.pdl_order_reasons)."""

@@ -149,6 +149,11 @@ def test_pdl_waits_first_in_every_launched_kernel_and_is_a_launch_option():
             calls2 = first_calls(render.render(on.replace(pdl=2)))
             assert calls2.pop("ssd_chunk_scan_gluon_early") == ("gluon", "_gdc_release_gl")
             assert calls2 == calls
+        if on.state_walk:   # pdl = 3: the walk waits, takes its ticket, then releases
+            calls3 = first_calls(render.render(on.replace(pdl=3)))
+            assert calls3.pop("ssd_state_walk") == ("gluon", "_gdc_wait_gl")
+            assert calls3.pop("ssd_chunk_scan_gluon_early") == ("gluon", "_gdc_release_gl")
+            assert calls3 == {k: v for k, v in calls.items() if k != "ssd_state_walk"}
         assert all(o.get("launch_pdl") is True for o in render.launch_options(on, "cuda").values())
         assert not any("launch_pdl" in o for o in render.launch_options(off, "cuda").values())
     assert Config(launches=3, pdl=1) == Config(launches=3)   # never at the fused depths

@@ -176,3 +176,6 @@ def test_pdl_is_offered_on_sm90_at_five_launches_only():
     early = good.replace(pdl=2)   # the Gluon scan's intra-chunk part before its wait
     assert any("pdl=2" in w and "scan_gluon=1" in w for w in violations(early, "sm90", PROB))
     assert violations(early.replace(scan_gluon=1), "sm90", PROB) == []
+    follow = early.replace(pdl=3, scan_gluon=1)   # the scan follows the walk's published states
+    assert any("pdl=3" in w and "state_walk=1" in w for w in violations(follow, "sm90", PROB))
+    assert violations(follow.replace(state_walk=1), "sm90", PROB) == []

@@ -192,9 +192,10 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         cands.append(base.replace(state_walk=1, scan_gluon=1, fold_prep=2))
     if base.launches in KNOB_BY_NAME["pdl"].depths and "pdl" not in space.pinned:
         # launch overlap: on the default and on the fewest launches, where it weighs most, and
-        # there also with the Gluon scan's intra-chunk part before its wait (pdl = 2)
+        # there also with the scan's intra-chunk part before its wait (2) and following the walk (3)
         three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
-        cands += [c for c in (base.replace(pdl=1), three.replace(pdl=1), three.replace(pdl=2)) if c != base]
+        cands += [c for c in (base.replace(pdl=1), three.replace(pdl=1), three.replace(pdl=2),
+                              three.replace(pdl=3)) if c != base]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):

@@ -86,7 +86,10 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
         sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int64, device=device)
-        if depth != 5 else None)
+        if depth != 5 else
+        # pdl = 3: the walk's ticket counter, then one flag per walk program (state_walk_gluon.jinja)
+        torch.zeros(1 + b * h * triton.cdiv(p, 64) * triton.cdiv(n, 128), dtype=torch.int64, device=device)
+        if config.pdl == 3 else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
             if t is not None:
@@ -267,6 +270,10 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     else:
         prep = [cumsum, bmm]
     walk = _gluon_walk(prob, config, t, buf, backend, s_dt) if config.state_walk else None
+    if config.pdl == 3 and scan.kernel == "ssd_chunk_scan_gluon_early":
+        # the scan follows the walk's published states, or waits for its predecessor to end
+        scan.args["sync_ptr"] = buf.sync
+        scan.constexprs["FOLLOW"] = walk is not None
     if walk is not None:
         return [*prep, walk, scan]
     if config.fold_prep == 1:
@@ -390,7 +397,8 @@ def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
                        L=l, H=h, P=p, heads_per_group=h // g, s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
                        **_named("s_init", ("b", "h", "p", "n"), init),
                        s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
-                       s_fin_h=buf.final.stride(1) if buf.final is not None else 0),
+                       s_fin_h=buf.final.stride(1) if buf.final is not None else 0,
+                       **({"sync_ptr": buf.sync} if config.pdl == 3 else {})),
                   dict(N=n, BN=bn, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, EVEN_L=l % q == 0),
                   # one warpgroup, its ring in the template. Not in render.STAGE_LAUNCH: that table
                   # is rendered into every module, so a row there would change every config's
@@ -412,7 +420,7 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, tile),
                  cb_desc=_tma_desc(buf.cb, [b * nc * g * q, q], q, tile),
                  x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
-    early = config.pdl == 2   # its intra-chunk part before its wait (chunk_scan_gluon.jinja)
+    early = config.pdl >= 2   # its intra-chunk part before its wait (chunk_scan_gluon.jinja)
     return Launch("chunk_scan", "ssd_chunk_scan_gluon_early" if early else "ssd_chunk_scan_gluon",
                   (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
