@@ -206,3 +206,19 @@ def test_pdl_order_check_names_an_access_before_the_wait():
                                             loads_first=True)[0]
     tma_store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r2, %r3}], [%r4];\ngriddepcontrol.wait;\n"
     assert "cp.async.bulk.tensor.2d.global" in pdl_order_reasons(tma_store, loads_first=True)[0]
+
+
+@pytest.mark.parametrize("features", [{"seqlen": 1000, "batch": 2, "has_initial_states": True,
+                                       "return_final_states": True, "ngroups": 2, "has_z": True},
+                                      {"dstate": 64, "headdim": 128}])
+def test_pdl_follow_compiles_with_every_feature_in_four_ctas_per_sm(features):
+    """pdl = 3 (the scan follows the walk's flags) on a ragged, batched, grouped call with initial
+    and final states, and on dstate 64: nothing spilled, the scan still at 4 CTAs per SM."""
+    prob = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="fp16",
+                   has_D=True).replace(**features)
+    cfg = default_config("sm90", prob).replace(pdl=3, state_walk=1, scan_gluon=1, fold_prep=2, state_dtype="fp16")
+    rep = compile_config(cfg, "sm90", prob)
+    assert rep.ok, rep.why()
+    assert [s.stage for s in rep.stages] == ["prep", "state_walk", "chunk_scan"]
+    assert all(s.pdl and s.spill_bytes == 0 for s in rep.stages)
+    assert rep.stages[2].occupancy >= 4 and rep.stages[1].occupancy >= 2
