@@ -145,6 +145,8 @@ def pdl_cases():
     # pdl = 3: the scan follows the walk's published states (the same problems as pdl = 2's with
     # the walk; the tl-state case has no walk, so pdl = 3 is not offered there)
     out += [(p, sd, {**o, "pdl": 3}) for p, sd, o in out[-5:] if o.get("state_walk")]
+    # and where it is for: batch 1, a long sequence, 80 walk programs beside the scan for ~0.6 ms
+    out.append((Problem(batch=1, seqlen=65536, dtype="fp16", **M27, **FULL), "fp16", {**early, "pdl": 3}))
     return out
 
 
