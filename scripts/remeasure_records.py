@@ -3,13 +3,16 @@ one trial: the float64 gate, then eager and graph times), into a new database. F
 that a template change made stale: the configs stay, their times and hashes become this code's.
 
     python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--only large|small]
-        [--dtype fp16|bf16] [--also KNOB=VALUE ...] [--alt KNOB=VALUE,...]... [--dry-run]
+        [--dtype fp16|bf16] [--where FIELD=VALUE]... [--also KNOB=VALUE ...] [--alt KNOB=VALUE,...]...
+        [--dry-run]
 
 --also KNOB=VALUE: measure each config a second time with these knobs changed (where that config
 is feasible for its problem), e.g. `--also scan_gluon=1` when a new knob's value is to compete
 with the stored configs; the merge keeps whichever is faster per launch mode. --alt
 KNOB=VALUE,KNOB=VALUE (repeatable) adds further sets, each measured as its own variant, e.g.
-`--also state_walk=1 --alt state_walk=1,fold_prep=2`.
+`--also state_walk=1 --alt state_walk=1,fold_prep=2`. --where FIELD=VALUE (repeatable) keeps the
+records whose problem has that field value, e.g. `--where nheads=80 --where batch=1` for one
+shape's records when device time is short.
 
 A problem whose eager and graph records hold different configs gets both measured; merging the new
 database (scripts/build_shipped_db.py) then keeps each launch mode's faster one.
@@ -41,9 +44,10 @@ def shape_of(p: dict) -> str:
 
 
 def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None = None,
-         arch: str = "sm90", dtype: str | None = None) -> list[tuple[str, str, str]]:
+         arch: str = "sm90", dtype: str | None = None, where: dict | None = None) -> list[tuple[str, str, str]]:
     """(shape, dtype, pinned knobs) per config to measure: each record's config as stored, then
-    with each set of knob changes in `also` where that is feasible for its problem."""
+    with each set of knob changes in `also` where that is feasible for its problem. `where`:
+    only records whose problem has these field values (e.g. nheads=80)."""
     from autossd.space import Config, violations
     alts = [also] if isinstance(also, dict) else list(also or [])
     seen, out = set(), []
@@ -52,6 +56,8 @@ def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None =
         if only == "large" and p["seqlen"] * p["batch"] <= 2048 or only == "small" and p["seqlen"] * p["batch"] > 2048:
             continue
         if dtype and p["dtype"] != dtype:
+            continue
+        if any(p.get(k) != v for k, v in (where or {}).items()):
             continue
         configs = [r["config"]]
         for alt in alts:
@@ -90,12 +96,18 @@ def main() -> int:
     ap.add_argument("--alt", action="append", default=[], metavar="KNOB=VALUE[,KNOB=VALUE...]",
                     help="another set of knob changes to measure each config with (repeatable; "
                          "beside --also's set)")
+    ap.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
+                    help="only records whose problem has this field value, e.g. nheads=80 (repeatable)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
+    where = dict(_override(t) for t in a.where)
+    unknown = sorted(set(where) - set(Problem.field_names()))
+    if unknown:
+        ap.error(f"--where: unknown problem field(s) {unknown}; known: {Problem.field_names()}")
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
     alts = [dict(_override(t) for t in a.also)] + [dict(_override(t) for t in g.split(",")) for g in a.alt]
-    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype)
+    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     for i, (shape, dtype, fix) in enumerate(todo):

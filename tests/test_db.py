@@ -549,6 +549,8 @@ def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(mon
     assert got == [("0", "0"), ("0", "1"), ("2", "1"), ("1", "0")]
     assert rm.jobs(recs, "large", alts, "sm90") == []                       # 2048 tokens: small
     assert rm.jobs(recs, "small", alts, "sm80") == rm.jobs(recs, "small", [], "sm80")   # sm90 knobs
+    assert rm.jobs(recs, "small", alts, "sm90", where={"nheads": 8}) == todo     # --where nheads=8
+    assert rm.jobs(recs, "small", alts, "sm90", where={"nheads": 80}) == []
 
 
 def test_rehash_only_where_the_launched_kernels_and_their_launch_are_unchanged(monkeypatch, capsys):
