@@ -185,17 +185,16 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # the Gluon scan takes 64 x 64 tiles only: a sampled draw rarely meets that, so seed it
         # (where it is not offered, the filter below drops it)
         cands += [base.replace(scan_gluon=v) for v in KNOB_BY_NAME["scan_gluon"].values if v != base.scan_gluon]
+    # the fewest launches (prep | walk | Gluon scan): the small shapes' pick (BENCHMARKS §102)
+    three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
     if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
         # the walk changes the launch count, as the folds do: seed it, with and without the Gluon scan
         cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1)) if not c.state_walk]
-        # and the fewest launches (prep | walk | Gluon scan): the small shapes' pick (BENCHMARKS §102)
-        cands.append(base.replace(state_walk=1, scan_gluon=1, fold_prep=2))
+        cands.append(three)
     if base.launches in KNOB_BY_NAME["pdl"].depths and "pdl" not in space.pinned:
         # launch overlap: on the default and on the fewest launches, where it weighs most, and
         # there also with the scan's intra-chunk part before its wait (2) and following the walk (3)
-        three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
-        cands += [c for c in (base.replace(pdl=1), three.replace(pdl=1), three.replace(pdl=2),
-                              three.replace(pdl=3)) if c != base]
+        cands += [c for c in (base.replace(pdl=1), *(three.replace(pdl=v) for v in (1, 2, 3))) if c != base]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):

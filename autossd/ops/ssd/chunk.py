@@ -64,6 +64,17 @@ def chains(prob: _problem.Problem, config: Config) -> int:
     return prob.batch * prob.nheads * tiles
 
 
+def _sync_words(prob: _problem.Problem, config: Config) -> int:
+    """int64 words of the sync buffer, zeroed once: the fused depths' ticket counter and flags (+
+    scratch words for the AMD hand-off's per-lane fences, fused.jinja's _pass_state); at pdl = 3
+    the walk's ticket counter and one flag per walk program (state_walk_gluon.jinja); else none."""
+    if config.launches != 5:
+        return 1 + chains(prob, config) + SYNC_SCRATCH
+    if config.pdl == 3:
+        return 1 + prob.batch * prob.nheads * triton.cdiv(prob.headdim, 64) * triton.cdiv(prob.dstate, 128)
+    return 0
+
+
 def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
              poison: bool = False) -> Buffers:
     q = config.chunk_size
@@ -84,12 +95,7 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
         states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
-        # + scratch words for the AMD hand-off's per-lane fences (fused.jinja, _pass_state)
-        sync=torch.zeros(1 + chains(prob, config) + SYNC_SCRATCH, dtype=torch.int64, device=device)
-        if depth != 5 else
-        # pdl = 3: the walk's ticket counter, then one flag per walk program (state_walk_gluon.jinja)
-        torch.zeros(1 + b * h * triton.cdiv(p, 64) * triton.cdiv(n, 128), dtype=torch.int64, device=device)
-        if config.pdl == 3 else None)
+        sync=torch.zeros(words, dtype=torch.int64, device=device) if (words := _sync_words(prob, config)) else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
         for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
             if t is not None:
@@ -211,7 +217,8 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
-    scan = _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) if config.scan_gluon else None
+    walk = _gluon_walk(prob, config, t, buf, backend, s_dt) if config.state_walk else None
+    scan = _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, walk is not None) if config.scan_gluon else None
     scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
@@ -269,11 +276,6 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                        flags, opts["bmm"])]   # bmm's warps and stages: its tiles hold the matmul
     else:
         prep = [cumsum, bmm]
-    walk = _gluon_walk(prob, config, t, buf, backend, s_dt) if config.state_walk else None
-    if config.pdl == 3 and scan.kernel == "ssd_chunk_scan_gluon_early":
-        # the scan follows the walk's published states, or waits for its predecessor to end
-        scan.args["sync_ptr"] = buf.sync
-        scan.constexprs["FOLLOW"] = walk is not None
     if walk is not None:
         return [*prep, walk, scan]
     if config.fold_prep == 1:
@@ -406,9 +408,11 @@ def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
                   dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if config.pdl else {})))
 
 
-def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None:
+def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool) -> Launch | None:
     """The Gluon chunk scan's launch, or None where the call cannot take it (gluon_scan_gaps):
-    the tl kernel of the same config runs instead, with the same result to rounding."""
+    the tl kernel of the same config runs instead, with the same result to rounding. At pdl = 3
+    it follows the walk's published states when the walk runs (`after_walk`), else it waits for
+    its predecessor to end."""
     if gluon_scan_gaps(prob, config, t, buf, backend):
         return None
     x, C, D, z = t["x"], t["C"], t.get("D"), t.get("z")
@@ -426,9 +430,10 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D) -> Launch | None
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
                        L=l, H=h, P=p, G=g, heads_per_group=h // g,
                        **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
-                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], s_D_h=s_D[0], s_D_p=s_D[1]),
+                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], s_D_h=s_D[0], s_D_p=s_D[1],
+                       **({"sync_ptr": buf.sync} if config.pdl == 3 else {})),
                   dict(N=n, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None,
-                       EVEN_L=l % q == 0),
+                       EVEN_L=l % q == 0, **({"FOLLOW": after_walk} if config.pdl == 3 else {})),
                   opts["chunk_scan"])
 
 
