@@ -278,6 +278,10 @@ def main():
     if a.pdl_only:
         todo = [case for case in todo if case[3] and case[3].get("pdl")]
     depths = [int(d) for d in a.depths.split(",")]
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": __import__("triton").__version__,
+            "command": " ".join(sys.argv)}
+    os.makedirs(a.out, exist_ok=True)
     for i, (prob, sd, heads, over) in enumerate(todo):
         # the Gluon chunk state exists only in the five-launch family
         ds = [5] if over and (over.get("smem_pad") or over.get("state_walk") or over.get("fold_prep")
@@ -297,11 +301,10 @@ def main():
                   f"scan={r.get('scan_kernel')} states={r.get('state_kernel')} {errs} "
                   f"{pdl_words}"
                   f"tol={r.get('tol')} {r.get('error', '')}", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "command": " ".join(sys.argv)}
-    with open(os.path.join(a.out, "gpu_validate.json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
+        # rewritten after every case: a run cut by its time limit keeps what it checked
+        with open(os.path.join(a.out, "gpu_validate.json"), "w") as f:
+            json.dump({"meta": meta, "results": results, "cases_done": i + 1, "cases": len(todo)}, f,
+                      indent=1)
     n_pass = sum(r["pass"] for r in results)
     print(f"{n_pass} passed, {len(results) - n_pass} failed")
 

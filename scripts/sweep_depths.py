@@ -106,9 +106,10 @@ def main():
                     print(f"  {json.dumps(over):70s} error {row['error']}", flush=True)
             del t, tensors, ref
             torch.cuda.empty_cache()
-    os.makedirs(a.out, exist_ok=True)  # a fresh folder under $OUT on the device
-    with open(os.path.join(a.out, "sweep_depths.json"), "w") as f:
-        json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
+            # rewritten after every shape: a run cut by its time limit keeps the shapes it timed
+            os.makedirs(a.out, exist_ok=True)  # a fresh folder under $OUT on the device
+            with open(os.path.join(a.out, "sweep_depths.json"), "w") as f:
+                json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
