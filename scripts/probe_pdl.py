@@ -1,0 +1,126 @@
+"""Probe: which launch boundary of `pdl` costs or saves time (BENCHMARKS.md §107). §107's sweep
+found `pdl = 1` 12% slower than `pdl = 0` at 2.7b 1×131072 and 7% slower at 1×2048, but not at
+4×16384. The suspicion: a walk launched with PDL is dispatched while the prep's programs still
+hold SMs, so the scheduler may put two of its 80 programs on one SM (two fit), and its chains then
+share an SM's issue slots for the whole walk.
+
+Each variant is a config override and the stages launched *without* PDL (their kernels keep
+their griddepcontrol instructions, which are no-ops then). Times eager calls and one replayed
+CUDA graph, ROUNDS times interleaved; every variant's output is checked against `pdl = 0`'s.
+
+    python scripts/probe_pdl.py --out DIR [--shapes mamba2-2.7b:1x131072,...] [--dtypes fp16]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from autossd.bench import floor_ms, measure_ceilings, run_meta  # noqa: E402
+from autossd.ops.ssd import chunk  # noqa: E402
+from autossd.space import default_config, fit  # noqa: E402
+from autossd.testing import make_inputs, rel_err  # noqa: E402
+from autossd.tuner.shapes import MODELS  # noqa: E402
+from autossd.problem import Problem  # noqa: E402
+
+ROUNDS = 2
+THREE = {"launches": 5, "scan_gluon": 1, "state_walk": 1, "fold_prep": 2}
+VARIANTS = [   # (name, overrides, stages launched without PDL)
+    ("pdl0", {**THREE}, ()),
+    ("pdl1", {**THREE, "pdl": 1}, ()),
+    ("pdl1 walk plain", {**THREE, "pdl": 1}, ("state_walk",)),
+    ("pdl1 prep plain", {**THREE, "pdl": 1}, ("prep",)),
+    ("pdl1 scan plain", {**THREE, "pdl": 1}, ("chunk_scan",)),
+    ("pdl3", {**THREE, "pdl": 3}, ()),
+    ("pdl3 walk plain", {**THREE, "pdl": 3}, ("state_walk",)),
+    ("pdl3 walk+prep plain", {**THREE, "pdl": 3}, ("state_walk", "prep")),
+]
+
+_plain: tuple = ()
+_plan = chunk.plan
+
+
+def _patched_plan(*args, **kw):
+    launches = _plan(*args, **kw)
+    for ln in launches:
+        if ln.stage in _plain:
+            ln.options = {k: v for k, v in ln.options.items() if k != "launch_pdl"}
+    return launches
+
+
+chunk.plan = _patched_plan
+
+
+def main():
+    global _plain
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--dtypes", default="fp16")
+    ap.add_argument("--shapes", default="mamba2-2.7b:1x131072,mamba2-2.7b:1x2048")
+    ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
+    a = ap.parse_args()
+    names = a.variants.split(",") if a.variants else [v[0] for v in VARIANTS]
+    variants = [v for v in VARIANTS if v[0] in names]
+    ceil = measure_ceilings()
+    rows = []
+    os.makedirs(a.out, exist_ok=True)
+    for dtype in a.dtypes.split(","):
+        for spec in a.shapes.split(","):
+            model, bl = spec.split(":")
+            b, l = map(int, bl.split("x"))
+            h, p, n, g = MODELS[model]
+            prob = Problem(batch=b, seqlen=l, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=dtype,
+                           has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)
+            t = make_inputs(prob, "cuda", seed=11)
+            tensors = {k: t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
+                                         "initial_states", "seq_idx")}
+            base = default_config("sm90", prob)
+            fl = floor_ms(prob, ceil)
+            ref = None
+            print(f"\n{dtype} {spec} floor {fl:.3f} ms", flush=True)
+            graphs = {}
+            for name, over, plain in variants:
+                _plain = plain
+                chunk._launch_cache.clear()   # a variant's options are not part of the cache key
+                cfg = fit(base.replace(**over), prob)
+                out = chunk.execute(prob, cfg, tensors, poison=True)
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = [o.clone() for o in out[:2]]
+                err = max(rel_err(out[0], ref[0].double()), rel_err(out[1], ref[1].double()))
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    chunk.execute(prob, cfg, tensors)
+                graphs[name] = (cfg, plain, g, err)
+            res = {name: {"eager": [], "graph": []} for name, _, _ in variants}
+            for _ in range(ROUNDS):
+                for name, (cfg, plain, g, _) in graphs.items():
+                    _plain = plain
+                    chunk._launch_cache.clear()
+                    chunk.execute(prob, cfg, tensors)
+                    res[name]["eager"].append(do_bench(lambda: chunk.execute(prob, cfg, tensors), warmup=25,
+                                                       rep=150, return_mode="median"))
+                    res[name]["graph"].append(do_bench(g.replay, warmup=10, rep=150, return_mode="median"))
+            for name, (cfg, plain, g, err) in graphs.items():
+                r = res[name]
+                row = {"model": model, "batch": b, "seqlen": l, "dtype": dtype, "variant": name,
+                       "override": dict(cfg.as_dict()), "plain_stages": list(plain), "err_vs_pdl0": err,
+                       "eager_ms": r["eager"], "graph_ms": r["graph"], "floor_ms": fl}
+                rows.append(row)
+                gm = min(r["graph"])
+                print(f"  {name:24s} eager {min(r['eager']):8.4f} ms  graph {gm:8.4f} ms "
+                      f"({', '.join(f'{v:.4f}' for v in r['graph'])})  {100 * fl / gm:5.1f}% floor  "
+                      f"err vs pdl0 {err:.1e}", flush=True)
+            del graphs, t, tensors, ref
+            torch.cuda.empty_cache()
+            with open(os.path.join(a.out, "probe_pdl.json"), "w") as f:
+                json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
