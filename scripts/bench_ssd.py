@@ -152,9 +152,10 @@ def main():
                   f"{_vs(row, 'dropin_graph_ms', 'peer_graph_ms')} graph | {extra}", flush=True)
             del t
             torch.cuda.empty_cache()
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "bench_ssd.json"), "w") as f:
-        json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
+            # rewritten after every shape: a run cut by its time limit keeps the shapes it timed
+            os.makedirs(a.out, exist_ok=True)
+            with open(os.path.join(a.out, "bench_ssd.json"), "w") as f:
+                json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
