@@ -5,8 +5,9 @@ hold SMs, so the scheduler may put two of its 80 programs on one SM (two fit), a
 share an SM's issue slots for the whole walk.
 
 Each variant is a config override and the stages launched *without* PDL (their kernels keep
-their griddepcontrol instructions, which are no-ops then). Times eager calls and one replayed
-CUDA graph, ROUNDS times interleaved; every variant's output is checked against `pdl = 0`'s.
+their griddepcontrol instructions, which are no-ops then). Times eager calls, one replayed
+CUDA graph, and a graph of ten calls each followed by another kernel (bench_ssd.py's "mixed"
+mode, that kernel's time subtracted), ROUNDS times interleaved; every variant's output is checked against `pdl = 0`'s.
 
     python scripts/probe_pdl.py --out DIR [--shapes mamba2-2.7b:1x131072,...] [--dtypes fp16]
 """
@@ -84,6 +85,11 @@ def main():
             ref = None
             print(f"\n{dtype} {spec} floor {fl:.3f} ms", flush=True)
             graphs = {}
+            sink = torch.zeros(1 << 16, device="cuda")   # bench_ssd.py's other kernel
+            g_other = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g_other):
+                for _ in range(10):
+                    sink.add_(1.0)
             for name, over, plain in variants:
                 _plain = plain
                 chunk._launch_cache.clear()   # a variant's options are not part of the cache key
@@ -96,27 +102,37 @@ def main():
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     chunk.execute(prob, cfg, tensors)
-                graphs[name] = (cfg, plain, g, err)
-            res = {name: {"eager": [], "graph": []} for name, _, _ in variants}
+                gm = torch.cuda.CUDAGraph()   # ten calls, each followed by another kernel (a model's view)
+                with torch.cuda.graph(gm):
+                    for _ in range(10):
+                        chunk.execute(prob, cfg, tensors)
+                        sink.add_(1.0)
+                graphs[name] = (cfg, plain, g, gm, err)
+            res = {name: {"eager": [], "graph": [], "mixed": []} for name, _, _ in variants}
             for _ in range(ROUNDS):
-                for name, (cfg, plain, g, _) in graphs.items():
+                other = do_bench(g_other.replay, warmup=10, rep=100, return_mode="median") / 10
+                for name, (cfg, plain, g, gm, _) in graphs.items():
                     _plain = plain
                     chunk._launch_cache.clear()
                     chunk.execute(prob, cfg, tensors)
                     res[name]["eager"].append(do_bench(lambda: chunk.execute(prob, cfg, tensors), warmup=25,
                                                        rep=150, return_mode="median"))
                     res[name]["graph"].append(do_bench(g.replay, warmup=10, rep=150, return_mode="median"))
-            for name, (cfg, plain, g, err) in graphs.items():
+                    res[name]["mixed"].append(do_bench(gm.replay, warmup=5, rep=150, return_mode="median") / 10
+                                              - other)
+            for name, (cfg, plain, g, gm, err) in graphs.items():
                 r = res[name]
                 row = {"model": model, "batch": b, "seqlen": l, "dtype": dtype, "variant": name,
                        "override": dict(cfg.as_dict()), "plain_stages": list(plain), "err_vs_pdl0": err,
-                       "eager_ms": r["eager"], "graph_ms": r["graph"], "floor_ms": fl}
+                       "eager_ms": r["eager"], "graph_ms": r["graph"], "mixed_graph_ms": r["mixed"],
+                       "floor_ms": fl}
                 rows.append(row)
                 gm = min(r["graph"])
                 print(f"  {name:24s} eager {min(r['eager']):8.4f} ms  graph {gm:8.4f} ms "
                       f"({', '.join(f'{v:.4f}' for v in r['graph'])})  {100 * fl / gm:5.1f}% floor  "
+                      f"mixed x10 {min(r['mixed']):8.4f} ms ({', '.join(f'{v:.4f}' for v in r['mixed'])})  "
                       f"err vs pdl0 {err:.1e}", flush=True)
-            del graphs, t, tensors, ref
+            del graphs, g_other, t, tensors, ref
             torch.cuda.empty_cache()
             with open(os.path.join(a.out, "probe_pdl.json"), "w") as f:
                 json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
