@@ -61,7 +61,7 @@ def _fill(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, BN: ttgl.const
 def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
          s_dt_b, s_dt_h, s_dt_c,
          N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr,
-         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0):
+         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0, XH: ttgl.constexpr = 0):
     ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
     A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
@@ -129,11 +129,19 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
             fence_async_shared()
             ttgl.thread_barrier()   # every warp's scaled rows are in place before the MMA reads them
             acc = warpgroup_mma(xs.index(stage).permute((1, 0)), bs.index(stage), acc)
+        elif XH == 1:   # scaled in the input dtype (packed 16-bit multiplies), then converted
+            xh = xs.index(stage).permute((1, 0)).load(ACC64)
+            a = ttgl.convert_layout(xh * w.to(dtype)[None, :], A_OP)
+            acc = warpgroup_mma(a, bs.index(stage), acc)
+        elif XH == 2:   # read straight into the operand's layout, scaled there in the input dtype
+            xh = xs.index(stage).permute((1, 0)).load(A_OP)
+            wa = ttgl.convert_layout(w.to(dtype), ttgl.SliceLayout(0, A_OP))
+            acc = warpgroup_mma(xh * wa[None, :], bs.index(stage), acc)
         elif XT == 0:   # transposed by the shared-memory read
             xa = xs.index(stage).permute((1, 0)).load(ACC64).to(ttgl.float32)   # (headdim, tokens)
         else:         # read as stored, transposed in registers
             xa = ttgl.convert_layout(ttgl.permute(xs.index(stage).load(XROWS), (1, 0)), ACC64).to(ttgl.float32)
-        if SA == 0:
+        if SA == 0 and XH == 0:
             a = ttgl.convert_layout((xa * w[None, :]).to(dtype), A_OP)
             acc = warpgroup_mma(a, bs.index(stage), acc)
         ttgl.thread_barrier()   # every warp has read the stage and its MMA is done
@@ -248,7 +256,7 @@ def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -264,7 +272,7 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0,
     args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
     if ASYNC:
         return lambda: walk_async[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
-    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, num_warps=4)
+    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, XH=XH, num_warps=4)
 
 
 def reference(x, B, dA, dt, heads_per_group):
@@ -285,7 +293,7 @@ def reference(x, B, dA, dt, heads_per_group):
     return torch.stack(out, 1), S
 
 
-def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0):
+def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
@@ -300,10 +308,11 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0):
     if not ASYNC:
         sig["XT"], consts["XT"] = "constexpr", XT
         sig["SA"], consts["SA"] = "constexpr", SA
+        sig["XH"], consts["XH"] = "constexpr", XH
     k = triton.compile(ASTSource(walk_async if ASYNC else walk, sig, consts),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} SA={SA} sm90: {regs} registers, {spill} bytes spilled, "
+    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} SA={SA} XH={XH} sm90: {regs} registers, {spill} bytes spilled, "
           f"{k.metadata.shared} bytes of shared memory")
     return k
 
