@@ -73,7 +73,10 @@ def main():
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (causal FLOP / min HBM byte)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"SSD forward, {data['meta']['device']}, {data['meta']['date']} (o fp16, □ bf16)",
+    mixed = any(r.get("dropin_graph10_mixed_ms") for r in data["rows"])
+    mode = "10 calls per CUDA graph among another kernel" if mixed else "one call per CUDA graph, or eager"
+    ax.set_title(f"SSD forward, {data['meta']['device']}, {data['meta']['date']} (o fp16, □ bf16)\n"
+                 f"time per call: {mode}",
                  fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
