@@ -158,6 +158,108 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
 
 
 @gluon.jit
+def _fill_heads(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, M: ttgl.constexpr, BN: ttgl.constexpr,
+                KB: ttgl.constexpr):
+    mbarrier.expect(bars.index(stage), (KB * M + KB * BN) * 2)
+    tma.async_copy_global_to_shared(x_desc, [row, col_x], bars.index(stage), xs.index(stage))
+    tma.async_copy_global_to_shared(B_desc, [row, col_b], bars.index(stage), bs.index(stage))
+
+
+@gluon.jit
+def walk_heads(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
+               s_dt_b, s_dt_h, s_dt_c,
+               N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr):
+    # HEADS = 2 (§117): two adjacent heads of one group per program, headdim 64. Their x^T tiles
+    # are stacked into one M = 128 wgmma against the B block they share, issued by two
+    # warpgroups (8 warps): each scheduler gets two warps' independent chains where the shipped
+    # walk gives it one (§113), for the same number of programs at BN = 64.
+    M: ttgl.constexpr = 128
+    ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                      instr_shape=[16, BN, 16])
+    XL: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                     instr_shape=[16, 64, 16])
+    A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
+    dtype: ttgl.constexpr = x_desc.dtype
+    PER: ttgl.constexpr = CHUNK // KB
+    pid_n = ttgl.program_id(0)
+    h0 = ttgl.program_id(1) * 2
+    b = ttgl.program_id(2)
+    g = h0 // heads_per_group
+    NC = L // CHUNK
+    T = NC * PER
+    row0 = b * L
+    col_x = h0 * P
+    col_b = g * N + pid_n * BN
+    st_row = (b * NC * H + h0) * P   # both heads' rows are adjacent (P == 64)
+
+    xs = ttgl.allocate_shared_memory(dtype, [STAGES, KB, M], x_desc.layout)
+    bs = ttgl.allocate_shared_memory(dtype, [STAGES, KB, BN], B_desc.layout)
+    ss = ttgl.allocate_shared_memory(dtype, [M, BN], st_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    for i in ttgl.static_range(STAGES):
+        if i < T:
+            _fill_heads(x_desc, B_desc, xs, bs, bars, i, row0 + i * KB, col_x, col_b, M, BN, KB)
+
+    cols = ttgl.arange(0, KB, layout=ttgl.SliceLayout(0, XL))
+    second = ttgl.arange(0, M, layout=ttgl.SliceLayout(1, XL)) >= 64        # x^T rows of head h0 + 1
+    arow2 = ttgl.arange(0, M, layout=ttgl.SliceLayout(1, ACC)) >= 64       # accumulator rows of h0 + 1
+    dA_b1 = dA_ptr + b.to(ttgl.int64) * s_dt_b + h0 * s_dt_h
+    dt_b1 = dt_ptr + b.to(ttgl.int64) * s_dt_b + h0 * s_dt_h
+    dA_b2 = dA_b1 + s_dt_h
+    dt_b2 = dt_b1 + s_dt_h
+    nA1 = ttgl.load(dA_b1 + cols)
+    nT1 = ttgl.load(dt_b1 + cols)
+    nA2 = ttgl.load(dA_b2 + cols)
+    nT2 = ttgl.load(dt_b2 + cols)
+    nL1 = ttgl.load(dA_b1 + CHUNK - 1)
+    nL2 = ttgl.load(dA_b2 + CHUNK - 1)
+    acc = ttgl.zeros([M, BN], ttgl.float32, ACC)
+    for it in range(T):
+        c = it // PER
+        dl1 = nL1   # set in every iteration (see walk)
+        dl2 = nL2
+        if it % PER == 0:
+            tma.store_wait(0)
+            ttgl.thread_barrier()
+            ss.store(acc.to(dtype))
+            fence_async_shared()
+            ttgl.thread_barrier()
+            tma.async_copy_shared_to_global(st_desc, [st_row + c * H * P, pid_n * BN], ss)
+            acc = acc * ttgl.exp(ttgl.where(arow2, dl2, dl1))[:, None]
+        stage = it % STAGES
+        w1 = ttgl.exp2((dl1 - nA1) * LOG2E) * nT1
+        w2 = ttgl.exp2((dl2 - nA2) * LOG2E) * nT2
+        i1 = ttgl.minimum(it + 1, T - 1)
+        off1 = (i1 // PER).to(ttgl.int64) * s_dt_c + (i1 % PER) * KB
+        nA1 = ttgl.load(dA_b1 + off1 + cols)
+        nT1 = ttgl.load(dt_b1 + off1 + cols)
+        nA2 = ttgl.load(dA_b2 + off1 + cols)
+        nT2 = ttgl.load(dt_b2 + off1 + cols)
+        offL = (i1 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1
+        nL1 = ttgl.load(dA_b1 + offL)
+        nL2 = ttgl.load(dA_b2 + offL)
+        mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
+        xa = xs.index(stage).permute((1, 0)).load(XL).to(ttgl.float32)     # (2 x headdim, tokens)
+        w = ttgl.where(second[:, None], w2[None, :], w1[None, :])
+        a = ttgl.convert_layout((xa * w).to(dtype), A_OP)
+        acc = warpgroup_mma(a, bs.index(stage), acc)
+        ttgl.thread_barrier()
+        nxt = it + STAGES
+        if nxt < T:
+            _fill_heads(x_desc, B_desc, xs, bs, bars, stage, row0 + nxt * KB, col_x, col_b, M, BN, KB)
+    tma.store_wait(0)
+    rows = ttgl.arange(0, M, layout=ttgl.SliceLayout(1, ACC))
+    ncol = ttgl.arange(0, BN, layout=ttgl.SliceLayout(0, ACC))
+    fin = final_ptr + ((b * H + h0).to(ttgl.int64) * P + rows)[:, None] * N + (pid_n * BN + ncol)[None, :]
+    ttgl.store(fin, acc)
+    for i in ttgl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+
+@gluon.jit
 def _operand(xs, bars, it, dA_last, nA, nT, STAGES: ttgl.constexpr, A_OP: ttgl.constexpr,
              dtype: ttgl.constexpr):
     # block it's register operand: x^T scaled by exp(dA_last - dA_t) dt'_t
@@ -256,7 +358,7 @@ def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -265,6 +367,14 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0,
     gdt = {torch.float16: ttgl.float16, torch.bfloat16: ttgl.bfloat16}[x.dtype]
     assert x.is_contiguous() and B.is_contiguous() and states.is_contiguous() and states.dtype == x.dtype
     assert l % 256 == 0 and p % 64 == 0 and n % BN == 0
+    if HEADS == 2:
+        assert p == 64 and (h // g) % 2 == 0, "HEADS=2: headdim 64, an even number of heads per group"
+        x_d = GD(x, [b * l, h * p], [h * p, 1], [KB, 128], _layout([KB, 128], gdt))
+        B_d = GD(B, [b * l, g * n], [g * n, 1], [KB, BN], _layout([KB, BN], gdt))
+        s_d = GD(states, [b * nc * h * p, n], [n, 1], [128, BN], _layout([128, BN], gdt))
+        grid = (n // BN, h // 2, b)
+        args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
+        return lambda: walk_heads[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=8)
     x_d = GD(x, [b * l, h * p], [h * p, 1], [KB, 64], _layout([KB, 64], gdt))
     B_d = GD(B, [b * l, g * n], [g * n, 1], [KB, BN], _layout([KB, BN], gdt))
     s_d = GD(states, [b * nc * h * p, n], [n, 1], [64, BN], _layout([64, BN], gdt))
@@ -293,11 +403,24 @@ def reference(x, B, dA, dt, heads_per_group):
     return torch.stack(out, 1), S
 
 
-def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0):
+def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
     from autossd.compile import _nvidia_resources
+    if HEADS == 2:
+        lx, lB, lS = (_layout(s, ttgl.float16) for s in ([KB, 128], [KB, BN], [128, BN]))
+        sig = {"x_desc": f"tensordesc<fp16[{KB},128],{lx}>", "B_desc": f"tensordesc<fp16[{KB},{BN}],{lB}>",
+               "st_desc": f"tensordesc<fp16[128,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
+               "final_ptr": "*fp32", "L": "i32", "H": "i32", "P": "i32", "heads_per_group": "i32",
+               "s_dt_b": "i32", "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "BN": "constexpr",
+               "STAGES": "constexpr", "KB": "constexpr"}
+        k = triton.compile(ASTSource(walk_heads, sig, {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+        regs, spill = _nvidia_resources(k.asm["cubin"])
+        print(f"walk_heads BN={BN} STAGES={STAGES} KB={KB} sm90: {regs} registers, {spill} bytes spilled, "
+              f"{k.metadata.shared} bytes of shared memory")
+        return k
     lx, lB, lS = (_layout(s, ttgl.float16) for s in ([KB, 64], [KB, BN], [64, BN]))
     sig = {"x_desc": f"tensordesc<fp16[{KB},64],{lx}>", "B_desc": f"tensordesc<fp16[{KB},{BN}],{lB}>",
            "st_desc": f"tensordesc<fp16[64,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
