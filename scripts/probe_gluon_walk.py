@@ -51,10 +51,23 @@ CHUNK = ttgl.constexpr(256)
 
 
 @gluon.jit
-def _fill(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, BN: ttgl.constexpr, KB: ttgl.constexpr):
-    mbarrier.expect(bars.index(stage), (KB * 64 + KB * BN) * 2)
+def _fill(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, BN: ttgl.constexpr, KB: ttgl.constexpr,
+          M: ttgl.constexpr = 64):
+    # a token block's x tile (KB x M: M / 64 heads' headdim) and B tile (KB x BN) into ring stage `stage`
+    mbarrier.expect(bars.index(stage), (KB * M + KB * BN) * 2)
     tma.async_copy_global_to_shared(x_desc, [row, col_x], bars.index(stage), xs.index(stage))
     tma.async_copy_global_to_shared(B_desc, [row, col_b], bars.index(stage), bs.index(stage))
+
+
+@gluon.jit
+def _publish(ss, acc, st_desc, row, col):
+    # the state entering a chunk leaves by TMA; the tile buffer is free once the last store is
+    tma.store_wait(0)
+    ttgl.thread_barrier()
+    ss.store(acc.to(st_desc.dtype))
+    fence_async_shared()
+    ttgl.thread_barrier()
+    tma.async_copy_shared_to_global(st_desc, [row, col], ss)
 
 
 @gluon.jit
@@ -106,13 +119,7 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
         # loop-carried one came out stale in the next chunk (§96's first run)
         dA_last = nLast
         if it % PER == 0:
-            # the state entering chunk c leaves by TMA; the tile buffer is free once the last store is
-            tma.store_wait(0)
-            ttgl.thread_barrier()
-            ss.store(acc.to(dtype))
-            fence_async_shared()
-            ttgl.thread_barrier()
-            tma.async_copy_shared_to_global(st_desc, [st_row + c * H * P, pid_n * BN], ss)
+            _publish(ss, acc, st_desc, st_row + c * H * P, pid_n * BN)
             acc = acc * ttgl.exp(dA_last)
         stage = it % STAGES
         w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
@@ -158,14 +165,6 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
 
 
 @gluon.jit
-def _fill_heads(x_desc, B_desc, xs, bs, bars, stage, row, col_x, col_b, M: ttgl.constexpr, BN: ttgl.constexpr,
-                KB: ttgl.constexpr):
-    mbarrier.expect(bars.index(stage), (KB * M + KB * BN) * 2)
-    tma.async_copy_global_to_shared(x_desc, [row, col_x], bars.index(stage), xs.index(stage))
-    tma.async_copy_global_to_shared(B_desc, [row, col_b], bars.index(stage), bs.index(stage))
-
-
-@gluon.jit
 def walk_heads(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
                s_dt_b, s_dt_h, s_dt_c,
                N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr):
@@ -201,7 +200,7 @@ def walk_heads(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, head
     fence_async_shared()
     for i in ttgl.static_range(STAGES):
         if i < T:
-            _fill_heads(x_desc, B_desc, xs, bs, bars, i, row0 + i * KB, col_x, col_b, M, BN, KB)
+            _fill(x_desc, B_desc, xs, bs, bars, i, row0 + i * KB, col_x, col_b, BN, KB, M)
 
     cols = ttgl.arange(0, KB, layout=ttgl.SliceLayout(0, XL))
     second = ttgl.arange(0, M, layout=ttgl.SliceLayout(1, XL)) >= 64        # x^T rows of head h0 + 1
@@ -222,12 +221,7 @@ def walk_heads(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, head
         dl1 = nL1   # set in every iteration (see walk)
         dl2 = nL2
         if it % PER == 0:
-            tma.store_wait(0)
-            ttgl.thread_barrier()
-            ss.store(acc.to(dtype))
-            fence_async_shared()
-            ttgl.thread_barrier()
-            tma.async_copy_shared_to_global(st_desc, [st_row + c * H * P, pid_n * BN], ss)
+            _publish(ss, acc, st_desc, st_row + c * H * P, pid_n * BN)
             acc = acc * ttgl.exp(ttgl.where(arow2, dl2, dl1))[:, None]
         stage = it % STAGES
         w1 = ttgl.exp2((dl1 - nA1) * LOG2E) * nT1
@@ -249,7 +243,7 @@ def walk_heads(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, head
         ttgl.thread_barrier()
         nxt = it + STAGES
         if nxt < T:
-            _fill_heads(x_desc, B_desc, xs, bs, bars, stage, row0 + nxt * KB, col_x, col_b, M, BN, KB)
+            _fill(x_desc, B_desc, xs, bs, bars, stage, row0 + nxt * KB, col_x, col_b, BN, KB, M)
     tma.store_wait(0)
     rows = ttgl.arange(0, M, layout=ttgl.SliceLayout(1, ACC))
     ncol = ttgl.arange(0, BN, layout=ttgl.SliceLayout(0, ACC))
