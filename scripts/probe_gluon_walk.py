@@ -74,7 +74,9 @@ def _publish(ss, acc, st_desc, row, col):
 def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
          s_dt_b, s_dt_h, s_dt_c,
          N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr,
-         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0, XH: ttgl.constexpr = 0):
+         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0, XH: ttgl.constexpr = 0, WP: ttgl.constexpr = 0):
+    # WP = 1 (§119): dt_ptr holds each token's weight exp(dA_last - dA_t) dt'_t, as a prep launch
+    # would write it: one load per block and no exponentials in the chain
     ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
     A_OP: ttgl.constexpr = ttgl.DotOperandLayout(0, ACC, 2)
@@ -109,8 +111,11 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
     dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h
     dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h
     # dA/dt of the next block and the next chunk's last dA are loaded one step ahead
-    nA = ttgl.load(dA_base + cols)
+    if WP == 0:
+        nA = ttgl.load(dA_base + cols)
     nT = ttgl.load(dt_base + cols)
+    if WP == 1:
+        nA = nT   # unused
     nLast = ttgl.load(dA_base + CHUNK - 1)   # the last dA of the next block's chunk
     acc = ttgl.zeros([64, BN], ttgl.float32, ACC)
     for it in range(T):
@@ -122,11 +127,17 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
             _publish(ss, acc, st_desc, st_row + c * H * P, pid_n * BN)
             acc = acc * ttgl.exp(dA_last)
         stage = it % STAGES
-        w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
+        if WP == 0:
+            w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
+        else:
+            w = nT
         i1 = ttgl.minimum(it + 1, T - 1)
         off1 = (i1 // PER).to(ttgl.int64) * s_dt_c + (i1 % PER) * KB
-        nA = ttgl.load(dA_base + off1 + cols)
+        if WP == 0:
+            nA = ttgl.load(dA_base + off1 + cols)
         nT = ttgl.load(dt_base + off1 + cols)
+        if WP == 1:
+            nA = nT
         nLast = ttgl.load(dA_base + (i1 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
         mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
         if SA == 1:   # x scaled in place, read as stored; both MMA operands from shared memory
@@ -352,7 +363,7 @@ def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -376,7 +387,10 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0,
     args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
     if ASYNC:
         return lambda: walk_async[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
-    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, XH=XH, num_warps=4)
+    if WP:   # the weights a prep launch would write, in dt's place
+        dt = torch.exp(dA[..., -1:] - dA) * dt
+        args = (*args[:4], dt, *args[5:])
+    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, XH=XH, WP=WP, num_warps=4)
 
 
 def reference(x, B, dA, dt, heads_per_group):
@@ -397,7 +411,7 @@ def reference(x, B, dA, dt, heads_per_group):
     return torch.stack(out, 1), S
 
 
-def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1):
+def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
@@ -426,10 +440,11 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1):
         sig["XT"], consts["XT"] = "constexpr", XT
         sig["SA"], consts["SA"] = "constexpr", SA
         sig["XH"], consts["XH"] = "constexpr", XH
+        sig["WP"], consts["WP"] = "constexpr", WP
     k = triton.compile(ASTSource(walk_async if ASYNC else walk, sig, consts),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} SA={SA} XH={XH} sm90: {regs} registers, {spill} bytes spilled, "
+    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} SA={SA} XH={XH} WP={WP} sm90: {regs} registers, {spill} bytes spilled, "
           f"{k.metadata.shared} bytes of shared memory")
     return k
 
