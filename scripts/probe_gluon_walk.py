@@ -363,6 +363,12 @@ def _layout(block, dtype):
     return ttgl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
+def walk_weights(dA, dt):
+    """Each token's weight in its chunk's state, exp(dA_last - dA_t) dt'_t, (b, h, nc, q): what
+    the reference sums with, and what a prep launch would write for the walk (WP = 1)."""
+    return torch.exp(dA[..., -1:] - dA) * dt
+
+
 def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
@@ -374,22 +380,19 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0,
     assert l % 256 == 0 and p % 64 == 0 and n % BN == 0
     if HEADS == 2:
         assert p == 64 and (h // g) % 2 == 0, "HEADS=2: headdim 64, an even number of heads per group"
-        x_d = GD(x, [b * l, h * p], [h * p, 1], [KB, 128], _layout([KB, 128], gdt))
-        B_d = GD(B, [b * l, g * n], [g * n, 1], [KB, BN], _layout([KB, BN], gdt))
-        s_d = GD(states, [b * nc * h * p, n], [n, 1], [128, BN], _layout([128, BN], gdt))
-        grid = (n // BN, h // 2, b)
-        args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
-        return lambda: walk_heads[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=8)
-    x_d = GD(x, [b * l, h * p], [h * p, 1], [KB, 64], _layout([KB, 64], gdt))
+    m = 64 * HEADS   # x^T rows per program: one headdim tile, or HEADS heads' whole headdim
+    x_d = GD(x, [b * l, h * p], [h * p, 1], [KB, m], _layout([KB, m], gdt))
     B_d = GD(B, [b * l, g * n], [g * n, 1], [KB, BN], _layout([KB, BN], gdt))
-    s_d = GD(states, [b * nc * h * p, n], [n, 1], [64, BN], _layout([64, BN], gdt))
-    grid = ((p // 64) * (n // BN), h, b)
+    s_d = GD(states, [b * nc * h * p, n], [n, 1], [m, BN], _layout([m, BN], gdt))
+    if WP:   # the weights a prep launch would write, in dt's place
+        dt = walk_weights(dA, dt)
     args = (x_d, B_d, s_d, dA, dt, final, l, h, p, h // g, dA.stride(0), dA.stride(1), dA.stride(2))
+    if HEADS == 2:
+        grid = (n // BN, h // 2, b)
+        return lambda: walk_heads[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=8)
+    grid = ((p // 64) * (n // BN), h, b)
     if ASYNC:
         return lambda: walk_async[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
-    if WP:   # the weights a prep launch would write, in dt's place
-        dt = torch.exp(dA[..., -1:] - dA) * dt
-        args = (*args[:4], dt, *args[5:])
     return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, XH=XH, WP=WP, num_warps=4)
 
 
@@ -401,7 +404,7 @@ def reference(x, B, dA, dt, heads_per_group):
     xc = x.double().view(b, nc, q, h, p)
     Bc = B.double().view(b, nc, q, B.shape[2], n).repeat_interleave(heads_per_group, dim=3)
     dA64, dt64 = dA.double(), dt.double()                       # (b, h, nc, q)
-    w = torch.exp(dA64[..., -1:] - dA64) * dt64                 # (b, h, nc, q)
+    w = walk_weights(dA64, dt64)                                # (b, h, nc, q)
     local = torch.einsum("bhct,bcthp,bcthn->bchpn", w, xc, Bc)
     S = torch.zeros(b, h, p, n, dtype=torch.float64, device=x.device)
     out = []
@@ -416,36 +419,27 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
     from autossd.compile import _nvidia_resources
-    if HEADS == 2:
-        lx, lB, lS = (_layout(s, ttgl.float16) for s in ([KB, 128], [KB, BN], [128, BN]))
-        sig = {"x_desc": f"tensordesc<fp16[{KB},128],{lx}>", "B_desc": f"tensordesc<fp16[{KB},{BN}],{lB}>",
-               "st_desc": f"tensordesc<fp16[128,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
-               "final_ptr": "*fp32", "L": "i32", "H": "i32", "P": "i32", "heads_per_group": "i32",
-               "s_dt_b": "i32", "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "BN": "constexpr",
-               "STAGES": "constexpr", "KB": "constexpr"}
-        k = triton.compile(ASTSource(walk_heads, sig, {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-        regs, spill = _nvidia_resources(k.asm["cubin"])
-        print(f"walk_heads BN={BN} STAGES={STAGES} KB={KB} sm90: {regs} registers, {spill} bytes spilled, "
-              f"{k.metadata.shared} bytes of shared memory")
-        return k
-    lx, lB, lS = (_layout(s, ttgl.float16) for s in ([KB, 64], [KB, BN], [64, BN]))
-    sig = {"x_desc": f"tensordesc<fp16[{KB},64],{lx}>", "B_desc": f"tensordesc<fp16[{KB},{BN}],{lB}>",
-           "st_desc": f"tensordesc<fp16[64,{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
+    m = 64 * HEADS
+    lx, lB, lS = (_layout(s, ttgl.float16) for s in ([KB, m], [KB, BN], [m, BN]))
+    sig = {"x_desc": f"tensordesc<fp16[{KB},{m}],{lx}>", "B_desc": f"tensordesc<fp16[{KB},{BN}],{lB}>",
+           "st_desc": f"tensordesc<fp16[{m},{BN}],{lS}>", "dA_ptr": "*fp32", "dt_ptr": "*fp32",
            "final_ptr": "*fp32", "L": "i32", "H": "i32", "P": "i32", "heads_per_group": "i32",
            "s_dt_b": "i32", "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "BN": "constexpr",
            "STAGES": "constexpr", "KB": "constexpr"}
     consts = {"N": 128, "BN": BN, "STAGES": STAGES, "KB": KB}
-    if not ASYNC:
-        sig["XT"], consts["XT"] = "constexpr", XT
-        sig["SA"], consts["SA"] = "constexpr", SA
-        sig["XH"], consts["XH"] = "constexpr", XH
-        sig["WP"], consts["WP"] = "constexpr", WP
-    k = triton.compile(ASTSource(walk_async if ASYNC else walk, sig, consts),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    if HEADS == 2:
+        fn, name = walk_heads, "walk_heads"
+    elif ASYNC:
+        fn, name = walk_async, "walk_async"
+    else:
+        fn, name = walk, "walk"
+        for k, v in {"XT": XT, "SA": SA, "XH": XH, "WP": WP}.items():
+            sig[k], consts[k] = "constexpr", v
+    k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4 * HEADS})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"walk BN={BN} STAGES={STAGES} KB={KB} XT={XT} ASYNC={ASYNC} SA={SA} XH={XH} WP={WP} sm90: {regs} registers, {spill} bytes spilled, "
-          f"{k.metadata.shared} bytes of shared memory")
+    print(f"{name} BN={BN} STAGES={STAGES} KB={KB} XT={XT} SA={SA} XH={XH} WP={WP} sm90: {regs} registers, "
+          f"{spill} bytes spilled, {k.metadata.shared} bytes of shared memory")
     return k
 
 
