@@ -91,6 +91,14 @@ KNOBS: tuple[Knob, ...] = (
     # runs those two stages. measured_only: the static model cannot rank a data path.
     Knob("state_walk", (0, 1), 0, "1: chunk state + state passing as one Gluon walk (sm90)", "chunk_state",
          backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+    # 1: the walk reads each token's weight in its chunk's state, exp(dA_last - dA_t) dt'_t, which
+    # the cumsum (or prep) launch writes beside dt and dA, instead of computing it from them: the
+    # walk runs one program per state tile through every chunk in order, and the exponentials
+    # and loads it drops sat in that serial chain (−13% / −10% walk time fp16 / bf16 at 2.7b
+    # 1x131072 in a probe, BENCHMARKS.md §119). 4 bytes per token and head more traffic.
+    # measured_only: the static model cannot rank a data path.
+    Knob("walk_weights", (0, 1), 0, "1: the Gluon walk reads per-token weights the cumsum wrote (sm90)",
+         "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
@@ -266,6 +274,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
     if config.state_walk:
         why += walk_violations(config, problem)
+    elif config.walk_weights:
+        why.append("walk_weights=1 feeds the Gluon walk: needs state_walk=1")
     if config.pdl >= 2 and not config.scan_gluon:
         why.append(f"pdl={config.pdl} moves the Gluon chunk scan's intra-chunk part before its wait: "
                    f"needs scan_gluon=1")

@@ -2,7 +2,7 @@
 float64 chunked reference (itself checked against the token recurrence in the tests).
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
-        [--walk-only] [--pdl-only]
+        [--walk-only] [--pdl-only] [--walk-weights-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -150,6 +150,15 @@ def pdl_cases():
     return out
 
 
+def walk_weights_cases():
+    """walk_weights = 1 (the cumsum or prep writes each token's weight, the walk loads it) on the
+    cases above with the walk: its ring's block widths, ragged ends, batches, dstate 256, the seq_idx
+    call the walk does not take, and under pdl 1 and 3, where the weights are one more write a later
+    launch reads. Not with the tl scan, nor pdl = 2 (the weights meet neither)."""
+    return [(p, sd, {**o, "walk_weights": 1}) for p, sd, o in walk_cases() + pdl_cases()
+            if o.get("state_walk") and o.get("scan_gluon", 1) and o.get("pdl") != 2]
+
+
 def pdl_checks(prob: Problem, cfg, tensors: dict, cu, lim, want: tuple, seed: int) -> dict:
     """What launch overlap could break: a launch that reads before its predecessor's writes land,
     or writes what its predecessor still reads. (1) A CUDA graph of the call (PDL edges in the
@@ -261,6 +270,7 @@ def main():
     ap.add_argument("--no-scan-gluon", action="store_true", help="skip the Gluon chunk-scan cases")
     ap.add_argument("--walk-only", action="store_true", help="only the state_walk cases")
     ap.add_argument("--pdl-only", action="store_true", help="only the pdl cases")
+    ap.add_argument("--walk-weights-only", action="store_true", help="only the walk_weights cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -272,11 +282,14 @@ def main():
         todo += [(p, sd, None, over) for p, sd, over in scan_gluon_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_cases()]
     todo += [(p, sd, None, over) for p, sd, over in pdl_cases()]
+    todo += [(p, sd, None, over) for p, sd, over in walk_weights_cases()]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
-        todo = [case for case in todo if case[3] and not case[3].get("pdl")
+        todo = [case for case in todo if case[3] and not case[3].get("pdl") and not case[3].get("walk_weights")
                 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
     if a.pdl_only:
-        todo = [case for case in todo if case[3] and case[3].get("pdl")]
+        todo = [case for case in todo if case[3] and case[3].get("pdl") and not case[3].get("walk_weights")]
+    if a.walk_weights_only:
+        todo = [case for case in todo if case[3] and case[3].get("walk_weights")]
     depths = [int(d) for d in a.depths.split(",")]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -119,6 +119,47 @@ def test_pdl_launches_run_the_same_kernels_to_the_same_bits(fold, pdl):
     assert rel_err(outs[1][0], y_ref) <= tol and rel_err(outs[1][1], f_ref) <= tol
 
 
+@pytest.mark.parametrize("fold", [0, 2])
+@pytest.mark.parametrize("seqlen", [150, 128])
+def test_walk_weights_are_written_by_the_cumsum(fold, seqlen):
+    """walk_weights = 1: the launch that computes dt' and dA (the cumsum, or the prep at fold 2)
+    also writes each token's weight in its chunk's state, exp(dA_last - dA_t) dt'_t, which the
+    Gluon walk loads (on sm90: gpu_validate.py's walk cases). It writes them only when the walk
+    runs (HAS_W, set by plan() from the walk's launch): here, where the walk cannot run, the tl
+    stages run bitwise as walk_weights = 0, and the write itself is run with HAS_W set, against
+    float64, 0 past the sequence's end."""
+    from autossd.ops.ssd.chunk import allocate, plan, run
+    from autossd.ops.ssd.naive import process_dt
+    from autossd.render import load
+    prob = Problem(batch=2, seqlen=seqlen, nheads=4, headdim=64, dstate=64, ngroups=2, dtype="fp16",
+                   has_dt_bias=True, dt_softplus=True, has_dt_limit=True, return_final_states=True)
+    base = fit(SMALL.replace(fold_prep=fold, state_dtype="fp16", state_walk=1, state_block_m=64, state_block_n=64,
+                             scan_block_n=64, scan_block_d=64), prob)   # wide tiles: fewer programs to interpret
+    cfg = base.replace(walk_weights=1)
+    assert cfg.walk_weights == 1 and violations(cfg, "sm90", prob) == []
+    t = make_inputs(prob, DEV, seed=next(_seed))
+    kw = call_kwargs(prob, t)
+    if DEV == "cpu" and (fold, seqlen) == (0, 150):   # the tl stages, bitwise walk_weights = 0's
+        outs = [ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, config=c, poison=True,
+                            state_dtype=torch.float16, **kw) for c in (base, cfg)]
+        for a, b in zip(*outs):
+            assert torch.equal(a, b)
+    buf = allocate(prob, cfg, DEV, poison=True)
+    ln = plan(prob, cfg, t, buf, dt_limit=kw["dt_limit"])[0]
+    assert ln.kernel == ("ssd_prep" if fold else "ssd_cumsum")
+    assert ln.constexprs["HAS_W"] is (DEV == "cuda" and ARCH == "sm90")   # (test_compile: set there)
+    ln.constexprs["HAS_W"] = True
+    run([ln], load(cfg))
+    q, nc = 64, -(-seqlen // 64)
+    dtp = process_dt(t["dt"], t["dt_bias"], True, kw["dt_limit"])                     # (b, l, h)
+    dtp = torch.nn.functional.pad(dtp, (0, 0, 0, nc * q - seqlen)).reshape(2, nc, q, 4).permute(0, 3, 1, 2)
+    cs = torch.cumsum(dtp * t["A"].double()[None, :, None, None], dim=-1)             # (b, h, c, q)
+    ref = torch.exp(cs[..., -1:] - cs) * dtp
+    assert not buf.w.isnan().any()
+    assert rel_err(buf.w, ref) <= 1e-5
+    assert not buf.w.reshape(2, 4, nc * q)[..., seqlen:].any()   # 0 past the end: the walk loads them
+
+
 def _launches(prob, cfg):
     from autossd.compile import meta_inputs
     from autossd.ops.ssd.chunk import allocate, plan

@@ -3,7 +3,7 @@ the compiled code there; configs over an arch's limits are rejected with the rea
 import pytest
 
 from autossd.arch import ARCHS
-from autossd.compile import compile_config
+from autossd.compile import compile_config, meta_inputs
 from autossd.problem import Problem
 from autossd.render import render
 from autossd.space import KNOB_BY_NAME, KNOBS, STAGES_BY_DEPTH, Config, default_config, fit
@@ -40,7 +40,13 @@ def test_fused_depths_compile_with_resource_report(arch, depth):
 def _stages(knob):
     if knob.name == "launches":
         return None
+    if knob.stage == "chunk_state":   # (the Gluon walk takes the chunk state's place)
+        return ("cumsum", "chunk_state", "state_walk")
     return (knob.stage if knob.stage != "all" else "chunk_scan",)
+
+
+# what a knob's other values need of the default config to be feasible
+NEEDS = {"walk_weights": {"state_walk": 1}}
 
 
 def _offered(arch):
@@ -50,7 +56,7 @@ def _offered(arch):
 @pytest.mark.parametrize("arch,name", [p for a in sorted(ARCHS) for p in _offered(a)])
 def test_every_offered_knob_changes_the_artifact(arch, name):
     knob = next(k for k in KNOBS if k.name == name)
-    base = default_config(arch, PROB)
+    base = default_config(arch, PROB).replace(**NEEDS.get(name, {}))
     shas = set()
     for v in knob.values:
         cfg = base.replace(**{name: v})
@@ -222,3 +228,38 @@ def test_pdl_follow_compiles_with_every_feature_in_four_ctas_per_sm(features):
     assert [s.stage for s in rep.stages] == ["prep", "state_walk", "chunk_scan"]
     assert all(s.pdl and s.spill_bytes == 0 for s in rep.stages)
     assert rep.stages[2].occupancy >= 4 and rep.stages[1].occupancy >= 2
+
+
+# walk_weights = 1: the launch that computes dt' and dA writes the walk's per-token weights and
+# the walk loads them; these cross-compiles and plans are its CI coverage (the interpreter
+# cannot run the walk: tests/test_chunk.py runs the weights' write), gpu_validate.py's walk cases
+# its GPU check.
+@pytest.mark.parametrize("fold,pdl", [(0, 0), (2, 0), (2, 3)])
+def test_walk_weights_written_for_the_walk_and_loaded_by_it(fold, pdl):
+    """The weights are written when the walk runs (HAS_W) and the walk takes them in dt's place;
+    on a ragged, batched, grouped call with initial and final states: nothing spilled, the walk
+    still two CTAs per SM and no more registers than the walk that computes them."""
+    from autossd.ops.ssd.chunk import allocate, plan
+    from autossd.render import _interpret
+    prob = Problem(batch=2, seqlen=1000, nheads=8, headdim=64, dstate=128, ngroups=2, dtype="fp16",
+                   has_D=True, has_initial_states=True, return_final_states=True)
+    off = default_config("sm90", prob).replace(state_walk=1, state_dtype="fp16", fold_prep=fold,
+                                               scan_gluon=int(pdl > 0), pdl=pdl)
+    on = off.replace(walk_weights=1)
+    assert on.walk_weights == 1
+    with _interpret(False):   # meta tensors stand for an sm90 GPU: the walk runs
+        buf = allocate(prob, on, "meta")
+        launches = {ln.stage: ln for ln in plan(prob, on, meta_inputs(prob), buf)}
+    first = launches["prep" if fold else "cumsum"]
+    assert first.constexprs["HAS_W"] is True and first.args["w_out_ptr"] is buf.w
+    assert buf.w.shape == buf.dt.shape and buf.w.dtype == buf.dt.dtype
+    assert launches["state_walk"].args["w_ptr"] is buf.w and "dt_ptr" not in launches["state_walk"].args
+    reps = {}
+    for name, cfg in (("off", off), ("on", on)):
+        rep = compile_config(cfg, "sm90", prob)
+        assert rep.ok, (name, rep.why())
+        reps[name] = {s.stage: s for s in rep.stages}
+    walk_on, walk_off = reps["on"]["state_walk"], reps["off"]["state_walk"]
+    assert walk_on.spill_bytes == 0 and walk_on.occupancy >= 2
+    assert walk_on.registers <= walk_off.registers and walk_on.artifact_sha != walk_off.artifact_sha
+    assert all(s.spill_bytes == 0 for s in reps["on"].values())

@@ -187,6 +187,7 @@ KNOB_SCHEMAS = [
     ("0008", "scan_gluon", TUNED.replace(scan_gluon=1, scan_block_m=64), "the tl chunk scan"),
     ("0009", "state_walk", TUNED.replace(launches=5, state_walk=1), "the two state stages"),
     ("0010", "pdl", TUNED.replace(launches=5, pdl=1), "launches one after another"),
+    ("0011", "walk_weights", TUNED.replace(launches=5, state_walk=1, walk_weights=1), "the walk computing its weights"),
 ]
 
 

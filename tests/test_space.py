@@ -179,3 +179,18 @@ def test_pdl_is_offered_on_sm90_at_five_launches_only():
     follow = early.replace(pdl=3, scan_gluon=1)   # the scan follows the walk's published states
     assert any("pdl=3" in w and "state_walk=1" in w for w in violations(follow, "sm90", PROB))
     assert violations(follow.replace(state_walk=1), "sm90", PROB) == []
+
+
+def test_walk_weights_are_offered_on_sm90_at_five_launches_with_the_walk_only():
+    knob = KNOB_BY_NAME["walk_weights"]
+    assert [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    walk = default_config("sm90", PROB).replace(state_walk=1, state_dtype=PROB.dtype)
+    assert violations(walk.replace(walk_weights=1), "sm90", PROB) == []
+    for over in ({"fold_prep": 2}, {"fold_prep": 2, "scan_gluon": 1, "pdl": 3}):
+        assert violations(walk.replace(walk_weights=1, **over), "sm90", PROB) == [], over
+    alone = walk.replace(state_walk=0, walk_weights=1)   # nothing would read them
+    assert any("walk_weights=1" in w and "state_walk=1" in w for w in violations(alone, "sm90", PROB))
+    for d in (3, 1):
+        assert Config(launches=d, walk_weights=1).walk_weights == 0
+    for arch in ("sm80", "gfx90a", "gfx942"):
+        assert any("walk_weights=1 is not offered" in w for w in violations(walk.replace(walk_weights=1), arch, PROB))

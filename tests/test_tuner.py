@@ -131,6 +131,10 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert {three} | {three.replace(pdl=v) for v in (1, 2, 3)} <= set(seeds)   # the fewest launches, with pdl
     assert default_config("sm90", SMALL).replace(pdl=1) in seeds
     assert not any(c.pdl for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
+    # every walk seed also with the weights the cumsum writes, and nothing else with them
+    walks = {c for c in seeds if c.state_walk and not c.walk_weights}
+    assert {c.replace(walk_weights=1) for c in walks} == {c for c in seeds if c.walk_weights}
+    assert three.replace(pdl=3, walk_weights=1) in seeds
 
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():
@@ -210,7 +214,7 @@ def test_infeasible_configs_are_pruned_before_compile(tmp_path):
 
 def test_failed_candidates_never_win(tmp_path):
     runner = FakeRunner(fail=lambda c: c.scan_block_m == 16)   # the formula's fastest tile
-    st = Settings(trials=30, sampler="tpe", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
+    st = Settings(trials=45, sampler="tpe", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
     res = tune_problem("sm90", SMALL, runner, st)
     assert res.failed >= 1 and res.best_config.scan_block_m != 16
     assert all("gate" in why for _, why in res.failures)

@@ -168,8 +168,9 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
     """Known-good starting points enqueued before sampling: the arch default (fitted to the
     problem), the default at every other fusion depth, at each chunk size and at each fold of
-    the small stages (fold_prep), the Gluon walk and scan, and pdl on the default and on the
-    fewest launches. Only those inside the space and feasible."""
+    the small stages (fold_prep), the Gluon walk and scan, pdl on the default and on the
+    fewest launches, and each walk seed with its weights written by the cumsum (walk_weights).
+    Only those inside the space and feasible."""
     base = default_config(arch, problem, launches=space.pinned.get("launches"))
     base = base.replace(**{k: v for k, v in space.pins(base.launches).items() if base[k] != v})
     depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
@@ -195,6 +196,10 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # launch overlap: on the default and on the fewest launches, where it weighs most, and
         # there also with the scan's intra-chunk part before its wait (2) and following the walk (3)
         cands += [c for c in (base.replace(pdl=1), *(three.replace(pdl=v) for v in (1, 2, 3))) if c != base]
+    if base.launches in KNOB_BY_NAME["walk_weights"].depths and "walk_weights" not in space.pinned:
+        # the walk's weights written by the cumsum: it needs the walk, which a draw seldom has, so
+        # seed it on each walk seed above (the filter drops those outside the space)
+        cands += [c.replace(walk_weights=1) for c in list(cands) if c.state_walk and not c.walk_weights]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then each fusion depth
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):

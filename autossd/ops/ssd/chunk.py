@@ -47,6 +47,7 @@ class Buffers:
     final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
     # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
     sync: torch.Tensor | None = None
+    w: torch.Tensor | None = None   # (b, h, c, q) fp32, the walk's per-token weights (walk_weights)
 
 
 def _strides(t, n):
@@ -95,9 +96,10 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         cb=torch.empty(b, nc, g, q, q, dtype=xdt, device=device) if depth != 1 else None,
         states=torch.empty(b, nc, h, p, n, dtype=sdt, device=device) if need_states else None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
-        sync=torch.zeros(words, dtype=torch.int64, device=device) if (words := _sync_words(prob, config)) else None)
+        sync=torch.zeros(words, dtype=torch.int64, device=device) if (words := _sync_words(prob, config)) else None,
+        w=torch.empty(b, h, nc, q, dtype=f32, device=device) if config.walk_weights else None)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
-        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final):
+        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final, buf.w):
             if t is not None:
                 t.fill_(float("nan"))
     return buf
@@ -133,7 +135,7 @@ WORKSPACE_MAX_ONE = 64 << 20      # bytes: a larger workspace is not kept
 _workspaces: OrderedDict = OrderedDict()   # key -> (lock, Buffers of the intermediates, bytes)
 _workspace_sizes: dict = {}                # key -> bytes, also for keys too large to keep
 _workspaces_lock = threading.Lock()
-_INTERNAL = ("dt", "dA", "cb", "states", "final", "sync")
+_INTERNAL = ("dt", "dA", "cb", "states", "final", "sync", "w")
 
 
 def _nbytes(buf: Buffers) -> int:
@@ -264,16 +266,20 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                           **init_strides, **fin, **seq_strides),
                      dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=seq is not None),
                      opts["state_passing"])
+    # walk_weights: the cumsum writes the walk's weights, when the walk runs (else it has no such
+    # arguments: a walk_weights = 0 kernel is as it was)
+    w_out = dict(w_out_ptr=buf.w) if config.walk_weights else {}
+    w_flag = dict(HAS_W=walk is not None) if config.walk_weights else {}
     cumsum = Launch("cumsum", "ssd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
-                    dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, L=l, H=h, dt_lo=lo, dt_hi=hi,
-                         **dt_strides, **dt_out), flags, opts["cumsum"])
+                    dict(**dt_in, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, **w_out, L=l, H=h, dt_lo=lo, dt_hi=hi,
+                         **dt_strides, **dt_out), dict(**flags, **w_flag), opts["cumsum"])
     if config.fold_prep == 2:   # cumsum and C·Bᵀ in one launch: bmm's tiles, then cumsum's head blocks
         prep = [Launch("prep", "ssd_prep", (bmm.grid[0] + cumsum.grid[1], nc, b),
                        dict(**dt_in, C_ptr=C, B_ptr=B, cb_ptr=buf.cb, dt_out_ptr=buf.dt, dA_out_ptr=buf.dA,
-                            L=l, H=h, G=g, N=n, dt_lo=lo, dt_hi=hi, **dt_strides, **dt_out,
+                            **w_out, L=l, H=h, G=g, N=n, dt_lo=lo, dt_hi=hi, **dt_strides, **dt_out,
                             **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
                             **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
-                       flags, opts["bmm"])]   # bmm's warps and stages: its tiles hold the matmul
+                       dict(**flags, **w_flag), opts["bmm"])]   # bmm's warps and stages: its tiles hold the matmul
     else:
         prep = [cumsum, bmm]
     if walk is not None:
@@ -395,7 +401,8 @@ def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
                  B_desc=_tma_desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
     return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, b),
-                  dict(**descs, dt_ptr=buf.dt, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final,
+                  dict(**descs, **({"w_ptr": buf.w} if config.walk_weights else {"dt_ptr": buf.dt}),
+                       dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final,
                        L=l, H=h, P=p, heads_per_group=h // g, s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
                        **_named("s_init", ("b", "h", "p", "n"), init),
                        s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
@@ -550,7 +557,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w")
 _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
@@ -775,7 +782,7 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     lock, kept = ws
     with lock:
         buf = Buffers(y=torch.empty(x.shape, dtype=x.dtype, device=device), dt=kept.dt, dA=kept.dA,
-                      cb=kept.cb, states=kept.states, sync=kept.sync,
+                      cb=kept.cb, states=kept.states, sync=kept.sync, w=kept.w,
                       final=torch.empty(prob.batch, prob.nheads, prob.headdim, prob.dstate,
                                         dtype=torch.float32, device=device)
                       if aprob.return_final_states else kept.final)
