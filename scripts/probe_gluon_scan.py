@@ -276,6 +276,152 @@ def scan_v6(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         mbarrier.invalidate(bars.index(i))
 
 
+@gluon.jit
+def _issue7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0,
+            RS: ttgl.constexpr, NH: ttgl.constexpr):
+    # item (nm, nj) of the program's sequence into ring stage j % RS: row tile nm's C halves
+    # (nj < NH), then its CB tiles (nj - NH = 0 .. nm); nothing past the last row tile
+    if nm < M:
+        s = j % RS
+        mbarrier.expect(bars.index(s), 64 * 64 * 2)
+        if nj < NH:
+            tma.async_copy_global_to_shared(C_desc, [row0 + nm * 64, col_c + nj * 64], bars.index(s), ring.index(s))
+        else:
+            tma.async_copy_global_to_shared(cb_desc, [cb_row0 + nm * 64, (nj - NH) * 64], bars.index(s),
+                                            ring.index(s))
+
+
+@gluon.jit
+def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
+            L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
+            N: ttgl.constexpr, HAS_D: ttgl.constexpr, RS: ttgl.constexpr = 3):
+    # One program per (headdim tile, head, chunk, batch) walks the chunk's 64-row tiles in
+    # order (v6: one program per row tile). The kernel is bound by L2 -> SM reads (§121: 12 GB of
+    # TMA reads at 2.7b 1x131072 against 3.5 GB of DRAM traffic): v6 reads the state tile once per
+    # row tile, and x block k once per row tile from k on. Here the state tile and every x block
+    # stay in shared memory for the whole chunk (each read once); C's halves and the CB tiles
+    # stream through a ring of RS 64 x 64 stages in the order they are used, each refilled with
+    # the item RS ahead once every warp is done with it. 72 KB at RS = 3: 3 CTAs per SM.
+    ttgl.static_assert(N == 64 or N == 128)
+    NH: ttgl.constexpr = N // 64
+    dtype: ttgl.constexpr = C_desc.dtype
+    T: ttgl.constexpr = CHUNK // 64
+    npn = P // 64
+    pid0 = ttgl.program_id(0)
+    c = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    h = pid0 // npn
+    pid_n = pid0 % npn
+    g = h // heads_per_group
+    NC = L // CHUNK
+    clen = ttgl.minimum(CHUNK, L - c * CHUNK)
+    M = (clen + 63) // 64
+    row0 = b * L + c * CHUNK
+    col_x = h * P + pid_n * 64
+    col_c = g * N
+    cb_row0 = ((b * NC + c) * G + g) * CHUNK
+    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
+
+    ring = ttgl.allocate_shared_memory(dtype, [RS, 64, 64], cb_desc.layout)
+    xs = ttgl.allocate_shared_memory(dtype, [T, 64, 64], x_desc.layout)
+    sts = ttgl.allocate_shared_memory(dtype, [NH, 64, 64], st_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [RS, 1], mbarrier.MBarrierLayout())
+    xbars = ttgl.allocate_shared_memory(ttgl.int64, [T + 1, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(RS):
+        mbarrier.init(bars.index(i), count=1)
+    for i in ttgl.static_range(T + 1):
+        mbarrier.init(xbars.index(i), count=1)
+    fence_async_shared()
+    # the state tile (barrier T), then the ring's first RS items, then the x blocks
+    mbarrier.expect(xbars.index(T), NH * 64 * 64 * 2)
+    for j in ttgl.static_range(NH):
+        tma.async_copy_global_to_shared(st_desc, [st_row, j * 64], xbars.index(T), sts.index(j))
+    zero = pid0 * 0   # (loop-carried counters start as tensors, not constexprs)
+    nm = zero    # the next item to issue: row tile nm, item nj
+    nj = zero
+    for i in ttgl.static_range(RS):
+        _issue7(C_desc, cb_desc, ring, bars, i, nm, nj, M, row0, col_c, cb_row0, RS, NH)
+        nj += 1
+        if nj > NH + nm:
+            nm += 1
+            nj = 0
+    for i in ttgl.static_range(T):
+        if i < M:
+            mbarrier.expect(xbars.index(i), 64 * 64 * 2)
+            tma.async_copy_global_to_shared(x_desc, [row0 + i * 64, col_x], xbars.index(i), xs.index(i))
+
+    rows = ttgl.arange(0, 64, layout=ROW)
+    cols = ttgl.arange(0, 64, layout=COL)
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    keep = rows[:, None] >= cols[None, :]
+    if HAS_D:
+        Dh = ttgl.load(D_ptr + h)
+    j = zero     # items consumed
+    mbarrier.wait(xbars.index(T), 0)
+    for m in range(M):
+        dA_m = ttgl.load(dA_base + m * 64 + rows)
+        dA_r = ttgl.load(dA_base + ttgl.maximum(m * 64 - 1, 0))
+        dA_r = ttgl.where(m > 0, dA_r, 0.0)
+        nA = ttgl.load(dA_base + cols)
+        nT = ttgl.load(dt_base + cols)
+        acc = ttgl.zeros([64, 64], ttgl.float32, ACC)
+        # exp(dA_t) C_t S_prev: C's halves from the ring, the state tile resident
+        for hh in ttgl.static_range(NH):
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            acc = warpgroup_mma(ring.index(s), sts.index(hh).permute((1, 0)), acc)
+            ttgl.thread_barrier()   # every warp is done with stage s: refill it RS items ahead
+            _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH)
+            nj += 1
+            if nj > NH + nm:
+                nm += 1
+                nj = 0
+            j += 1
+        acc = acc * ttgl.exp(dA_r)
+        # blocks before the diagonal, as v6
+        for k in range(0, m):
+            f = ttgl.exp2((dA_r - nA) * LOG2E) * nT
+            nA = ttgl.load(dA_base + (k + 1) * 64 + cols)
+            nT = ttgl.load(dt_base + (k + 1) * 64 + cols)
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            cb = ring.index(s).load(ACC).to(ttgl.float32)
+            w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
+            mbarrier.wait(xbars.index(k), 0)
+            acc = warpgroup_mma(w, xs.index(k), acc)
+            ttgl.thread_barrier()
+            _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH)
+            nj += 1
+            if nj > NH + nm:
+                nm += 1
+                nj = 0
+            j += 1
+        # the diagonal block
+        acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
+        s = j % RS
+        mbarrier.wait(bars.index(s), (j // RS) & 1)
+        cb = ring.index(s).load(ACC).to(ttgl.float32)
+        w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (nA * LOG2E)[None, :]) * nT[None, :], 0.0)
+        mbarrier.wait(xbars.index(m), 0)
+        acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), xs.index(m), acc)
+        ttgl.thread_barrier()
+        _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH)
+        nj += 1
+        if nj > NH + nm:
+            nm += 1
+            nj = 0
+        j += 1
+        if HAS_D:
+            acc += xs.index(m).load(ACC).to(ttgl.float32) * Dh
+        tok = (row0 + m * 64 + rows).to(ttgl.int64)
+        ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
+    for i in ttgl.static_range(RS):
+        mbarrier.invalidate(bars.index(i))
+    for i in ttgl.static_range(T + 1):
+        mbarrier.invalidate(xbars.index(i))
+
+
 def descriptors(x, C, cb, states, box_n=None):
     """TMA descriptors of C, the states, CB and x; C's and the states' box is box_n wide in dstate
     (all of it for v5, 64 for v6)."""
@@ -300,10 +446,10 @@ def launcher(version, x, C, cb, states, dA, dt, D, y, **knobs):
     b, l, h, p = x.shape
     g, n = C.shape[2], C.shape[3]
     nc = cb.shape[1]
-    descs = descriptors(x, C, cb, states, 64 if version == "v6" else None)
-    grid = (4 * h * (p // 64), nc, b)
+    descs = descriptors(x, C, cb, states, 64 if version in ("v6", "v7") else None)
+    grid = ((1 if version == "v7" else 4) * h * (p // 64), nc, b)   # v7: a program per chunk and head
     assert D is None or D.dim() == 1, "probe: D per head only"
-    kern = scan_v6 if version == "v6" else scan_v5
+    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7}[version]
     args = (*descs, dA, dt, y, D if D is not None else dA, l, h, p, g, h // g, y.stride(1), y.stride(2),
             dA.stride(0), dA.stride(1), dA.stride(2))
     kw = dict(N=n, HAS_D=D is not None, num_warps=4, **knobs)
@@ -314,7 +460,7 @@ def compile_only(version: str = "v5", cap: int | None = None, **knobs):
     maxnreg = knobs.pop("maxnreg", cap)
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     from triton.backends.compiler import GPUTarget
-    box = "64" if version == "v6" else "128"
+    box = "64" if version in ("v6", "v7") else "128"
     lN = ttgl.NVMMASharedLayout.get_default_for([64, int(box)], ttgl.float16)
     l64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], ttgl.float16)
     sig = {"C_desc": f"tensordesc<fp16[64,{box}],{lN}>", "st_desc": f"tensordesc<fp16[64,{box}],{lN}>",
@@ -323,7 +469,7 @@ def compile_only(version: str = "v5", cap: int | None = None, **knobs):
                 "P": "i32", "G": "i32", "heads_per_group": "i32", "s_y_l": "i32", "s_y_h": "i32", "s_dt_b": "i32",
                 "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr"})
     sig.update({name: "constexpr" for name in knobs})
-    kern = scan_v6 if version == "v6" else scan_v5
+    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7}[version]
     k = triton.compile(ASTSource(kern, sig, {"N": 128, "HAS_D": True, **knobs}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})})
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
