@@ -422,9 +422,159 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         mbarrier.invalidate(xbars.index(i))
 
 
-def descriptors(x, C, cb, states, box_n=None):
+ACC8 = ttgl.constexpr(ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]))
+A_OP8 = ttgl.constexpr(ttgl.DotOperandLayout(0, ACC8.value, 2))
+ROW8 = ttgl.constexpr(ttgl.SliceLayout(1, ACC8.value))
+COL8 = ttgl.constexpr(ttgl.SliceLayout(0, ACC8.value))
+
+
+@gluon.jit
+def _issue8(C_desc, cb_desc, ring, bars, j, nm, nj, M2, row0, col_c, cb_row0,
+            RS: ttgl.constexpr, NH: ttgl.constexpr):
+    # v7's item sequence for 128-row tiles: row tile nm's C halves (nj < NH), then its CB tiles
+    # (128 x 64: blocks nj - NH = 0 .. 2 nm + 1)
+    if nm < M2:
+        s = j % RS
+        mbarrier.expect(bars.index(s), 128 * 64 * 2)
+        if nj < NH:
+            tma.async_copy_global_to_shared(C_desc, [row0 + nm * 128, col_c + nj * 64], bars.index(s), ring.index(s))
+        else:
+            tma.async_copy_global_to_shared(cb_desc, [cb_row0 + nm * 128, (nj - NH) * 64], bars.index(s),
+                                            ring.index(s))
+
+
+@gluon.jit
+def scan_v8(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
+            L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
+            N: ttgl.constexpr, HAS_D: ttgl.constexpr, RS: ttgl.constexpr = 3):
+    # v7 with 128-row tiles in two warpgroups (8 warps; each warpgroup's wgmma takes 64 rows):
+    # the state tile and the x blocks resident for the chunk, C's halves and the 128 x 64 CB
+    # tiles through a ring of RS 16 KB stages. 96 KB at RS = 3: two CTAs of 8 warps
+    # per SM, as many warps as v6's four CTAs of 4, and 208 KB of L2 reads per chunk and head
+    # against v6's 288. The two blocks on a tile's diagonal take their decay per element; the
+    # upper one's right half is masked to 0 (computed, not skipped). Full chunks only.
+    ttgl.static_assert(N == 64 or N == 128)
+    NH: ttgl.constexpr = N // 64
+    dtype: ttgl.constexpr = C_desc.dtype
+    T: ttgl.constexpr = CHUNK // 64
+    M2: ttgl.constexpr = CHUNK // 128
+    npn = P // 64
+    pid0 = ttgl.program_id(0)
+    c = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    h = pid0 // npn
+    pid_n = pid0 % npn
+    g = h // heads_per_group
+    NC = L // CHUNK
+    row0 = b * L + c * CHUNK
+    col_x = h * P + pid_n * 64
+    col_c = g * N
+    cb_row0 = ((b * NC + c) * G + g) * CHUNK
+    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
+
+    ring = ttgl.allocate_shared_memory(dtype, [RS, 128, 64], cb_desc.layout)
+    xs = ttgl.allocate_shared_memory(dtype, [T * 64, 64], x_desc.layout)   # block k: rows 64 k ...
+    sts = ttgl.allocate_shared_memory(dtype, [NH, 64, 64], st_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [RS, 1], mbarrier.MBarrierLayout())
+    xbars = ttgl.allocate_shared_memory(ttgl.int64, [T + 1, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(RS):
+        mbarrier.init(bars.index(i), count=1)
+    for i in ttgl.static_range(T + 1):
+        mbarrier.init(xbars.index(i), count=1)
+    fence_async_shared()
+    mbarrier.expect(xbars.index(T), NH * 64 * 64 * 2)
+    for i in ttgl.static_range(NH):
+        tma.async_copy_global_to_shared(st_desc, [st_row, i * 64], xbars.index(T), sts.index(i))
+    zero = pid0 * 0
+    nm = zero
+    nj = zero
+    for i in ttgl.static_range(RS):
+        _issue8(C_desc, cb_desc, ring, bars, i, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
+        nj += 1
+        if nj >= NH + 2 * nm + 2:
+            nm += 1
+            nj = 0
+    for i in ttgl.static_range(T):
+        mbarrier.expect(xbars.index(i), 64 * 64 * 2)
+        tma.async_copy_global_to_shared(x_desc, [row0 + i * 64, col_x], xbars.index(i), xs.slice(i * 64, 64))
+
+    rows = ttgl.arange(0, 128, layout=ROW8)
+    cols = ttgl.arange(0, 64, layout=COL8)
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    if HAS_D:
+        Dh = ttgl.load(D_ptr + h)
+    j = zero
+    mbarrier.wait(xbars.index(T), 0)
+    for m in ttgl.static_range(M2):   # (unrolled: the D term slices x's rows at a constant)
+        dA_m = ttgl.load(dA_base + m * 128 + rows)
+        dA_r = ttgl.load(dA_base + ttgl.maximum(m * 128 - 1, 0))
+        dA_r = ttgl.where(m > 0, dA_r, 0.0)
+        nA = ttgl.load(dA_base + cols)
+        nT = ttgl.load(dt_base + cols)
+        acc = ttgl.zeros([128, 64], ttgl.float32, ACC8)
+        for hh in ttgl.static_range(NH):
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            acc = warpgroup_mma(ring.index(s), sts.index(hh).permute((1, 0)), acc)
+            ttgl.thread_barrier()
+            _issue8(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
+            nj += 1
+            if nj >= NH + 2 * nm + 2:
+                nm += 1
+                nj = 0
+            j += 1
+        acc = acc * ttgl.exp(dA_r)
+        for k in ttgl.static_range(2 * m):   # blocks wholly before the tile
+            f = ttgl.exp2((dA_r - nA) * LOG2E) * nT
+            nA = ttgl.load(dA_base + (k + 1) * 64 + cols)
+            nT = ttgl.load(dt_base + (k + 1) * 64 + cols)
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            cb = ring.index(s).load(ACC8).to(ttgl.float32)
+            w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP8)
+            mbarrier.wait(xbars.index(k), 0)
+            acc = warpgroup_mma(w, xs.slice(k * 64, 64), acc)
+            ttgl.thread_barrier()
+            _issue8(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
+            nj += 1
+            if nj >= NH + 2 * nm + 2:
+                nm += 1
+                nj = 0
+            j += 1
+        acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
+        for d in ttgl.static_range(2):   # the two blocks on the diagonal: decay per element
+            if d == 1:
+                nA = ttgl.load(dA_base + (2 * m + d) * 64 + cols)
+                nT = ttgl.load(dt_base + (2 * m + d) * 64 + cols)
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            cb = ring.index(s).load(ACC8).to(ttgl.float32)
+            keep = rows[:, None] >= (d * 64 + cols)[None, :]
+            w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (nA * LOG2E)[None, :]) * nT[None, :], 0.0)
+            mbarrier.wait(xbars.index(2 * m + d), 0)
+            acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP8), xs.slice((2 * m + d) * 64, 64), acc)
+            ttgl.thread_barrier()
+            _issue8(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
+            nj += 1
+            if nj >= NH + 2 * nm + 2:
+                nm += 1
+                nj = 0
+            j += 1
+        if HAS_D:   # x's rows of this tile: blocks 2m and 2m + 1, read as one 128-row view
+            xm = xs.slice(m * 128, 128).load(ACC8).to(ttgl.float32)
+            acc += xm * Dh
+        tok = (row0 + m * 128 + rows).to(ttgl.int64)
+        ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
+    for i in ttgl.static_range(RS):
+        mbarrier.invalidate(bars.index(i))
+    for i in ttgl.static_range(T + 1):
+        mbarrier.invalidate(xbars.index(i))
+
+
+def descriptors(x, C, cb, states, box_n=None, rows=64):
     """TMA descriptors of C, the states, CB and x; C's and the states' box is box_n wide in dstate
-    (all of it for v5, 64 for v6)."""
+    (all of it for v5, 64 for v6-v8); C's and CB's box is `rows` tall (128 for v8)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
     g, n = C.shape[2], C.shape[3]
@@ -434,9 +584,11 @@ def descriptors(x, C, cb, states, box_n=None):
     lay64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], gdt)
     layN = ttgl.NVMMASharedLayout.get_default_for([64, box_n], gdt)
     assert x.is_contiguous() and C.is_contiguous() and cb.is_contiguous() and states.is_contiguous()
-    return (GD(C, [b * l, g * n], [g * n, 1], [64, box_n], layN),
+    layR = ttgl.NVMMASharedLayout.get_default_for([rows, box_n], gdt)
+    layRC = ttgl.NVMMASharedLayout.get_default_for([rows, 64], gdt)
+    return (GD(C, [b * l, g * n], [g * n, 1], [rows, box_n], layR),
             GD(states, [b * nc * h * p, n], [n, 1], [64, box_n], layN),
-            GD(cb, [b * nc * g * q, q], [q, 1], [64, 64], lay64),
+            GD(cb, [b * nc * g * q, q], [q, 1], [rows, 64], layRC),
             GD(x, [b * l, h * p], [h * p, 1], [64, 64], lay64))
 
 
@@ -446,13 +598,14 @@ def launcher(version, x, C, cb, states, dA, dt, D, y, **knobs):
     b, l, h, p = x.shape
     g, n = C.shape[2], C.shape[3]
     nc = cb.shape[1]
-    descs = descriptors(x, C, cb, states, 64 if version in ("v6", "v7") else None)
-    grid = ((1 if version == "v7" else 4) * h * (p // 64), nc, b)   # v7: a program per chunk and head
+    descs = descriptors(x, C, cb, states, 64 if version in ("v6", "v7", "v8") else None,
+                        rows=128 if version == "v8" else 64)
+    grid = ((1 if version in ("v7", "v8") else 4) * h * (p // 64), nc, b)   # v7, v8: a program per chunk and head
     assert D is None or D.dim() == 1, "probe: D per head only"
-    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7}[version]
+    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7, "v8": scan_v8}[version]
     args = (*descs, dA, dt, y, D if D is not None else dA, l, h, p, g, h // g, y.stride(1), y.stride(2),
             dA.stride(0), dA.stride(1), dA.stride(2))
-    kw = dict(N=n, HAS_D=D is not None, num_warps=4, **knobs)
+    kw = dict(N=n, HAS_D=D is not None, num_warps=8 if version == "v8" else 4, **knobs)
     return lambda: kern[grid](*args, **kw)
 
 
@@ -460,18 +613,21 @@ def compile_only(version: str = "v5", cap: int | None = None, **knobs):
     maxnreg = knobs.pop("maxnreg", cap)
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     from triton.backends.compiler import GPUTarget
-    box = "64" if version in ("v6", "v7") else "128"
+    box = "64" if version in ("v6", "v7", "v8") else "128"
+    r = 128 if version == "v8" else 64
     lN = ttgl.NVMMASharedLayout.get_default_for([64, int(box)], ttgl.float16)
+    lR = ttgl.NVMMASharedLayout.get_default_for([r, int(box)], ttgl.float16)
     l64 = ttgl.NVMMASharedLayout.get_default_for([64, 64], ttgl.float16)
-    sig = {"C_desc": f"tensordesc<fp16[64,{box}],{lN}>", "st_desc": f"tensordesc<fp16[64,{box}],{lN}>",
-           "cb_desc": f"tensordesc<fp16[64,64],{l64}>", "x_desc": f"tensordesc<fp16[64,64],{l64}>"}
+    lR64 = ttgl.NVMMASharedLayout.get_default_for([r, 64], ttgl.float16)
+    sig = {"C_desc": f"tensordesc<fp16[{r},{box}],{lR}>", "st_desc": f"tensordesc<fp16[64,{box}],{lN}>",
+           "cb_desc": f"tensordesc<fp16[{r},64],{lR64}>", "x_desc": f"tensordesc<fp16[64,64],{l64}>"}
     sig.update({"dA_ptr": "*fp32", "dt_ptr": "*fp32", "y_ptr": "*fp16", "D_ptr": "*fp32", "L": "i32", "H": "i32",
                 "P": "i32", "G": "i32", "heads_per_group": "i32", "s_y_l": "i32", "s_y_h": "i32", "s_dt_b": "i32",
                 "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr"})
     sig.update({name: "constexpr" for name in knobs})
-    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7}[version]
+    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7, "v8": scan_v8}[version]
     k = triton.compile(ASTSource(kern, sig, {"N": 128, "HAS_D": True, **knobs}),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})})
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 8 if version == "v8" else 4, **({"maxnreg": maxnreg} if maxnreg else {})})
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
     from autossd.compile import _nvidia_resources
     regs, spill = _nvidia_resources(k.asm["cubin"])
