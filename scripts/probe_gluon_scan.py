@@ -422,6 +422,136 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         mbarrier.invalidate(xbars.index(i))
 
 
+@gluon.jit
+def _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j, nm, nj, M, row0, col_c, col_x, cb_row0, st_row,
+            RS: ttgl.constexpr, NH: ttgl.constexpr):
+    # pair item (nm, nj) into ring stage j % RS (tiles 2 s, 2 s + 1): row tile nm's (C half,
+    # state half) pairs for nj < NH, then its (CB, x) block pairs k = nj - NH = 0 .. nm
+    if nm < M:
+        s = j % RS
+        mbarrier.expect(bars.index(s), 2 * 64 * 64 * 2)
+        if nj < NH:
+            tma.async_copy_global_to_shared(C_desc, [row0 + nm * 64, col_c + nj * 64], bars.index(s),
+                                            ring.index(2 * s))
+            tma.async_copy_global_to_shared(st_desc, [st_row, nj * 64], bars.index(s), ring.index(2 * s + 1))
+        else:
+            tma.async_copy_global_to_shared(cb_desc, [cb_row0 + nm * 64, (nj - NH) * 64], bars.index(s),
+                                            ring.index(2 * s))
+            tma.async_copy_global_to_shared(x_desc, [row0 + (nj - NH) * 64, col_x], bars.index(s),
+                                            ring.index(2 * s + 1))
+
+
+@gluon.jit
+def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
+            L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
+            N: ttgl.constexpr, HAS_D: ttgl.constexpr, RS: ttgl.constexpr = 3):
+    # v6's data (each row tile reads C, the state tile and its blocks, 48 KB of ring: 4 CTAs per
+    # SM), but one program walks the chunk's row tiles in order, as v7, with every operand pair
+    # streaming through one ring in the order of use: the next row tile's C and state tile arrive
+    # while this one's blocks run, and a program's prologue and exit drain (§121: ~7% of the
+    # cycles) are paid once per chunk and head instead of once per row tile.
+    ttgl.static_assert(N == 64 or N == 128)
+    NH: ttgl.constexpr = N // 64
+    dtype: ttgl.constexpr = C_desc.dtype
+    npn = P // 64
+    pid0 = ttgl.program_id(0)
+    c = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    h = pid0 // npn
+    pid_n = pid0 % npn
+    g = h // heads_per_group
+    NC = L // CHUNK
+    clen = ttgl.minimum(CHUNK, L - c * CHUNK)
+    M = (clen + 63) // 64
+    row0 = b * L + c * CHUNK
+    col_x = h * P + pid_n * 64
+    col_c = g * N
+    cb_row0 = ((b * NC + c) * G + g) * CHUNK
+    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
+
+    ring = ttgl.allocate_shared_memory(dtype, [2 * RS, 64, 64], cb_desc.layout)
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [RS, 1], mbarrier.MBarrierLayout())
+    for i in ttgl.static_range(RS):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    zero = pid0 * 0
+    nm = zero
+    nj = zero
+    for i in ttgl.static_range(RS):
+        _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, i, nm, nj, M, row0, col_c, col_x, cb_row0, st_row,
+                RS, NH)
+        nj += 1
+        if nj > NH + nm:
+            nm += 1
+            nj = 0
+
+    rows = ttgl.arange(0, 64, layout=ROW)
+    cols = ttgl.arange(0, 64, layout=COL)
+    dA_base = dA_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    dt_base = dt_ptr + b.to(ttgl.int64) * s_dt_b + h * s_dt_h + c.to(ttgl.int64) * s_dt_c
+    keep = rows[:, None] >= cols[None, :]
+    if HAS_D:
+        Dh = ttgl.load(D_ptr + h)
+    j = zero
+    for m in range(M):
+        dA_m = ttgl.load(dA_base + m * 64 + rows)
+        dA_r = ttgl.load(dA_base + ttgl.maximum(m * 64 - 1, 0))
+        dA_r = ttgl.where(m > 0, dA_r, 0.0)
+        nA = ttgl.load(dA_base + cols)
+        nT = ttgl.load(dt_base + cols)
+        acc = ttgl.zeros([64, 64], ttgl.float32, ACC)
+        for hh in ttgl.static_range(NH):
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            acc = warpgroup_mma(ring.index(2 * s), ring.index(2 * s + 1).permute((1, 0)), acc)
+            ttgl.thread_barrier()
+            _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0,
+                    st_row, RS, NH)
+            nj += 1
+            if nj > NH + nm:
+                nm += 1
+                nj = 0
+            j += 1
+        acc = acc * ttgl.exp(dA_r)
+        for k in range(0, m):
+            f = ttgl.exp2((dA_r - nA) * LOG2E) * nT
+            nA = ttgl.load(dA_base + (k + 1) * 64 + cols)
+            nT = ttgl.load(dt_base + (k + 1) * 64 + cols)
+            s = j % RS
+            mbarrier.wait(bars.index(s), (j // RS) & 1)
+            cb = ring.index(2 * s).load(ACC).to(ttgl.float32)
+            w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
+            acc = warpgroup_mma(w, ring.index(2 * s + 1), acc)
+            ttgl.thread_barrier()
+            _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0,
+                    st_row, RS, NH)
+            nj += 1
+            if nj > NH + nm:
+                nm += 1
+                nj = 0
+            j += 1
+        acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
+        s = j % RS
+        mbarrier.wait(bars.index(s), (j // RS) & 1)
+        cb = ring.index(2 * s).load(ACC).to(ttgl.float32)
+        w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (nA * LOG2E)[None, :]) * nT[None, :], 0.0)
+        acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), ring.index(2 * s + 1), acc)
+        if HAS_D:   # x's rows of this tile are the diagonal block's x tile, read before the refill
+            acc += ring.index(2 * s + 1).load(ACC).to(ttgl.float32) * Dh
+        ttgl.thread_barrier()
+        _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0,
+                st_row, RS, NH)
+        nj += 1
+        if nj > NH + nm:
+            nm += 1
+            nj = 0
+        j += 1
+        tok = (row0 + m * 64 + rows).to(ttgl.int64)
+        ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
+    for i in ttgl.static_range(RS):
+        mbarrier.invalidate(bars.index(i))
+
+
 ACC8 = ttgl.constexpr(ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]))
 A_OP8 = ttgl.constexpr(ttgl.DotOperandLayout(0, ACC8.value, 2))
 ROW8 = ttgl.constexpr(ttgl.SliceLayout(1, ACC8.value))
@@ -598,11 +728,11 @@ def launcher(version, x, C, cb, states, dA, dt, D, y, **knobs):
     b, l, h, p = x.shape
     g, n = C.shape[2], C.shape[3]
     nc = cb.shape[1]
-    descs = descriptors(x, C, cb, states, 64 if version in ("v6", "v7", "v8") else None,
+    descs = descriptors(x, C, cb, states, 64 if version in ("v6", "v7", "v8", "v9") else None,
                         rows=128 if version == "v8" else 64)
-    grid = ((1 if version in ("v7", "v8") else 4) * h * (p // 64), nc, b)   # v7, v8: a program per chunk and head
+    grid = ((1 if version in ("v7", "v8", "v9") else 4) * h * (p // 64), nc, b)   # v7-v9: a program per chunk and head
     assert D is None or D.dim() == 1, "probe: D per head only"
-    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7, "v8": scan_v8}[version]
+    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7, "v8": scan_v8, "v9": scan_v9}[version]
     args = (*descs, dA, dt, y, D if D is not None else dA, l, h, p, g, h // g, y.stride(1), y.stride(2),
             dA.stride(0), dA.stride(1), dA.stride(2))
     kw = dict(N=n, HAS_D=D is not None, num_warps=8 if version == "v8" else 4, **knobs)
@@ -613,7 +743,7 @@ def compile_only(version: str = "v5", cap: int | None = None, **knobs):
     maxnreg = knobs.pop("maxnreg", cap)
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     from triton.backends.compiler import GPUTarget
-    box = "64" if version in ("v6", "v7", "v8") else "128"
+    box = "64" if version in ("v6", "v7", "v8", "v9") else "128"
     r = 128 if version == "v8" else 64
     lN = ttgl.NVMMASharedLayout.get_default_for([64, int(box)], ttgl.float16)
     lR = ttgl.NVMMASharedLayout.get_default_for([r, int(box)], ttgl.float16)
@@ -625,7 +755,7 @@ def compile_only(version: str = "v5", cap: int | None = None, **knobs):
                 "P": "i32", "G": "i32", "heads_per_group": "i32", "s_y_l": "i32", "s_y_h": "i32", "s_dt_b": "i32",
                 "s_dt_h": "i32", "s_dt_c": "i32", "N": "constexpr", "HAS_D": "constexpr"})
     sig.update({name: "constexpr" for name in knobs})
-    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7, "v8": scan_v8}[version]
+    kern = {"v5": scan_v5, "v6": scan_v6, "v7": scan_v7, "v8": scan_v8, "v9": scan_v9}[version]
     k = triton.compile(ASTSource(kern, sig, {"N": 128, "HAS_D": True, **knobs}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 8 if version == "v8" else 4, **({"maxnreg": maxnreg} if maxnreg else {})})
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's autossd
