@@ -1,6 +1,13 @@
-"""Probe: non-persistent Gluon chunk scans, v5 (BENCHMARKS §91) and v6 (§92). v6 ships as the
-`scan_gluon` knob (templates/ssd_fwd/chunk_scan_gluon.jinja, §93); this script keeps both for
-experiments. Needs an sm90 GPU to run (Gluon has no interpreter); `--compile-only` cross-compiles.
+"""Probe: Gluon chunk scans, v5 (BENCHMARKS §91), v6 (§92), v7 (§122), v8 (§123) and v9 (§125).
+v6 ships as the `scan_gluon` knob (templates/ssd_fwd/chunk_scan_gluon.jinja, §93); this script
+keeps all of them for experiments. Needs an sm90 GPU to run (Gluon has no interpreter);
+`--compile-only` cross-compiles.
+
+v7-v9 run one program per (chunk, head, headdim tile), walking the chunk's row tiles in order,
+with their operands streamed through one ring in the order of use (`_issue7`/`_issue8`/`_issue9`,
+each item refilled RS items ahead). v7 keeps the state tile and every x block resident (72 KB,
+3 CTAs per SM, a third fewer L2 reads than v6); v8 is v7 with 128-row tiles in two warpgroups;
+v9 streams v6's operand pairs through v6's 48 KB ring. None beat v6 by more than 1-3% (§122-§125).
 
 Same grid and program as the tl kernel (one program per (64-row tile, head, headdim tile), chunk,
 batch), but every MMA operand arrives by TMA. v5: C and the state tile at the program's start,
