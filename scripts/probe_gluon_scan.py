@@ -4,7 +4,7 @@ keeps all of them for experiments. Needs an sm90 GPU to run (Gluon has no interp
 `--compile-only` cross-compiles.
 
 v7-v9 run one program per (chunk, head, headdim tile), walking the chunk's row tiles in order,
-with their operands streamed through one ring in the order of use (`_issue7`/`_issue8`/`_issue9`,
+with their operands streamed through one ring in the order of use (`_issue7` for v7 and v8, `_issue9`,
 each item refilled RS items ahead). v7 keeps the state tile and every x block resident (72 KB,
 3 CTAs per SM, a third fewer L2 reads than v6); v8 is v7 with 128-row tiles in two warpgroups;
 v9 streams v6's operand pairs through v6's 48 KB ring. None beat v6 by more than 1-3% (§122-§125).
@@ -284,18 +284,56 @@ def scan_v6(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
 
 
 @gluon.jit
+def _chunk_program(L, H, P, G, heads_per_group, N: ttgl.constexpr):
+    # v7-v9's program: (headdim tile, head) on axis 0, chunk, batch; its coordinates in the
+    # descriptors' 2-D views (x, C, CB, the states) and its chunk's length
+    npn = P // 64
+    pid0 = ttgl.program_id(0)
+    c = ttgl.program_id(1)
+    b = ttgl.program_id(2)
+    h = pid0 // npn
+    pid_n = pid0 % npn
+    g = h // heads_per_group
+    NC = L // CHUNK
+    row0 = b * L + c * CHUNK
+    cb_row0 = ((b * NC + c) * G + g) * CHUNK
+    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
+    return pid0, c, b, h, pid_n, row0, h * P + pid_n * 64, g * N, cb_row0, st_row, ttgl.minimum(CHUNK, L - c * CHUNK)
+
+
+@gluon.jit
+def _advance(nm, nj, per_tile):
+    # the item after (row tile nm, item nj), where row tile nm has per_tile items
+    nj += 1
+    if nj >= per_tile:
+        nm += 1
+        nj = 0
+    return nm, nj
+
+
+@gluon.jit
 def _issue7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0,
-            RS: ttgl.constexpr, NH: ttgl.constexpr):
+            RS: ttgl.constexpr, NH: ttgl.constexpr, ROWS: ttgl.constexpr = 64):
     # item (nm, nj) of the program's sequence into ring stage j % RS: row tile nm's C halves
-    # (nj < NH), then its CB tiles (nj - NH = 0 .. nm); nothing past the last row tile
+    # (nj < NH), then its CB tiles (ROWS x 64: blocks nj - NH = 0 .. (nm + 1) ROWS / 64 - 1);
+    # nothing past the last row tile. v7: 64-row tiles; v8: 128
     if nm < M:
         s = j % RS
-        mbarrier.expect(bars.index(s), 64 * 64 * 2)
+        mbarrier.expect(bars.index(s), ROWS * 64 * 2)
         if nj < NH:
-            tma.async_copy_global_to_shared(C_desc, [row0 + nm * 64, col_c + nj * 64], bars.index(s), ring.index(s))
+            tma.async_copy_global_to_shared(C_desc, [row0 + nm * ROWS, col_c + nj * 64], bars.index(s), ring.index(s))
         else:
-            tma.async_copy_global_to_shared(cb_desc, [cb_row0 + nm * 64, (nj - NH) * 64], bars.index(s),
+            tma.async_copy_global_to_shared(cb_desc, [cb_row0 + nm * ROWS, (nj - NH) * 64], bars.index(s),
                                             ring.index(s))
+
+
+@gluon.jit
+def _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS: ttgl.constexpr, NH: ttgl.constexpr,
+           ROWS: ttgl.constexpr = 64):
+    # every warp is done with item j's stage: refill it with item j + RS, the generator's next
+    ttgl.thread_barrier()
+    _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH, ROWS)
+    return _advance(nm, nj, NH + (ROWS // 64) * (nm + 1))
 
 
 @gluon.jit
@@ -313,21 +351,8 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     NH: ttgl.constexpr = N // 64
     dtype: ttgl.constexpr = C_desc.dtype
     T: ttgl.constexpr = CHUNK // 64
-    npn = P // 64
-    pid0 = ttgl.program_id(0)
-    c = ttgl.program_id(1)
-    b = ttgl.program_id(2)
-    h = pid0 // npn
-    pid_n = pid0 % npn
-    g = h // heads_per_group
-    NC = L // CHUNK
-    clen = ttgl.minimum(CHUNK, L - c * CHUNK)
+    pid0, c, b, h, pid_n, row0, col_x, col_c, cb_row0, st_row, clen = _chunk_program(L, H, P, G, heads_per_group, N)
     M = (clen + 63) // 64
-    row0 = b * L + c * CHUNK
-    col_x = h * P + pid_n * 64
-    col_c = g * N
-    cb_row0 = ((b * NC + c) * G + g) * CHUNK
-    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
 
     ring = ttgl.allocate_shared_memory(dtype, [RS, 64, 64], cb_desc.layout)
     xs = ttgl.allocate_shared_memory(dtype, [T, 64, 64], x_desc.layout)
@@ -348,10 +373,7 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     nj = zero
     for i in ttgl.static_range(RS):
         _issue7(C_desc, cb_desc, ring, bars, i, nm, nj, M, row0, col_c, cb_row0, RS, NH)
-        nj += 1
-        if nj > NH + nm:
-            nm += 1
-            nj = 0
+        nm, nj = _advance(nm, nj, NH + nm + 1)
     for i in ttgl.static_range(T):
         if i < M:
             mbarrier.expect(xbars.index(i), 64 * 64 * 2)
@@ -378,12 +400,7 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             s = j % RS
             mbarrier.wait(bars.index(s), (j // RS) & 1)
             acc = warpgroup_mma(ring.index(s), sts.index(hh).permute((1, 0)), acc)
-            ttgl.thread_barrier()   # every warp is done with stage s: refill it RS items ahead
-            _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH)
-            nj += 1
-            if nj > NH + nm:
-                nm += 1
-                nj = 0
+            nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
             j += 1
         acc = acc * ttgl.exp(dA_r)
         # blocks before the diagonal, as v6
@@ -397,12 +414,7 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
             mbarrier.wait(xbars.index(k), 0)
             acc = warpgroup_mma(w, xs.index(k), acc)
-            ttgl.thread_barrier()
-            _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH)
-            nj += 1
-            if nj > NH + nm:
-                nm += 1
-                nj = 0
+            nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
             j += 1
         # the diagonal block
         acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
@@ -412,12 +424,7 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (nA * LOG2E)[None, :]) * nT[None, :], 0.0)
         mbarrier.wait(xbars.index(m), 0)
         acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), xs.index(m), acc)
-        ttgl.thread_barrier()
-        _issue7(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, cb_row0, RS, NH)
-        nj += 1
-        if nj > NH + nm:
-            nm += 1
-            nj = 0
+        nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
         j += 1
         if HAS_D:
             acc += xs.index(m).load(ACC).to(ttgl.float32) * Dh
@@ -449,6 +456,15 @@ def _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j, nm, nj, M, row0, co
 
 
 @gluon.jit
+def _next9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j, nm, nj, M, row0, col_c, col_x, cb_row0, st_row,
+           RS: ttgl.constexpr, NH: ttgl.constexpr):
+    ttgl.thread_barrier()   # as _next7, for v9's pairs
+    _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0, st_row,
+            RS, NH)
+    return _advance(nm, nj, NH + nm + 1)
+
+
+@gluon.jit
 def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
             N: ttgl.constexpr, HAS_D: ttgl.constexpr, RS: ttgl.constexpr = 3):
@@ -460,21 +476,8 @@ def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     ttgl.static_assert(N == 64 or N == 128)
     NH: ttgl.constexpr = N // 64
     dtype: ttgl.constexpr = C_desc.dtype
-    npn = P // 64
-    pid0 = ttgl.program_id(0)
-    c = ttgl.program_id(1)
-    b = ttgl.program_id(2)
-    h = pid0 // npn
-    pid_n = pid0 % npn
-    g = h // heads_per_group
-    NC = L // CHUNK
-    clen = ttgl.minimum(CHUNK, L - c * CHUNK)
+    pid0, c, b, h, pid_n, row0, col_x, col_c, cb_row0, st_row, clen = _chunk_program(L, H, P, G, heads_per_group, N)
     M = (clen + 63) // 64
-    row0 = b * L + c * CHUNK
-    col_x = h * P + pid_n * 64
-    col_c = g * N
-    cb_row0 = ((b * NC + c) * G + g) * CHUNK
-    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
 
     ring = ttgl.allocate_shared_memory(dtype, [2 * RS, 64, 64], cb_desc.layout)
     bars = ttgl.allocate_shared_memory(ttgl.int64, [RS, 1], mbarrier.MBarrierLayout())
@@ -487,10 +490,7 @@ def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     for i in ttgl.static_range(RS):
         _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, i, nm, nj, M, row0, col_c, col_x, cb_row0, st_row,
                 RS, NH)
-        nj += 1
-        if nj > NH + nm:
-            nm += 1
-            nj = 0
+        nm, nj = _advance(nm, nj, NH + nm + 1)
 
     rows = ttgl.arange(0, 64, layout=ROW)
     cols = ttgl.arange(0, 64, layout=COL)
@@ -511,13 +511,8 @@ def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             s = j % RS
             mbarrier.wait(bars.index(s), (j // RS) & 1)
             acc = warpgroup_mma(ring.index(2 * s), ring.index(2 * s + 1).permute((1, 0)), acc)
-            ttgl.thread_barrier()
-            _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0,
-                    st_row, RS, NH)
-            nj += 1
-            if nj > NH + nm:
-                nm += 1
-                nj = 0
+            nm, nj = _next9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j, nm, nj, M, row0, col_c, col_x,
+                              cb_row0, st_row, RS, NH)
             j += 1
         acc = acc * ttgl.exp(dA_r)
         for k in range(0, m):
@@ -529,13 +524,8 @@ def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             cb = ring.index(2 * s).load(ACC).to(ttgl.float32)
             w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
             acc = warpgroup_mma(w, ring.index(2 * s + 1), acc)
-            ttgl.thread_barrier()
-            _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0,
-                    st_row, RS, NH)
-            nj += 1
-            if nj > NH + nm:
-                nm += 1
-                nj = 0
+            nm, nj = _next9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j, nm, nj, M, row0, col_c, col_x,
+                              cb_row0, st_row, RS, NH)
             j += 1
         acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
         s = j % RS
@@ -545,13 +535,8 @@ def scan_v9(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), ring.index(2 * s + 1), acc)
         if HAS_D:   # x's rows of this tile are the diagonal block's x tile, read before the refill
             acc += ring.index(2 * s + 1).load(ACC).to(ttgl.float32) * Dh
-        ttgl.thread_barrier()
-        _issue9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j + RS, nm, nj, M, row0, col_c, col_x, cb_row0,
-                st_row, RS, NH)
-        nj += 1
-        if nj > NH + nm:
-            nm += 1
-            nj = 0
+        nm, nj = _next9(C_desc, st_desc, cb_desc, x_desc, ring, bars, j, nm, nj, M, row0, col_c, col_x,
+                          cb_row0, st_row, RS, NH)
         j += 1
         tok = (row0 + m * 64 + rows).to(ttgl.int64)
         ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
@@ -563,21 +548,6 @@ ACC8 = ttgl.constexpr(ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=
 A_OP8 = ttgl.constexpr(ttgl.DotOperandLayout(0, ACC8.value, 2))
 ROW8 = ttgl.constexpr(ttgl.SliceLayout(1, ACC8.value))
 COL8 = ttgl.constexpr(ttgl.SliceLayout(0, ACC8.value))
-
-
-@gluon.jit
-def _issue8(C_desc, cb_desc, ring, bars, j, nm, nj, M2, row0, col_c, cb_row0,
-            RS: ttgl.constexpr, NH: ttgl.constexpr):
-    # v7's item sequence for 128-row tiles: row tile nm's C halves (nj < NH), then its CB tiles
-    # (128 x 64: blocks nj - NH = 0 .. 2 nm + 1)
-    if nm < M2:
-        s = j % RS
-        mbarrier.expect(bars.index(s), 128 * 64 * 2)
-        if nj < NH:
-            tma.async_copy_global_to_shared(C_desc, [row0 + nm * 128, col_c + nj * 64], bars.index(s), ring.index(s))
-        else:
-            tma.async_copy_global_to_shared(cb_desc, [cb_row0 + nm * 128, (nj - NH) * 64], bars.index(s),
-                                            ring.index(s))
 
 
 @gluon.jit
@@ -595,19 +565,7 @@ def scan_v8(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     dtype: ttgl.constexpr = C_desc.dtype
     T: ttgl.constexpr = CHUNK // 64
     M2: ttgl.constexpr = CHUNK // 128
-    npn = P // 64
-    pid0 = ttgl.program_id(0)
-    c = ttgl.program_id(1)
-    b = ttgl.program_id(2)
-    h = pid0 // npn
-    pid_n = pid0 % npn
-    g = h // heads_per_group
-    NC = L // CHUNK
-    row0 = b * L + c * CHUNK
-    col_x = h * P + pid_n * 64
-    col_c = g * N
-    cb_row0 = ((b * NC + c) * G + g) * CHUNK
-    st_row = ((b * NC + c) * H + h) * P + pid_n * 64
+    pid0, c, b, h, pid_n, row0, col_x, col_c, cb_row0, st_row, _ = _chunk_program(L, H, P, G, heads_per_group, N)
 
     ring = ttgl.allocate_shared_memory(dtype, [RS, 128, 64], cb_desc.layout)
     xs = ttgl.allocate_shared_memory(dtype, [T * 64, 64], x_desc.layout)   # block k: rows 64 k ...
@@ -626,11 +584,8 @@ def scan_v8(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     nm = zero
     nj = zero
     for i in ttgl.static_range(RS):
-        _issue8(C_desc, cb_desc, ring, bars, i, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
-        nj += 1
-        if nj >= NH + 2 * nm + 2:
-            nm += 1
-            nj = 0
+        _issue7(C_desc, cb_desc, ring, bars, i, nm, nj, M2, row0, col_c, cb_row0, RS, NH, 128)
+        nm, nj = _advance(nm, nj, NH + 2 * nm + 2)
     for i in ttgl.static_range(T):
         mbarrier.expect(xbars.index(i), 64 * 64 * 2)
         tma.async_copy_global_to_shared(x_desc, [row0 + i * 64, col_x], xbars.index(i), xs.slice(i * 64, 64))
@@ -654,12 +609,7 @@ def scan_v8(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             s = j % RS
             mbarrier.wait(bars.index(s), (j // RS) & 1)
             acc = warpgroup_mma(ring.index(s), sts.index(hh).permute((1, 0)), acc)
-            ttgl.thread_barrier()
-            _issue8(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
-            nj += 1
-            if nj >= NH + 2 * nm + 2:
-                nm += 1
-                nj = 0
+            nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M2, row0, col_c, cb_row0, RS, NH, 128)
             j += 1
         acc = acc * ttgl.exp(dA_r)
         for k in ttgl.static_range(2 * m):   # blocks wholly before the tile
@@ -672,12 +622,7 @@ def scan_v8(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP8)
             mbarrier.wait(xbars.index(k), 0)
             acc = warpgroup_mma(w, xs.slice(k * 64, 64), acc)
-            ttgl.thread_barrier()
-            _issue8(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
-            nj += 1
-            if nj >= NH + 2 * nm + 2:
-                nm += 1
-                nj = 0
+            nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M2, row0, col_c, cb_row0, RS, NH, 128)
             j += 1
         acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
         for d in ttgl.static_range(2):   # the two blocks on the diagonal: decay per element
@@ -691,12 +636,7 @@ def scan_v8(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             w = ttgl.where(keep, cb * ttgl.exp2((dA_m * LOG2E)[:, None] - (nA * LOG2E)[None, :]) * nT[None, :], 0.0)
             mbarrier.wait(xbars.index(2 * m + d), 0)
             acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP8), xs.slice((2 * m + d) * 64, 64), acc)
-            ttgl.thread_barrier()
-            _issue8(C_desc, cb_desc, ring, bars, j + RS, nm, nj, M2, row0, col_c, cb_row0, RS, NH)
-            nj += 1
-            if nj >= NH + 2 * nm + 2:
-                nm += 1
-                nj = 0
+            nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M2, row0, col_c, cb_row0, RS, NH, 128)
             j += 1
         if HAS_D:   # x's rows of this tile: blocks 2m and 2m + 1, read as one 128-row view
             xm = xs.slice(m * 128, 128).load(ACC8).to(ttgl.float32)
