@@ -339,7 +339,7 @@ def _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS: 
 @gluon.jit
 def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             L, H, P, G, heads_per_group, s_y_l, s_y_h, s_dt_b, s_dt_h, s_dt_c,
-            N: ttgl.constexpr, HAS_D: ttgl.constexpr, RS: ttgl.constexpr = 3):
+            N: ttgl.constexpr, HAS_D: ttgl.constexpr, RS: ttgl.constexpr = 3, XSCALE: ttgl.constexpr = 0):
     # One program per (headdim tile, head, chunk, batch) walks the chunk's 64-row tiles in
     # order (v6: one program per row tile). The kernel is bound by L2 -> SM reads (§121: 12 GB of
     # TMA reads at 2.7b 1x131072 against 3.5 GB of DRAM traffic): v6 reads the state tile once per
@@ -347,6 +347,12 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     # stay in shared memory for the whole chunk (each read once); C's halves and the CB tiles
     # stream through a ring of RS 64 x 64 stages in the order they are used, each refilled with
     # the item RS ahead once every warp is done with it. 72 KB at RS = 3: 3 CTAs per SM.
+    # XSCALE = 1 (v10, §126): no register work on CB before the diagonal. A block k < m's weight
+    # exp(dA_r - dA_s) dt_s is exp(dA_r - dA_e) * exp(dA_e - dA_s) dt_s with e = k's last token: the
+    # second factor scales x block k's rows once, in shared memory, after row tile k has used it
+    # raw; the first is a scalar per block, taken by the accumulator as a running ratio before
+    # each block (exp(dA_e(k) - dA_e(k-1)) <= 1; the last one leaves exp(dA_r) on the C.S term).
+    # Those blocks' wgmmas then read both operands from shared memory: CB as stored, x scaled.
     ttgl.static_assert(N == 64 or N == 128)
     NH: ttgl.constexpr = N // 64
     dtype: ttgl.constexpr = C_desc.dtype
@@ -402,20 +408,34 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             acc = warpgroup_mma(ring.index(s), sts.index(hh).permute((1, 0)), acc)
             nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
             j += 1
-        acc = acc * ttgl.exp(dA_r)
-        # blocks before the diagonal, as v6
-        for k in range(0, m):
-            f = ttgl.exp2((dA_r - nA) * LOG2E) * nT
-            nA = ttgl.load(dA_base + (k + 1) * 64 + cols)
-            nT = ttgl.load(dt_base + (k + 1) * 64 + cols)
-            s = j % RS
-            mbarrier.wait(bars.index(s), (j // RS) & 1)
-            cb = ring.index(s).load(ACC).to(ttgl.float32)
-            w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
-            mbarrier.wait(xbars.index(k), 0)
-            acc = warpgroup_mma(w, xs.index(k), acc)
-            nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
-            j += 1
+        if XSCALE:
+            prev = dA_r * 0.0
+            for k in range(0, m):
+                dA_e = ttgl.load(dA_base + k * 64 + 63)
+                acc = acc * ttgl.exp(dA_e - prev)
+                prev = dA_e
+                s = j % RS
+                mbarrier.wait(bars.index(s), (j // RS) & 1)
+                mbarrier.wait(xbars.index(k), 0)
+                acc = warpgroup_mma(ring.index(s), xs.index(k), acc)
+                nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
+                j += 1
+            nA = ttgl.load(dA_base + m * 64 + cols)   # the diagonal block's
+            nT = ttgl.load(dt_base + m * 64 + cols)
+        else:   # blocks before the diagonal, as v6
+            acc = acc * ttgl.exp(dA_r)
+            for k in range(0, m):
+                f = ttgl.exp2((dA_r - nA) * LOG2E) * nT
+                nA = ttgl.load(dA_base + (k + 1) * 64 + cols)
+                nT = ttgl.load(dt_base + (k + 1) * 64 + cols)
+                s = j % RS
+                mbarrier.wait(bars.index(s), (j // RS) & 1)
+                cb = ring.index(s).load(ACC).to(ttgl.float32)
+                w = ttgl.convert_layout((cb * f[None, :]).to(dtype), A_OP)
+                mbarrier.wait(xbars.index(k), 0)
+                acc = warpgroup_mma(w, xs.index(k), acc)
+                nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
+                j += 1
         # the diagonal block
         acc = acc * ttgl.exp2((dA_m - dA_r) * LOG2E)[:, None]
         s = j % RS
@@ -426,8 +446,17 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
         acc = warpgroup_mma(ttgl.convert_layout(w.to(dtype), A_OP), xs.index(m), acc)
         nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
         j += 1
+        if HAS_D or XSCALE:
+            xm = xs.index(m).load(ACC).to(ttgl.float32)
         if HAS_D:
-            acc += xs.index(m).load(ACC).to(ttgl.float32) * Dh
+            acc += xm * Dh
+        if XSCALE:
+            if m + 1 < M:   # later row tiles read this block scaled by exp(dA_e - dA_s) dt_s
+                dA_e = ttgl.load(dA_base + m * 64 + 63)
+                wrow = ttgl.exp2((dA_e - dA_m) * LOG2E) * ttgl.load(dt_base + m * 64 + rows)
+                xs.index(m).store((xm * wrow[:, None]).to(dtype))
+                fence_async_shared()
+                ttgl.thread_barrier()
         tok = (row0 + m * 64 + rows).to(ttgl.int64)
         ttgl.store(y_ptr + tok[:, None] * s_y_l + h * s_y_h + (pid_n * 64 + cols)[None, :], acc.to(dtype))
     for i in ttgl.static_range(RS):
