@@ -353,6 +353,8 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     # raw; the first is a scalar per block, taken by the accumulator as a running ratio before
     # each block (exp(dA_e(k) - dA_e(k-1)) <= 1; the last one leaves exp(dA_r) on the C.S term).
     # Those blocks' wgmmas then read both operands from shared memory: CB as stored, x scaled.
+    # XSCALE = 2 (§128): as 1, with every dA/dt load issued a row tile (or a block) before its
+    # use: §127 found v10's chain waiting on them (Long Scoreboard 2.7 cycles per instruction).
     ttgl.static_assert(N == 64 or N == 128)
     NH: ttgl.constexpr = N // 64
     dtype: ttgl.constexpr = C_desc.dtype
@@ -393,13 +395,31 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
     if HAS_D:
         Dh = ttgl.load(D_ptr + h)
     j = zero     # items consumed
+    if XSCALE == 2:   # row tile 0's dA/dt vectors and block 0's last dA; later ones a step ahead
+        p_dA = ttgl.load(dA_base + rows)
+        p_dt = ttgl.load(dt_base + rows)
+        p_nA = ttgl.load(dA_base + cols)
+        p_nT = ttgl.load(dt_base + cols)
+        e0 = ttgl.load(dA_base + 63)
     mbarrier.wait(xbars.index(T), 0)
     for m in range(M):
-        dA_m = ttgl.load(dA_base + m * 64 + rows)
-        dA_r = ttgl.load(dA_base + ttgl.maximum(m * 64 - 1, 0))
-        dA_r = ttgl.where(m > 0, dA_r, 0.0)
-        nA = ttgl.load(dA_base + cols)
-        nT = ttgl.load(dt_base + cols)
+        if XSCALE == 2:   # this row tile's, loaded a row tile ago; the next one's now
+            dA_m = p_dA
+            dt_m = p_dt
+            nA = p_nA
+            nT = p_nT
+            mn = ttgl.minimum(m + 1, M - 1)
+            p_dA = ttgl.load(dA_base + mn * 64 + rows)
+            p_dt = ttgl.load(dt_base + mn * 64 + rows)
+            p_nA = ttgl.load(dA_base + mn * 64 + cols)
+            p_nT = ttgl.load(dt_base + mn * 64 + cols)
+            e_m = ttgl.load(dA_base + m * 64 + 63)   # for x block m's scaling, after the diagonal
+        else:
+            dA_m = ttgl.load(dA_base + m * 64 + rows)
+            dA_r = ttgl.load(dA_base + ttgl.maximum(m * 64 - 1, 0))
+            dA_r = ttgl.where(m > 0, dA_r, 0.0)
+            nA = ttgl.load(dA_base + cols)
+            nT = ttgl.load(dt_base + cols)
         acc = ttgl.zeros([64, 64], ttgl.float32, ACC)
         # exp(dA_t) C_t S_prev: C's halves from the ring, the state tile resident
         for hh in ttgl.static_range(NH):
@@ -409,9 +429,17 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
             j += 1
         if XSCALE:
-            prev = dA_r * 0.0
+            if XSCALE == 2:
+                prev = e0 * 0.0
+                e_n = e0
+            else:
+                prev = dA_r * 0.0
             for k in range(0, m):
-                dA_e = ttgl.load(dA_base + k * 64 + 63)
+                if XSCALE == 2:   # block k's last dA, loaded a block ago
+                    dA_e = e_n
+                    e_n = ttgl.load(dA_base + (k + 1) * 64 + 63)
+                else:
+                    dA_e = ttgl.load(dA_base + k * 64 + 63)
                 acc = acc * ttgl.exp(dA_e - prev)
                 prev = dA_e
                 s = j % RS
@@ -420,8 +448,11 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
                 acc = warpgroup_mma(ring.index(s), xs.index(k), acc)
                 nm, nj = _next7(C_desc, cb_desc, ring, bars, j, nm, nj, M, row0, col_c, cb_row0, RS, NH)
                 j += 1
-            nA = ttgl.load(dA_base + m * 64 + cols)   # the diagonal block's
-            nT = ttgl.load(dt_base + m * 64 + cols)
+            if XSCALE == 2:
+                dA_r = prev   # the last token before this row tile (0 for the first)
+            else:
+                nA = ttgl.load(dA_base + m * 64 + cols)   # the diagonal block's
+                nT = ttgl.load(dt_base + m * 64 + cols)
         else:   # blocks before the diagonal, as v6
             acc = acc * ttgl.exp(dA_r)
             for k in range(0, m):
@@ -452,8 +483,11 @@ def scan_v7(C_desc, st_desc, cb_desc, x_desc, dA_ptr, dt_ptr, y_ptr, D_ptr,
             acc += xm * Dh
         if XSCALE:
             if m + 1 < M:   # later row tiles read this block scaled by exp(dA_e - dA_s) dt_s
-                dA_e = ttgl.load(dA_base + m * 64 + 63)
-                wrow = ttgl.exp2((dA_e - dA_m) * LOG2E) * ttgl.load(dt_base + m * 64 + rows)
+                if XSCALE == 2:
+                    wrow = ttgl.exp2((e_m - dA_m) * LOG2E) * dt_m
+                else:
+                    dA_e = ttgl.load(dA_base + m * 64 + 63)
+                    wrow = ttgl.exp2((dA_e - dA_m) * LOG2E) * ttgl.load(dt_base + m * 64 + rows)
                 xs.index(m).store((xm * wrow[:, None]).to(dtype))
                 fence_async_shared()
                 ttgl.thread_barrier()
