@@ -118,7 +118,12 @@ KNOBS: tuple[Knob, ...] = (
     # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
     # address) runs the tl kernel of the same config. 9-12% faster than the tl kernel at the
     # large shapes (BENCHMARKS.md §92); measured_only: the static model cannot rank a data path.
-    Knob("scan_gluon", (0, 1), 0, "1: the Gluon chunk scan with TMA operands (sm90)", "chunk_scan",
+    # 2: one program per chunk and head walks the chunk's row tiles with the state tile and the x
+    # blocks resident in shared memory, x scaled there once per block so that CB feeds the wgmma
+    # as stored, and every dA/dt load issued ahead (§122-§128): 5-7% faster than 1 at the large
+    # shapes, 9 µs slower at 2.7b 1x2048 (a quarter of the programs).
+    Knob("scan_gluon", (0, 1, 2), 0, "1: the Gluon chunk scan with TMA operands (sm90); "
+         "2: the Gluon scan with one program per chunk, x resident and pre-scaled", "chunk_scan",
          backends=("cuda",), depths=(5, 3), measured_only=True, archs=("sm90",)),
     # 1: programmatic dependent launch. Every launch of the forward may start while the one before
     # it drains: each kernel first waits for its predecessor (griddepcontrol.wait, before any
@@ -276,9 +281,9 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += walk_violations(config, problem)
     elif config.walk_weights:
         why.append("walk_weights=1 feeds the Gluon walk: needs state_walk=1")
-    if config.pdl >= 2 and not config.scan_gluon:
+    if config.pdl >= 2 and config.scan_gluon != 1:
         why.append(f"pdl={config.pdl} moves the Gluon chunk scan's intra-chunk part before its wait: "
-                   f"needs scan_gluon=1")
+                   f"needs scan_gluon=1, got {config.scan_gluon}")
     if config.pdl == 3 and not config.state_walk:
         why.append("pdl=3 has the chunk scan follow the Gluon walk's published states: needs state_walk=1")
     for stage in ("bmm", "state", "scan", "pass"):
@@ -311,8 +316,9 @@ def gluon_scan_violations(config: Config, problem=None) -> list[str]:
     why = []   # (launches == 1 cannot occur: a Config resets scan_gluon there, Knob.depths)
     tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
     if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
-        why.append(f"scan_gluon=1 runs 64 x 64 tiles in one warpgroup: needs scan_block_m, scan_block_n "
-                   f"and scan_block_k = 64 and scan_warps = 4, got {tiles}, scan_warps={config.scan_warps}")
+        why.append(f"scan_gluon={config.scan_gluon} runs 64 x 64 tiles in one warpgroup: needs scan_block_m, "
+                   f"scan_block_n and scan_block_k = 64 and scan_warps = 4, got {tiles}, "
+                   f"scan_warps={config.scan_warps}")
     return why + _gluon_problem_violations("scan_gluon", config, problem, (64, 128),
                                            "the state tile is an MMA operand as stored")
 
@@ -337,17 +343,17 @@ def _gluon_problem_violations(knob: str, config: Config, problem, dstates: tuple
     if problem is None:
         return why
     if problem.dtype not in ("fp16", "bf16"):
-        why.append(f"{knob}=1 needs fp16/bf16 inputs, got {problem.dtype}")
+        why.append(f"{knob}={config[knob]} needs fp16/bf16 inputs, got {problem.dtype}")
     elif config.state_dtype != problem.dtype:
-        why.append(f"{knob}=1 needs states in the input dtype ({problem.dtype}): {why_states}, "
+        why.append(f"{knob}={config[knob]} needs states in the input dtype ({problem.dtype}): {why_states}, "
                    f"got state_dtype={config.state_dtype}")
     if problem.dstate not in dstates:
         allowed = ", ".join(map(str, dstates[:-1])) + f" or {dstates[-1]}"
-        why.append(f"{knob}=1 needs dstate {allowed}, got {problem.dstate}")
+        why.append(f"{knob}={config[knob]} needs dstate {allowed}, got {problem.dstate}")
     if problem.headdim % 64:
-        why.append(f"{knob}=1 needs headdim a multiple of 64, got {problem.headdim}")
+        why.append(f"{knob}={config[knob]} needs headdim a multiple of 64, got {problem.headdim}")
     if problem.has_seq_idx:
-        why.append(f"{knob}=1 does not take seq_idx")
+        why.append(f"{knob}={config[knob]} does not take seq_idx")
     return why
 
 

@@ -2,7 +2,7 @@
 float64 chunked reference (itself checked against the token recurrence in the tests).
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
-        [--walk-only] [--pdl-only] [--walk-weights-only]
+        [--walk-only] [--pdl-only] [--walk-weights-only] [--scan-chunk-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -150,6 +150,23 @@ def pdl_cases():
     return out
 
 
+def scan_chunk_cases():
+    """scan_gluon = 2 (one program per chunk and head, x resident and pre-scaled) on the
+    scan_gluon cases' problems (ragged ends, batches, ngroups > 1, z, D per channel, initial
+    states, 128-token chunks, dstate 64, and seq_idx, which runs the tl scan), then 64-token
+    chunks (one row tile: no block before the diagonal), after the walk with its weights, and
+    under pdl = 1 (with its graph and back-to-back checks)."""
+    out = [(p, sd, {**o, "scan_gluon": 2}) for p, sd, o in scan_gluon_cases()]
+    out.append((Problem(batch=2, seqlen=1000, dtype="fp16", nheads=8, headdim=64, dstate=128, ngroups=1,
+                        **FULL), "fp16", {"scan_gluon": 2, "chunk_size": 64}))
+    walk = {"scan_gluon": 2, "state_walk": 1, "walk_weights": 1}
+    out += [(Problem(batch=4, seqlen=16384, dtype="fp16", **M27, **FULL), "fp16", walk),
+            (Problem(batch=2, seqlen=16383, dtype="bf16", **M27, has_D=True, D_has_hdim=True, has_z=True,
+                     has_dt_bias=True, dt_softplus=True, has_initial_states=True, return_final_states=True),
+             "bf16", {**walk, "fold_prep": 2, "pdl": 1})]
+    return out
+
+
 def walk_weights_cases():
     """walk_weights = 1 (the cumsum or prep writes each token's weight, the walk loads it) on the
     cases above with the walk: its ring's block widths, ragged ends, batches, dstate 256, the seq_idx
@@ -236,7 +253,7 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         gaps = gluon_scan_gaps(prob, cfg, tensors, meta_buf) if cfg.scan_gluon else ["off"]
         wgaps = walk_gaps(prob, cfg, tensors, meta_buf) if cfg.state_walk else ["off"]
         res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
-               "scan_kernel": "tl" if gaps else "gluon", "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
+               "scan_kernel": "tl" if gaps else ("gluon_chunk" if cfg.scan_gluon == 2 else "gluon"), "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
                "state_kernel": "tl" if wgaps else "walk", "walk_gaps": wgaps if cfg.state_walk else [],
                "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
                "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}
@@ -271,6 +288,7 @@ def main():
     ap.add_argument("--walk-only", action="store_true", help="only the state_walk cases")
     ap.add_argument("--pdl-only", action="store_true", help="only the pdl cases")
     ap.add_argument("--walk-weights-only", action="store_true", help="only the walk_weights cases")
+    ap.add_argument("--scan-chunk-only", action="store_true", help="only the scan_gluon = 2 cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -283,13 +301,17 @@ def main():
     todo += [(p, sd, None, over) for p, sd, over in walk_cases()]
     todo += [(p, sd, None, over) for p, sd, over in pdl_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_weights_cases()]
+    todo += [(p, sd, None, over) for p, sd, over in scan_chunk_cases()]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
         todo = [case for case in todo if case[3] and not case[3].get("pdl") and not case[3].get("walk_weights")
-                and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
+                and case[3].get("scan_gluon") != 2 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
     if a.pdl_only:
-        todo = [case for case in todo if case[3] and case[3].get("pdl") and not case[3].get("walk_weights")]
+        todo = [case for case in todo if case[3] and case[3].get("pdl") and not case[3].get("walk_weights")
+                and case[3].get("scan_gluon") != 2]
     if a.walk_weights_only:
-        todo = [case for case in todo if case[3] and case[3].get("walk_weights")]
+        todo = [case for case in todo if case[3] and case[3].get("walk_weights") and case[3].get("scan_gluon") != 2]
+    if a.scan_chunk_only:
+        todo = [case for case in todo if case[3] and case[3].get("scan_gluon") == 2]
     depths = [int(d) for d in a.depths.split(",")]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

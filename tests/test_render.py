@@ -183,3 +183,18 @@ except RuntimeError as e:
     env["AUTOSSD_CACHE_DIR"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert "ERROR: autossd: TRITON_INTERPRET=1 was set after triton was imported" in out.stdout, out.stderr[-2000:]
+
+
+def test_scan_gluon_2_renders_the_chunk_walking_kernel_beside_the_gluon_scans_helpers():
+    """scan_gluon = 2 adds ssd_chunk_scan_gluon_chunk (one program per chunk and head), which
+    stores y through the same lines as scan_gluon = 1's kernel (the _gs_store_y macro); 0 and 1
+    render none of it."""
+    import ast
+    two = render.render(Config(scan_gluon=2))
+    kernels = {fn.name for fn in ast.parse(two).body if isinstance(fn, ast.FunctionDef)}
+    assert {"ssd_chunk_scan_gluon_chunk", "_gsc_issue", "_gsc_next", "_gsc_step", "ssd_chunk_scan_gluon"} <= kernels
+    store = "y_ptrs = y_ptr + b.to(ttgl.int64) * s_y_b + h * s_y_h + tok[:, None] * s_y_l"
+    assert two.count(store) == 2
+    for v in (0, 1):
+        assert "ssd_chunk_scan_gluon_chunk" not in render.render(Config(scan_gluon=v))
+    assert "ssd_chunk_scan_gluon_chunk" not in render.render(Config(scan_gluon=2), "hip")

@@ -194,3 +194,18 @@ def test_walk_weights_are_offered_on_sm90_at_five_launches_with_the_walk_only():
         assert Config(launches=d, walk_weights=1).walk_weights == 0
     for arch in ("sm80", "gfx90a", "gfx942"):
         assert any("walk_weights=1 is not offered" in w for w in violations(walk.replace(walk_weights=1), arch, PROB))
+
+
+def test_scan_gluon_2_is_the_chunk_walking_scan_with_the_gluon_scans_limits():
+    knob = KNOB_BY_NAME["scan_gluon"]
+    assert 2 in knob.values and [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    good = default_config("sm90", PROB).replace(scan_gluon=2, state_dtype=PROB.dtype)
+    assert violations(good, "sm90", PROB) == []
+    assert violations(good.replace(state_walk=1, walk_weights=1, fold_prep=2, pdl=1), "sm90", PROB) == []
+    for pdl in (2, 3):   # the early scan is scan_gluon = 1's kernel
+        assert any(f"pdl={pdl}" in w and "scan_gluon=1, got 2" in w
+                   for w in violations(good.replace(pdl=pdl, state_walk=1), "sm90", PROB))
+    assert any("scan_gluon=2 runs 64 x 64 tiles" in w for w in violations(good.replace(scan_block_m=32), "sm90", PROB))
+    assert any("scan_gluon=2 does not take seq_idx" in w
+               for w in violations(good, "sm90", PROB.replace(has_seq_idx=True)))
+    assert any("scan_gluon=2 is not offered on sm80" in w for w in violations(good, "sm80", PROB))

@@ -125,7 +125,8 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert default_config("sm90", SMALL, launches=1) in seeds
     assert {c.fold_prep for c in seeds if c.launches == 5} == {0, 1, 2}   # the folds of the small stages
     # the Gluon walk, alone and with the Gluon scan (sm90 only: the filter drops it elsewhere)
-    assert {(c.state_walk, c.scan_gluon) for c in seeds if c.state_walk} == {(1, 0), (1, 1)}
+    assert {(c.state_walk, c.scan_gluon) for c in seeds if c.state_walk} == {(1, 0), (1, 1), (1, 2)}
+    assert default_config("sm90", SMALL).replace(scan_gluon=2) in seeds   # the chunk-walking Gluon scan
     assert not any(c.state_walk for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
     three = default_config("sm90", SMALL).replace(state_walk=1, scan_gluon=1, fold_prep=2)
     assert {three} | {three.replace(pdl=v) for v in (1, 2, 3)} <= set(seeds)   # the fewest launches, with pdl

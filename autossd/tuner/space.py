@@ -189,8 +189,9 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     # the fewest launches (prep | walk | Gluon scan): the small shapes' pick (BENCHMARKS §102)
     three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
     if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
-        # the walk changes the launch count, as the folds do: seed it, with and without the Gluon scan
-        cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1)) if not c.state_walk]
+        # the walk changes the launch count, as the folds do: seed it, with and without each Gluon scan
+        cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1), base.replace(scan_gluon=2))
+                  if not c.state_walk]
         cands.append(three)
     if base.launches in KNOB_BY_NAME["pdl"].depths and "pdl" not in space.pinned:
         # launch overlap: on the default and on the fewest launches, where it weighs most, and

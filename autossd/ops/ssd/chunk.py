@@ -432,8 +432,15 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
                  cb_desc=_tma_desc(buf.cb, [b * nc * g * q, q], q, tile),
                  x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
     early = config.pdl >= 2   # its intra-chunk part before its wait (chunk_scan_gluon.jinja)
-    return Launch("chunk_scan", "ssd_chunk_scan_gluon_early" if early else "ssd_chunk_scan_gluon",
-                  (triton.cdiv(q, 64) * (p // 64) * h, nc, b),
+    if config.scan_gluon == 2:
+        # one program per chunk and head: 72 KB of shared memory, and a register cap that leaves
+        # three CTAs per SM (149 registers; uncapped it takes 172, two CTAs; 128 spills)
+        kernel, grid = "ssd_chunk_scan_gluon_chunk", ((p // 64) * h, nc, b)
+        options = dict(opts["chunk_scan"], maxnreg=168)
+    else:
+        kernel = "ssd_chunk_scan_gluon_early" if early else "ssd_chunk_scan_gluon"
+        grid, options = (triton.cdiv(q, 64) * (p // 64) * h, nc, b), opts["chunk_scan"]
+    return Launch("chunk_scan", kernel, grid,
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
                        L=l, H=h, P=p, G=g, heads_per_group=h // g,
                        **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
@@ -441,7 +448,7 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
                        **({"sync_ptr": buf.sync} if config.pdl == 3 else {})),
                   dict(N=n, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None,
                        EVEN_L=l % q == 0, **({"FOLLOW": after_walk} if config.pdl == 3 else {})),
-                  opts["chunk_scan"])
+                  options)
 
 
 def _named(prefix, dims, t):
