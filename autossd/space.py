@@ -310,7 +310,7 @@ def _gluon_state_violations(config: Config, arch: Arch, problem) -> list[str]:
 
 
 def gluon_scan_violations(config: Config, problem=None) -> list[str]:
-    """What the Gluon chunk scan (scan_gluon = 1, chunk_scan_gluon.jinja) cannot do, for this
+    """What the Gluon chunk scans (scan_gluon = 1 or 2, chunk_scan_gluon.jinja) cannot do, for this
     config and problem on sm90. Strides and alignment are the call's: plan() checks those
     (ops.ssd.chunk.gluon_scan_gaps)."""
     why = []   # (launches == 1 cannot occur: a Config resets scan_gluon there, Knob.depths)

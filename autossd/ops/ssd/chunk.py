@@ -341,7 +341,7 @@ def _tma_view_gaps(prob: _problem.Problem, views) -> list[str]:
 
 def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
                     backend: str = "cuda") -> list[str]:
-    """Why this call cannot run the Gluon chunk scan (scan_gluon = 1); empty when it can. The
+    """Why this call cannot run a Gluon chunk scan (scan_gluon = 1 or 2); empty when it can. The
     config's and problem's limits (space.gluon_scan_violations), then the call's: an sm90 GPU,
     and x, C, CB and the states laid out as the TMA descriptors' 2-D views need them."""
     from ...space import gluon_scan_violations
