@@ -14,7 +14,9 @@ tokens' weights there and fed to the wgmma as its register operand; B feeds it f
 operand is read and scaled, with dA/dt loaded two blocks ahead: slower at every shape (§101).
 `SA=1` (§104, not yet run on a GPU) scales x in place in its ring stage, read as stored, and
 feeds the wgmma both operands from shared memory (x transposed by the MMA's descriptor) instead
-of an ldmatrix.trans read into the register operand.
+of an ldmatrix.trans read into the register operand. `WP=1` (§119) reads precomputed per-token
+weights (shipped as the `walk_weights` knob, §120); with it, `AHEAD=2` (§130, not yet run on a
+GPU) issues each block's weights and chunk end two blocks before their use instead of one.
 
 Scope: L a multiple of 256 (chunk 256), headdim a multiple of 64, dstate a multiple of BN, 16-bit
 inputs and states, no seq_idx, no initial states. The harness runs autossd's five launches (their
@@ -74,7 +76,8 @@ def _publish(ss, acc, st_desc, row, col):
 def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_group,
          s_dt_b, s_dt_h, s_dt_c,
          N: ttgl.constexpr, BN: ttgl.constexpr, STAGES: ttgl.constexpr, KB: ttgl.constexpr,
-         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0, XH: ttgl.constexpr = 0, WP: ttgl.constexpr = 0):
+         XT: ttgl.constexpr = 0, SA: ttgl.constexpr = 0, XH: ttgl.constexpr = 0, WP: ttgl.constexpr = 0,
+         AHEAD: ttgl.constexpr = 1):
     # WP = 1 (§119): dt_ptr holds each token's weight exp(dA_last - dA_t) dt'_t, as a prep launch
     # would write it: one load per block and no exponentials in the chain
     ACC: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -117,6 +120,10 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
     if WP == 1:
         nA = nT   # unused
     nLast = ttgl.load(dA_base + CHUNK - 1)   # the last dA of the next block's chunk
+    if AHEAD == 2:   # (WP = 1 only) the block after next's weights and chunk end, a step earlier (§130)
+        i2 = ttgl.minimum(1, T - 1)
+        nT2 = ttgl.load(dt_base + (i2 // PER).to(ttgl.int64) * s_dt_c + (i2 % PER) * KB + cols)
+        nLast2 = ttgl.load(dA_base + (i2 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
     acc = ttgl.zeros([64, BN], ttgl.float32, ACC)
     for it in range(T):
         c = it // PER
@@ -131,14 +138,22 @@ def walk(x_desc, B_desc, st_desc, dA_ptr, dt_ptr, final_ptr, L, H, P, heads_per_
             w = ttgl.exp2((dA_last - nA) * LOG2E) * nT
         else:
             w = nT
-        i1 = ttgl.minimum(it + 1, T - 1)
-        off1 = (i1 // PER).to(ttgl.int64) * s_dt_c + (i1 % PER) * KB
-        if WP == 0:
-            nA = ttgl.load(dA_base + off1 + cols)
-        nT = ttgl.load(dt_base + off1 + cols)
-        if WP == 1:
+        if AHEAD == 2:   # what was loaded two blocks ago moves up; block it + 2's is loaded now
+            i2 = ttgl.minimum(it + 2, T - 1)
+            nT = nT2
             nA = nT
-        nLast = ttgl.load(dA_base + (i1 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
+            nLast = nLast2
+            nT2 = ttgl.load(dt_base + (i2 // PER).to(ttgl.int64) * s_dt_c + (i2 % PER) * KB + cols)
+            nLast2 = ttgl.load(dA_base + (i2 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
+        else:
+            i1 = ttgl.minimum(it + 1, T - 1)
+            off1 = (i1 // PER).to(ttgl.int64) * s_dt_c + (i1 % PER) * KB
+            if WP == 0:
+                nA = ttgl.load(dA_base + off1 + cols)
+            nT = ttgl.load(dt_base + off1 + cols)
+            if WP == 1:
+                nA = nT
+            nLast = ttgl.load(dA_base + (i1 // PER).to(ttgl.int64) * s_dt_c + CHUNK - 1)
         mbarrier.wait(bars.index(stage), (it // STAGES) & 1)
         if SA == 1:   # x scaled in place, read as stored; both MMA operands from shared memory
             xr = xs.index(stage).load(XROWS)                                    # (tokens, headdim)
@@ -369,7 +384,8 @@ def walk_weights(dA, dt):
     return torch.exp(dA[..., -1:] - dA) * dt
 
 
-def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0):
+def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0,
+             AHEAD=1):
     """A no-argument launch of the walk on these buffers (descriptors built once)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
     b, l, h, p = x.shape
@@ -393,7 +409,9 @@ def launcher(x, B, states, dA, dt, final, BN=64, STAGES=4, KB=64, XT=0, ASYNC=0,
     grid = ((p // 64) * (n // BN), h, b)
     if ASYNC:
         return lambda: walk_async[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, num_warps=4)
-    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, XH=XH, WP=WP, num_warps=4)
+    assert AHEAD == 1 or WP == 1, "AHEAD=2 is written for the precomputed weights (WP=1)"
+    return lambda: walk[grid](*args, N=n, BN=BN, STAGES=STAGES, KB=KB, XT=XT, SA=SA, XH=XH, WP=WP, AHEAD=AHEAD,
+                              num_warps=4)
 
 
 def reference(x, B, dA, dt, heads_per_group):
@@ -414,7 +432,7 @@ def reference(x, B, dA, dt, heads_per_group):
     return torch.stack(out, 1), S
 
 
-def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0):
+def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=0, AHEAD=1):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
@@ -433,12 +451,12 @@ def compile_only(BN=64, STAGES=4, KB=64, XT=0, ASYNC=0, SA=0, XH=0, HEADS=1, WP=
         fn, name = walk_async, "walk_async"
     else:
         fn, name = walk, "walk"
-        for k, v in {"XT": XT, "SA": SA, "XH": XH, "WP": WP}.items():
+        for k, v in {"XT": XT, "SA": SA, "XH": XH, "WP": WP, "AHEAD": AHEAD}.items():
             sig[k], consts[k] = "constexpr", v
     k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4 * HEADS})
     regs, spill = _nvidia_resources(k.asm["cubin"])
-    print(f"{name} BN={BN} STAGES={STAGES} KB={KB} XT={XT} SA={SA} XH={XH} WP={WP} sm90: {regs} registers, "
+    print(f"{name} BN={BN} STAGES={STAGES} KB={KB} XT={XT} SA={SA} XH={XH} WP={WP} AHEAD={AHEAD} sm90: {regs} registers, "
           f"{spill} bytes spilled, {k.metadata.shared} bytes of shared memory")
     return k
 
