@@ -205,8 +205,8 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     # right after the default, the shipped records' two families (BENCHMARKS §120, §129): the walk
     # with its weights and the chunk-walking scan (the large shapes), and the fewest launches with
     # the scan following the walk (the small ones). There are more seeds than the default trial
-    # count, so the ones most likely to win go first; none of them is pinned away here (the
-    # filter below drops what the space or the problem refuses)
+    # count, so the ones most likely to win go first (the filter below drops them where a pinned
+    # knob, the arch or the problem refuses them)
     best = [base.replace(state_walk=1, walk_weights=1, scan_gluon=2), three.replace(pdl=3, walk_weights=1)]
     cands = [cands[0]] + best + cands[1:]
     out: list[Config] = []

@@ -431,14 +431,13 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, tile),
                  cb_desc=_tma_desc(buf.cb, [b * nc * g * q, q], q, tile),
                  x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
-    early = config.pdl >= 2   # its intra-chunk part before its wait (chunk_scan_gluon.jinja)
     if config.scan_gluon == 2:
         # one program per chunk and head: 72 KB of shared memory, and a register cap that leaves
         # three CTAs per SM (149 registers; uncapped it takes 172, two CTAs; 128 spills)
         kernel, grid = "ssd_chunk_scan_gluon_chunk", ((p // 64) * h, nc, b)
         options = dict(opts["chunk_scan"], maxnreg=168)
-    else:
-        kernel = "ssd_chunk_scan_gluon_early" if early else "ssd_chunk_scan_gluon"
+    else:   # pdl >= 2: its intra-chunk part before its wait (chunk_scan_gluon.jinja)
+        kernel = "ssd_chunk_scan_gluon_early" if config.pdl >= 2 else "ssd_chunk_scan_gluon"
         grid, options = (triton.cdiv(q, 64) * (p // 64) * h, nc, b), opts["chunk_scan"]
     return Launch("chunk_scan", kernel, grid,
                   dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
