@@ -67,6 +67,64 @@ def back_to_back_ms(fn, n_sets: int = 1, warmup_ms: int = 25, rep_ms: int = 100)
     return float(per[len(per) // 2])
 
 
+class ClockLog:
+    """Samples the GPU's SM clock, power and throttle reasons (nvidia-smi, every `period_ms`) in a
+    thread, so a benchmark can say what clock each of its timings ran at: `mark()` before a timing,
+    `window(t0)` after it gives that span's median SM MHz, peak watts and the throttle reasons seen.
+    Without nvidia-smi it records nothing and `window` returns {}."""
+    FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+    def __init__(self, period_ms: int = 20):
+        import shutil
+        import subprocess
+        import threading
+        self.samples: list[tuple[float, float, float, float, str]] = []
+        self.proc = None
+        if shutil.which("nvidia-smi") is None:
+            return
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "-i", "0", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+             f"-lms={period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        import time
+        for line in self.proc.stdout:
+            s = self.parse(line)
+            if s is not None:
+                self.samples.append((time.perf_counter(), *s))
+
+    @staticmethod
+    def parse(line: str) -> tuple[float, float, float, str] | None:
+        """(SM MHz, watts, deg C, throttle bitmask) from one nvidia-smi line; None for anything else
+        (a header, '[N/A]', a short line)."""
+        try:
+            mhz, watts, temp, reasons = (v.strip() for v in line.split(","))
+            return float(mhz), float(watts), float(temp), reasons
+        except ValueError:
+            return None
+
+    @staticmethod
+    def mark() -> float:
+        import time
+        return time.perf_counter()
+
+    def window(self, t0: float) -> dict:
+        import time
+        t1 = time.perf_counter()
+        got = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not got:
+            return {}
+        mhz = sorted(s[1] for s in got)
+        return {"sm_mhz_median": mhz[len(mhz) // 2], "sm_mhz_min": mhz[0], "watts_max": max(s[2] for s in got),
+                "temp_c_max": max(s[3] for s in got), "throttle": sorted({s[4] for s in got}),
+                "samples": len(got)}
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
+
+
 def run_meta(**extra) -> dict:
     """What every GPU result file records about its run: date, device, versions, command."""
     import sys

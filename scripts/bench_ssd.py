@@ -27,7 +27,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
-from autossd.bench import floor_ms, measure_ceilings, run_meta, stage_times  # noqa: E402
+from autossd.bench import ClockLog, floor_ms, measure_ceilings, run_meta, stage_times  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.peer import load_mamba_ssm  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
@@ -117,6 +117,7 @@ def main():
     sweep = json.loads(a.sweep) if a.sweep else []
     rows = []
     other = _other_kernel()
+    clocks = ClockLog()
     for dtype in a.dtypes.split(","):
         for model, b, l in shapes:
             prob = problem_for(model, b, l, dtype)
@@ -136,10 +137,14 @@ def main():
             def dropin():
                 return autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"],
                                                          dt_bias=t["dt_bias"], dt_softplus=True)
-            row["dropin_ms"] = do_bench(dropin, warmup=25, rep=200, return_mode="median")
-            row["dropin_graph_ms"] = graph_ms(dropin)
-            row["dropin_graph10_ms"] = graph_ms(dropin, 10)
-            row["dropin_graph10_mixed_ms"] = graph_ms(dropin, 10, other)
+            # each drop-in timing with the SM clock it ran at (§131: do ten-call graphs clock lower?)
+            for key, timing in (("dropin_ms", lambda: do_bench(dropin, warmup=25, rep=200, return_mode="median")),
+                                ("dropin_graph_ms", lambda: graph_ms(dropin)),
+                                ("dropin_graph10_ms", lambda: graph_ms(dropin, 10)),
+                                ("dropin_graph10_mixed_ms", lambda: graph_ms(dropin, 10, other))):
+                t0 = clocks.mark()
+                row[key] = timing()
+                row["clocks"] = {**row.get("clocks", {}), key: clocks.window(t0)}
             row["dropin_choice"] = {"source": k.source, "provenance": k.provenance, "config": k.config.as_dict()}
             row["dropin_graph_choice"] = {"source": kg.source, "provenance": kg.provenance,
                                           "config": kg.config.as_dict()}
@@ -170,11 +175,12 @@ def main():
             extra += " " + " ".join(f"L{k[8:]}={v['ms']:.3f}" for k, v in row.items() if k.startswith("launches"))
             if "autossd" in row:
                 extra += f" default={row['autossd']['ms']:.3f}"
+            mhz = " ".join(f"{k[7:-3] or 'eager'}={v.get('sm_mhz_median', 0):.0f}" for k, v in row["clocks"].items())
             print(f"{dtype} {model:13s} {b}x{l:<7d} floor {row['floor_ms']:.3f} ms | "
                   f"{_vs(row, 'dropin_ms', 'peer_ms')} eager | "
                   f"{_vs(row, 'dropin_graph_ms', 'peer_graph_ms')} graph | "
                   f"{_vs(row, 'dropin_graph10_ms', 'peer_graph10_ms')} graph x10 | "
-                  f"{_vs(row, 'dropin_graph10_mixed_ms', 'peer_graph10_mixed_ms')} graph x10 mixed | {extra}",
+                  f"{_vs(row, 'dropin_graph10_mixed_ms', 'peer_graph10_mixed_ms')} graph x10 mixed | {extra} | MHz {mhz}",
                   flush=True)
             del t
             torch.cuda.empty_cache()
@@ -182,6 +188,7 @@ def main():
             os.makedirs(a.out, exist_ok=True)
             with open(os.path.join(a.out, "bench_ssd.json"), "w") as f:
                 json.dump({"meta": run_meta(ceilings=ceil), "rows": rows}, f, indent=1)
+    clocks.close()
 
 
 if __name__ == "__main__":
