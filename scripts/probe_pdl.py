@@ -22,6 +22,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from autossd import render  # noqa: E402
 from autossd.bench import floor_ms, measure_ceilings, run_meta  # noqa: E402
 from autossd.ops.ssd import chunk  # noqa: E402
 from autossd.space import default_config, fit  # noqa: E402
@@ -32,7 +33,11 @@ from bench_ssd import _other_kernel  # noqa: E402  (scripts/, this script's fold
 
 ROUNDS = 2
 THREE = {"launches": 5, "scan_gluon": 1, "state_walk": 1, "fold_prep": 2}
-VARIANTS = [   # (name, overrides, stages launched without PDL)
+WW = {**THREE, "walk_weights": 1}
+# §132: the walk's ring four stages deep takes 208 KB, so no other program fits beside it (two
+# walks, or a walk and a chunk-scan program, shared SMs under pdl = 3: §108)
+WALK4 = (("_GW_STAGES = ttgl.constexpr(2)", "_GW_STAGES = ttgl.constexpr(4)"),)
+VARIANTS = [   # (name, overrides, stages launched without PDL[, source edits (old, new) of the module])
     ("pdl0", {**THREE}, ()),
     ("pdl1", {**THREE, "pdl": 1}, ()),
     ("pdl1 walk plain", {**THREE, "pdl": 1}, ("state_walk",)),
@@ -41,6 +46,11 @@ VARIANTS = [   # (name, overrides, stages launched without PDL)
     ("pdl3", {**THREE, "pdl": 3}, ()),
     ("pdl3 walk plain", {**THREE, "pdl": 3}, ("state_walk",)),
     ("pdl3 walk+prep plain", {**THREE, "pdl": 3}, ("state_walk", "prep")),
+    ("ww pdl0", {**WW}, ()),
+    ("ww pdl0 sg2", {**WW, "scan_gluon": 2}, ()),
+    ("ww pdl0 walk4", {**WW}, (), WALK4),
+    ("ww pdl3", {**WW, "pdl": 3}, ()),
+    ("ww pdl3 walk4", {**WW, "pdl": 3}, (), WALK4),
 ]
 
 _plain: tuple = ()
@@ -57,9 +67,24 @@ def _patched_plan(*args, **kw):
 
 chunk.plan = _patched_plan
 
+_edits: tuple = ()
+_render = render.render
+
+
+def _patched_render(*args, **kw):
+    src = _render(*args, **kw)
+    for old, new in _edits:
+        if old not in src:
+            raise RuntimeError(f"probe_pdl: source edit {old!r} matches nothing in the rendered module")
+        src = src.replace(old, new)
+    return src
+
+
+render.render = _patched_render
+
 
 def main():
-    global _plain
+    global _plain, _edits
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--dtypes", default="fp16")
@@ -67,7 +92,7 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
     a = ap.parse_args()
     names = a.variants.split(",") if a.variants else [v[0] for v in VARIANTS]
-    variants = [v for v in VARIANTS if v[0] in names]
+    variants = [(v + ((),))[:4] for v in VARIANTS if v[0] in names]
     ceil = measure_ceilings()
     rows = []
     os.makedirs(a.out, exist_ok=True)
@@ -91,9 +116,10 @@ def main():
             with torch.cuda.graph(g_other):
                 for _ in range(10):
                     other_kernel()
-            for name, over, plain in variants:
-                _plain = plain
+            for name, over, plain, edits in variants:
+                _plain, _edits = plain, edits
                 chunk._launch_cache.clear()   # a variant's options are not part of the cache key
+                render._by_config.clear()     # nor are its source edits
                 cfg = fit(base.replace(**over), prob)
                 out = chunk.execute(prob, cfg, tensors, poison=True)
                 torch.cuda.synchronize()
@@ -108,23 +134,25 @@ def main():
                     for _ in range(10):
                         chunk.execute(prob, cfg, tensors)
                         other_kernel()
-                graphs[name] = (cfg, plain, g, gm, err)
-            res = {name: {"eager": [], "graph": [], "mixed": []} for name, _, _ in variants}
+                graphs[name] = (cfg, plain, edits, g, gm, err)
+            res = {name: {"eager": [], "graph": [], "mixed": []} for name, *_ in variants}
             for _ in range(ROUNDS):
                 other = do_bench(g_other.replay, warmup=10, rep=100, return_mode="median") / 10
-                for name, (cfg, plain, g, gm, _) in graphs.items():
-                    _plain = plain
+                for name, (cfg, plain, edits, g, gm, _) in graphs.items():
+                    _plain, _edits = plain, edits
                     chunk._launch_cache.clear()
+                    render._by_config.clear()
                     chunk.execute(prob, cfg, tensors)
                     res[name]["eager"].append(do_bench(lambda: chunk.execute(prob, cfg, tensors), warmup=25,
                                                        rep=150, return_mode="median"))
                     res[name]["graph"].append(do_bench(g.replay, warmup=10, rep=150, return_mode="median"))
                     res[name]["mixed"].append(do_bench(gm.replay, warmup=5, rep=150, return_mode="median") / 10
                                               - other)
-            for name, (cfg, plain, g, gm, err) in graphs.items():
+            for name, (cfg, plain, edits, g, gm, err) in graphs.items():
                 r = res[name]
                 row = {"model": model, "batch": b, "seqlen": l, "dtype": dtype, "variant": name,
-                       "override": dict(cfg.as_dict()), "plain_stages": list(plain), "err_vs_pdl0": err,
+                       "override": dict(cfg.as_dict()), "plain_stages": list(plain), "edits": [list(e) for e in edits],
+                       "err_vs_pdl0": err,
                        "eager_ms": r["eager"], "graph_ms": r["graph"], "mixed_graph_ms": r["mixed"],
                        "floor_ms": fl}
                 rows.append(row)
