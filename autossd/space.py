@@ -102,6 +102,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
+    # the state passing's chain waits on each chunk's load with only the next chunk's in flight
+    # (2.1x its bytes at 130m 1x131072, BENCHMARKS.md §133); a deeper cp.async ring keeps more
+    # bytes in flight per SM. 1: the prefetch of one chunk in registers, as before
+    Knob("pass_stages", (1, 2, 3, 4, 6), 1, "chunks in the state passing's load pipeline (tl.range num_stages)",
+         "state_passing", depths=(5,)),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
     Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),

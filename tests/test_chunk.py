@@ -167,6 +167,28 @@ def _launches(prob, cfg):
     return plan(prob, cfg, t, allocate(prob, cfg, "meta"))
 
 
+@pytest.mark.parametrize("pass_stages", [2, 4])
+@pytest.mark.parametrize("seqlen", [1, 64, 300])
+def test_pass_stages_pipeline_the_state_passing_to_the_same_bits(seqlen, pass_stages):
+    """pass_stages > 1: the state passing's loads come through tl.range's cp.async ring instead
+    of a one-chunk prefetch in registers. Every feature the stage sees (initial states, seq_idx
+    resets, final and varlen states, a ragged last chunk, a single token) against float64, then
+    the same inputs through pass_stages = 1: the same arithmetic in the same order, so the same
+    bits."""
+    prob = Problem(batch=1, seqlen=seqlen, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",
+                   **{**FULL, "return_varlen_states": True})   # (varlen states: one packed batch)
+    cfg = fit(SMALL.replace(launches=5, state_dtype="fp32", pass_stages=pass_stages), prob)
+    assert cfg.pass_stages == pass_stages and violations(cfg, ARCH, prob) == []
+    check(prob, cfg)
+    t = make_inputs(prob, DEV, seed=next(_seed))
+    kw = call_kwargs(prob, t)
+    outs = [ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], cfg.chunk_size, config=c, poison=True,
+                        state_dtype=torch.float32, **kw) for c in (cfg, cfg.replace(pass_stages=1))]
+    assert len(outs[0]) == 3
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("chunk", [64, 128, 256])
 def test_chunk_sizes_with_ragged_length(chunk, depth):
     prob = Problem(batch=1, seqlen=2 * chunk + 37, nheads=2, headdim=16, dstate=16, ngroups=1, dtype="fp16",

@@ -188,6 +188,7 @@ KNOB_SCHEMAS = [
     ("0009", "state_walk", TUNED.replace(launches=5, state_walk=1), "the two state stages"),
     ("0010", "pdl", TUNED.replace(launches=5, pdl=1), "launches one after another"),
     ("0011", "walk_weights", TUNED.replace(launches=5, state_walk=1, walk_weights=1), "the walk computing its weights"),
+    ("0012", "pass_stages", TUNED.replace(launches=5, pass_stages=3), "the one-chunk prefetch in registers"),
 ]
 
 
