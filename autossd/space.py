@@ -105,8 +105,9 @@ KNOBS: tuple[Knob, ...] = (
     # the state passing's chain waits on each chunk's load with only the next chunk's in flight
     # (2.1x its bytes at 130m 1x131072, BENCHMARKS.md §133); a deeper cp.async ring keeps more
     # bytes in flight per SM. 1: the prefetch of one chunk in registers, as before
+    # measured_only: the static model cannot rank a load pipeline's depth against a latency chain
     Knob("pass_stages", (1, 2, 3, 4, 6), 1, "chunks in the state passing's load pipeline (tl.range num_stages)",
-         "state_passing", depths=(5,)),
+         "state_passing", depths=(5,), measured_only=True),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
     Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
@@ -402,6 +403,9 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
             # large shape in both dtypes (BENCHMARKS.md §60, §61). Not at depth 3, whose hand-off
             # would then hold a 64x128 fp32 carry in 2 warps (its registers are its bound, §24).
             base = base.replace(state_block_n=128)
+            # the state passing's loads six chunks deep: 0.282 -> 0.155 ms at 130m 1x131072 (its
+            # bytes at 87% of the copy rate), no change at 8 chunks per sequence (§134, §135)
+            base = base.replace(pass_stages=6)
         if base.launches == 1:
             # the single launch's best in sweep 3: 128-token chunks, 64-token k blocks, 4 warps;
             # a register cap made it slower at every value tried (168: 5.2 -> 7.1 ms)

@@ -26,7 +26,8 @@ from autossd.problem import Problem
 from autossd.space import KNOB_BY_NAME, KNOBS, Config, default_config, fit
 
 PROB = Problem(1, 2048, 8, 64, 128, 1, "bf16", 256, has_D=True, has_dt_bias=True, dt_softplus=True)
-TUNED = default_config("sm90", PROB).replace(scan_block_m=32, bmm_warps=8)
+# (pass_stages 1: what every row before schema 12 ran, so the older-schema tests can hold it)
+TUNED = default_config("sm90", PROB).replace(scan_block_m=32, bmm_warps=8, pass_stages=1)
 
 
 def rec(problem=PROB, config=None, arch="sm90", provenance="measured", time_ms=0.5, **kw):
@@ -166,7 +167,8 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
         v5_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
     assert "launch_mode" not in v5_cols
     rows = [{k: v for k, v in r.to_row().items() if k in v5_cols}
-            for r in (rec(config=TUNED), rec(provenance="static"), rec(PROB.replace(seqlen=8192), provenance="default"))]
+            for r in (rec(config=TUNED), rec(provenance="static", config=TUNED),
+                      rec(PROB.replace(seqlen=8192), provenance="default", config=TUNED))]   # (knobs a v5 row can hold)
     with dbengine.get_engine(url).begin() as conn:
         conn.execute(tuned_records.insert(), rows)
     assert migrate(url) == HEAD

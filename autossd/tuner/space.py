@@ -170,7 +170,7 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     problem), the default at every other fusion depth, at each chunk size and at each fold of
     the small stages (fold_prep), the Gluon walk and scans, pdl on the default and on the
     fewest launches, and each walk seed with its weights written by the cumsum (walk_weights);
-    the shipped records' two families come right after the default. Only those inside the space
+    the shipped records' three families come right after the default. Only those inside the space
     and feasible."""
     base = default_config(arch, problem, launches=space.pinned.get("launches"))
     base = base.replace(**{k: v for k, v in space.pins(base.launches).items() if base[k] != v})
@@ -202,12 +202,14 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # the walk's weights written by the cumsum: it needs the walk, which a draw seldom has, so
         # seed it on each walk seed above (the filter drops those outside the space)
         cands += [c.replace(walk_weights=1) for c in list(cands) if c.state_walk and not c.walk_weights]
-    # right after the default, the shipped records' two families (BENCHMARKS §120, §129): the walk
-    # with its weights and the chunk-walking scan (the large shapes), and the fewest launches with
-    # the scan following the walk (the small ones). There are more seeds than the default trial
+    # right after the default, the shipped records' three families (BENCHMARKS §120, §129, §135):
+    # the walk with its weights and the chunk-walking scan (the large shapes), the fewest launches
+    # with the scan following the walk (the small ones), and the chunk-walking scan after the tl
+    # state stages (the large shapes with few heads). There are more seeds than the default trial
     # count, so the ones most likely to win go first (the filter below drops them where a pinned
     # knob, the arch or the problem refuses them)
-    best = [base.replace(state_walk=1, walk_weights=1, scan_gluon=2), three.replace(pdl=3, walk_weights=1)]
+    best = [base.replace(state_walk=1, walk_weights=1, scan_gluon=2), three.replace(pdl=3, walk_weights=1),
+            base.replace(scan_gluon=2)]   # and the tl state stages with it (few heads: 130m, §135)
     cands = [cands[0]] + best + cands[1:]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then the families above, each depth
