@@ -144,7 +144,7 @@ def main():
                                 ("dropin_graph10_mixed_ms", lambda: graph_ms(dropin, 10, other))):
                 t0 = clocks.mark()
                 row[key] = timing()
-                row["clocks"] = {**row.get("clocks", {}), key: clocks.window(t0)}
+                row.setdefault("clocks", {})[key] = clocks.window(t0)
             row["dropin_choice"] = {"source": k.source, "provenance": k.provenance, "config": k.config.as_dict()}
             row["dropin_graph_choice"] = {"source": kg.source, "provenance": kg.provenance,
                                           "config": kg.config.as_dict()}
