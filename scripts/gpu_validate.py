@@ -2,7 +2,7 @@
 float64 chunked reference (itself checked against the token recurrence in the tests).
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
-        [--walk-only] [--pdl-only] [--walk-weights-only] [--scan-chunk-only]
+        [--walk-only] [--pdl-only] [--walk-weights-only] [--scan-chunk-only [--scan-chunk-value 3]]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -150,16 +150,16 @@ def pdl_cases():
     return out
 
 
-def scan_chunk_cases():
-    """scan_gluon = 2 (one program per chunk and head, x resident and pre-scaled) on the
+def scan_chunk_cases(value: int = 2):
+    """scan_gluon = 2 or 3 (one program per chunk and head, x resident and pre-scaled) on the
     scan_gluon cases' problems (ragged ends, batches, ngroups > 1, z, D per channel, initial
     states, 128-token chunks, dstate 64, and seq_idx, which runs the tl scan), then 64-token
     chunks (one row tile: no block before the diagonal), after the walk with its weights, and
     under pdl = 1 (with its graph and back-to-back checks)."""
-    out = [(p, sd, {**o, "scan_gluon": 2}) for p, sd, o in scan_gluon_cases()]
+    out = [(p, sd, {**o, "scan_gluon": value}) for p, sd, o in scan_gluon_cases()]
     out.append((Problem(batch=2, seqlen=1000, dtype="fp16", nheads=8, headdim=64, dstate=128, ngroups=1,
-                        **FULL), "fp16", {"scan_gluon": 2, "chunk_size": 64}))
-    walk = {"scan_gluon": 2, "state_walk": 1, "walk_weights": 1}
+                        **FULL), "fp16", {"scan_gluon": value, "chunk_size": 64}))
+    walk = {"scan_gluon": value, "state_walk": 1, "walk_weights": 1}
     out += [(Problem(batch=4, seqlen=16384, dtype="fp16", **M27, **FULL), "fp16", walk),
             (Problem(batch=2, seqlen=16383, dtype="bf16", **M27, has_D=True, D_has_hdim=True, has_z=True,
                      has_dt_bias=True, dt_softplus=True, has_initial_states=True, return_final_states=True),
@@ -253,7 +253,7 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         gaps = gluon_scan_gaps(prob, cfg, tensors, meta_buf) if cfg.scan_gluon else ["off"]
         wgaps = walk_gaps(prob, cfg, tensors, meta_buf) if cfg.state_walk else ["off"]
         res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
-               "scan_kernel": "tl" if gaps else ("gluon_chunk" if cfg.scan_gluon == 2 else "gluon"), "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
+               "scan_kernel": "tl" if gaps else {2: "gluon_chunk", 3: "gluon_pipe"}.get(cfg.scan_gluon, "gluon"), "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
                "state_kernel": "tl" if wgaps else "walk", "walk_gaps": wgaps if cfg.state_walk else [],
                "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
                "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}
@@ -288,7 +288,9 @@ def main():
     ap.add_argument("--walk-only", action="store_true", help="only the state_walk cases")
     ap.add_argument("--pdl-only", action="store_true", help="only the pdl cases")
     ap.add_argument("--walk-weights-only", action="store_true", help="only the walk_weights cases")
-    ap.add_argument("--scan-chunk-only", action="store_true", help="only the scan_gluon = 2 cases")
+    ap.add_argument("--scan-chunk-only", action="store_true", help="only the scan_gluon = 2 (or 3) cases")
+    ap.add_argument("--scan-chunk-value", type=int, default=2, choices=(2, 3),
+                    help="the scan_gluon value the chunk-walking cases run")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -301,17 +303,17 @@ def main():
     todo += [(p, sd, None, over) for p, sd, over in walk_cases()]
     todo += [(p, sd, None, over) for p, sd, over in pdl_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_weights_cases()]
-    todo += [(p, sd, None, over) for p, sd, over in scan_chunk_cases()]
+    todo += [(p, sd, None, over) for p, sd, over in scan_chunk_cases(a.scan_chunk_value)]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
         todo = [case for case in todo if case[3] and not case[3].get("pdl") and not case[3].get("walk_weights")
-                and case[3].get("scan_gluon") != 2 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
+                and case[3].get("scan_gluon", 0) < 2 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
     if a.pdl_only:
         todo = [case for case in todo if case[3] and case[3].get("pdl") and not case[3].get("walk_weights")
-                and case[3].get("scan_gluon") != 2]
+                and case[3].get("scan_gluon", 0) < 2]
     if a.walk_weights_only:
-        todo = [case for case in todo if case[3] and case[3].get("walk_weights") and case[3].get("scan_gluon") != 2]
+        todo = [case for case in todo if case[3] and case[3].get("walk_weights") and case[3].get("scan_gluon", 0) < 2]
     if a.scan_chunk_only:
-        todo = [case for case in todo if case[3] and case[3].get("scan_gluon") == 2]
+        todo = [case for case in todo if case[3] and case[3].get("scan_gluon", 0) >= 2]
     depths = [int(d) for d in a.depths.split(",")]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

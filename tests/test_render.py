@@ -198,3 +198,18 @@ def test_scan_gluon_2_renders_the_chunk_walking_kernel_beside_the_gluon_scans_he
     for v in (0, 1):
         assert "ssd_chunk_scan_gluon_chunk" not in render.render(Config(scan_gluon=v))
     assert "ssd_chunk_scan_gluon_chunk" not in render.render(Config(scan_gluon=2), "hip")
+
+
+def test_scan_gluon_3_renders_the_pipelined_kernel_in_place_of_the_chunk_walking_one():
+    """scan_gluon = 3 renders ssd_chunk_scan_gluon_pipe with the chunk-walking kernel's stream
+    helpers, not that kernel itself, and stores y through the same macro; its products before
+    the diagonal are asynchronous (each followed by a wait that leaves one in flight)."""
+    import ast
+    three = render.render(Config(scan_gluon=3))
+    fns = {fn.name: fn for fn in ast.parse(three).body if isinstance(fn, ast.FunctionDef)}
+    assert {"ssd_chunk_scan_gluon_pipe", "_gsc_issue", "_gsc_next", "_gsc_step", "ssd_chunk_scan_gluon"} <= set(fns)
+    assert "ssd_chunk_scan_gluon_chunk" not in fns
+    assert "ssd_chunk_scan_gluon_pipe" not in render.render(Config(scan_gluon=2))
+    body = ast.get_source_segment(three, fns["ssd_chunk_scan_gluon_pipe"])
+    assert body.count("is_async=True") == 2 and body.count("warpgroup_mma_wait(1, deps=[acc])") == 2
+    assert three.count("y_ptrs = y_ptr + b.to(ttgl.int64) * s_y_b + h * s_y_h + tok[:, None] * s_y_l") == 2

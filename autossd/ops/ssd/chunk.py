@@ -431,10 +431,12 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, tile),
                  cb_desc=_tma_desc(buf.cb, [b * nc * g * q, q], q, tile),
                  x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
-    if config.scan_gluon == 2:
+    if config.scan_gluon >= 2:
         # one program per chunk and head: 72 KB of shared memory, and a register cap that leaves
-        # three CTAs per SM (149 registers; uncapped it takes 172, two CTAs; 128 spills)
-        kernel, grid = "ssd_chunk_scan_gluon_chunk", ((p // 64) * h, nc, b)
+        # three CTAs per SM (149 registers; uncapped it takes 172, two CTAs; 128 spills).
+        # 3: the same program with its product chain pipelined
+        kernel = "ssd_chunk_scan_gluon_chunk" if config.scan_gluon == 2 else "ssd_chunk_scan_gluon_pipe"
+        grid = ((p // 64) * h, nc, b)
         options = dict(opts["chunk_scan"], maxnreg=168)
     else:   # pdl >= 2: its intra-chunk part before its wait (chunk_scan_gluon.jinja)
         kernel = "ssd_chunk_scan_gluon_early" if config.pdl >= 2 else "ssd_chunk_scan_gluon"
