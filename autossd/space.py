@@ -128,12 +128,11 @@ KNOBS: tuple[Knob, ...] = (
     # blocks resident in shared memory, x scaled there once per block so that CB feeds the wgmma
     # as stored, and every dA/dt load issued ahead (§122-§128): 5-7% faster than 1 at the large
     # shapes, 9 µs slower at 2.7b 1x2048 (a quarter of the programs).
-    # 3: 2 with its product chain pipelined: the resident state tile and x blocks are rescaled in
-    # shared memory once per row tile, so the C.S and block wgmmas before the diagonal run
-    # asynchronously, without the accumulator's rescale (and wait) before each block (§138).
+    # 3: 2 storing y by TMA through shared memory (the diagonal's ring stage) in place of the
+    # accumulator layout's 4-byte stores, whose registers the next row tile waited on (§139-§140).
     Knob("scan_gluon", (0, 1, 2, 3), 0, "1: the Gluon chunk scan with TMA operands (sm90); "
          "2: the Gluon scan with one program per chunk, x resident and pre-scaled; "
-         "3: as 2 with its wgmma chain pipelined", "chunk_scan",
+         "3: as 2, y stored by TMA", "chunk_scan",
          backends=("cuda",), depths=(5, 3), measured_only=True, archs=("sm90",)),
     # 1: programmatic dependent launch. Every launch of the forward may start while the one before
     # it drains: each kernel first waits for its predecessor (griddepcontrol.wait, before any

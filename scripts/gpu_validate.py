@@ -253,7 +253,7 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         gaps = gluon_scan_gaps(prob, cfg, tensors, meta_buf) if cfg.scan_gluon else ["off"]
         wgaps = walk_gaps(prob, cfg, tensors, meta_buf) if cfg.state_walk else ["off"]
         res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
-               "scan_kernel": "tl" if gaps else {2: "gluon_chunk", 3: "gluon_pipe"}.get(cfg.scan_gluon, "gluon"), "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
+               "scan_kernel": "tl" if gaps else {2: "gluon_chunk", 3: "gluon_chunk_tma_y"}.get(cfg.scan_gluon, "gluon"), "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
                "state_kernel": "tl" if wgaps else "walk", "walk_gaps": wgaps if cfg.state_walk else [],
                "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
                "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}

@@ -200,16 +200,17 @@ def test_scan_gluon_2_renders_the_chunk_walking_kernel_beside_the_gluon_scans_he
     assert "ssd_chunk_scan_gluon_chunk" not in render.render(Config(scan_gluon=2), "hip")
 
 
-def test_scan_gluon_3_renders_the_pipelined_kernel_in_place_of_the_chunk_walking_one():
-    """scan_gluon = 3 renders ssd_chunk_scan_gluon_pipe with the chunk-walking kernel's stream
-    helpers, not that kernel itself, and stores y through the same macro; its products before
-    the diagonal are asynchronous (each followed by a wait that leaves one in flight)."""
+def test_scan_gluon_3_stores_y_by_tma_where_the_row_tile_is_whole():
+    """scan_gluon = 3 renders the chunk-walking kernel with a y descriptor: a whole row tile's y
+    goes out by TMA from the diagonal's ring stage, waited on before that stage is refilled; a
+    ragged last row tile keeps the masked store (the rows past it are the next sequence's)."""
     import ast
     three = render.render(Config(scan_gluon=3))
     fns = {fn.name: fn for fn in ast.parse(three).body if isinstance(fn, ast.FunctionDef)}
-    assert {"ssd_chunk_scan_gluon_pipe", "_gsc_issue", "_gsc_next", "_gsc_step", "ssd_chunk_scan_gluon"} <= set(fns)
-    assert "ssd_chunk_scan_gluon_chunk" not in fns
-    assert "ssd_chunk_scan_gluon_pipe" not in render.render(Config(scan_gluon=2))
-    body = ast.get_source_segment(three, fns["ssd_chunk_scan_gluon_pipe"])
-    assert body.count("is_async=True") == 2 and body.count("warpgroup_mma_wait(1, deps=[acc])") == 2
-    assert three.count("y_ptrs = y_ptr + b.to(ttgl.int64) * s_y_b + h * s_y_h + tok[:, None] * s_y_l") == 2
+    body = ast.get_source_segment(three, fns["ssd_chunk_scan_gluon_chunk"])
+    assert [a.arg for a in fns["ssd_chunk_scan_gluon_chunk"].args.args][:6] == \
+        ["C_desc", "st_desc", "cb_desc", "x_desc", "y_desc", "z_ptr"]
+    tma_store = body.index("tma.async_copy_shared_to_global(y_desc")
+    assert body.index("if whole:") < tma_store < body.index("tma.store_wait(0)") < body.rindex("_gsc_next(")
+    assert "mask=mask)" in body[tma_store:]   # the ragged end's masked store
+    assert "y_desc" not in render.render(Config(scan_gluon=2))

@@ -341,7 +341,7 @@ def _tma_view_gaps(prob: _problem.Problem, views) -> list[str]:
 
 def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
                     backend: str = "cuda") -> list[str]:
-    """Why this call cannot run a Gluon chunk scan (scan_gluon = 1 or 2); empty when it can. The
+    """Why this call cannot run a Gluon chunk scan (scan_gluon = 1, 2 or 3); empty when it can. The
     config's and problem's limits (space.gluon_scan_violations), then the call's: an sm90 GPU,
     and x, C, CB and the states laid out as the TMA descriptors' 2-D views need them."""
     from ...space import gluon_scan_violations
@@ -350,6 +350,8 @@ def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffer
                            config.chunk_size)
     why = gluon_scan_violations(config, prob) + _sm90_gaps("the Gluon chunk scan", x, backend)
     why += _tma_view_gaps(prob, (("x", x, h * p), ("C", C, g * n)))
+    if config.scan_gluon == 3 and buf.y is not None and not buf.y.is_contiguous():   # y's own TMA view
+        why.append("scan_gluon=3 stores y by TMA: y must be contiguous")
     if buf.cb is None or not buf.cb.is_contiguous() or buf.states is None or not buf.states.is_contiguous():
         why.append("CB and the states must be contiguous buffers")
     nc = triton.cdiv(l, q)
@@ -434,9 +436,10 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
     if config.scan_gluon >= 2:
         # one program per chunk and head: 72 KB of shared memory, and a register cap that leaves
         # three CTAs per SM (149 registers; uncapped it takes 172, two CTAs; 128 spills).
-        # 3: the same program with its product chain pipelined
-        kernel = "ssd_chunk_scan_gluon_chunk" if config.scan_gluon == 2 else "ssd_chunk_scan_gluon_pipe"
-        grid = ((p // 64) * h, nc, b)
+        # 3: the same program storing y by TMA
+        kernel, grid = "ssd_chunk_scan_gluon_chunk", ((p // 64) * h, nc, b)
+        if config.scan_gluon == 3:
+            descs["y_desc"] = _tma_desc(buf.y, [b * l, h * p], buf.y.stride(1), tile)
         options = dict(opts["chunk_scan"], maxnreg=168)
     else:   # pdl >= 2: its intra-chunk part before its wait (chunk_scan_gluon.jinja)
         kernel = "ssd_chunk_scan_gluon_early" if config.pdl >= 2 else "ssd_chunk_scan_gluon"
