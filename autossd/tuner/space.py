@@ -191,7 +191,7 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
     if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
         # the walk changes the launch count, as the folds do: seed it, with and without each Gluon scan
-        cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1), base.replace(scan_gluon=2))
+        cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1), base.replace(scan_gluon=3))
                   if not c.state_walk]
         cands.append(three)
     if base.launches in KNOB_BY_NAME["pdl"].depths and "pdl" not in space.pinned:
@@ -202,14 +202,14 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # the walk's weights written by the cumsum: it needs the walk, which a draw seldom has, so
         # seed it on each walk seed above (the filter drops those outside the space)
         cands += [c.replace(walk_weights=1) for c in list(cands) if c.state_walk and not c.walk_weights]
-    # right after the default, the shipped records' three families (BENCHMARKS §120, §129, §135):
+    # right after the default, the shipped records' three families (BENCHMARKS §120, §129, §135, §140):
     # the walk with its weights and the chunk-walking scan (the large shapes), the fewest launches
     # with the scan following the walk (the small ones), and the chunk-walking scan after the tl
     # state stages (the large shapes with few heads). There are more seeds than the default trial
     # count, so the ones most likely to win go first (the filter below drops them where a pinned
     # knob, the arch or the problem refuses them)
-    best = [base.replace(state_walk=1, walk_weights=1, scan_gluon=2), three.replace(pdl=3, walk_weights=1),
-            base.replace(scan_gluon=2)]   # and the tl state stages with it (few heads: 130m, §135)
+    best = [base.replace(state_walk=1, walk_weights=1, scan_gluon=3), three.replace(pdl=3, walk_weights=1),
+            base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m, §135, §140)
     cands = [cands[0]] + best + cands[1:]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then the families above, each depth
