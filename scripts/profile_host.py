@@ -3,10 +3,11 @@ time goes), and `--once` for running one forward under a profiler (ncu).
 
     python scripts/profile_host.py --out DIR [--shape 2.7b:1x2048] [--dtype bf16]
     ncu --set full --import-source yes -k regex:ssd_chunk_scan -c 1 -o REPORT \
-        python scripts/profile_host.py --once --shape 2.7b:1x131072 --dtype fp16 [--config JSON]
+        python scripts/profile_host.py --once --shape 2.7b:1x131072 --dtype fp16 [--config JSON [--on-pick]]
 
 --once runs the drop-in (the database's pick), or with --config the sm90 default with those
-overrides through ssd_forward, and exits. Without --once, --config overrides knobs of the pick for
+overrides through ssd_forward (the pick with them, with --on-pick: e.g. a shipped record with
+'{"scan_gluon": 2}', BENCHMARKS §139), and exits. Without --once, --config overrides knobs of the pick for
 the phases from `allocate` on (e.g. '{"scan_gluon": 1}': the host cost of its TMA descriptors).
 """
 from __future__ import annotations
@@ -69,6 +70,8 @@ def main():
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--config", default=None, help="JSON overrides: with --once of the sm90 default, "
                     "else of the drop-in's pick for the phases from `allocate` on")
+    ap.add_argument("--on-pick", action="store_true", help="with --once --config: override the pick, "
+                    "not the sm90 default")
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile 300 warm eager drop-in calls; print and write the top functions")
     ap.add_argument("--compare", action="store_true",
@@ -87,7 +90,8 @@ def main():
         if a.config is None:
             autossd.mamba_chunk_scan_combined(*args, **kw)
         else:
-            cfg = fit(default_config("sm90", prob).replace(**json.loads(a.config)), prob)
+            base = runtime.get_kernel(prob).config if a.on_pick else default_config("sm90", prob)
+            cfg = fit(base.replace(**json.loads(a.config)), prob)
             ssd_chunk.ssd_forward(*args, **kw, config=cfg)
         torch.cuda.synchronize()
         return
