@@ -99,6 +99,16 @@ KNOBS: tuple[Knob, ...] = (
     # measured_only: the static model cannot rank a data path.
     Knob("walk_weights", (0, 1), 0, "1: the Gluon walk reads per-token weights the cumsum wrote (sm90)",
          "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+    # >1: the walk's sequence is cut into this many segments of whole chunks, one program per
+    # (state tile, head, segment, batch), each from a zero state: at batch 1 the walk is one
+    # latency-bound chain per head (1024 blocks at 131072 tokens, ~1 us each) on 80 of 132 SMs
+    # (2.7b), 24 at 130m (§113, §133). Each segment stores its chunks' entering states as if it
+    # began the sequence, the decay from its start to each chunk, and its final state; a small
+    # join launch chains the segments' finals into each segment's true entering state S_k (and
+    # the final states); the Gluon chunk scan adds decay * S_k to the state tile it loads. Needs
+    # the walk and the chunk-walking Gluon scan (2 or 3), at pdl = 0. measured_only: a data path.
+    Knob("walk_split", (1, 2, 3, 4, 6, 8), 1, "segments each sequence's Gluon walk is cut into (sm90)",
+         "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
@@ -290,6 +300,15 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += walk_violations(config, problem)
     elif config.walk_weights:
         why.append("walk_weights=1 feeds the Gluon walk: needs state_walk=1")
+    if config.walk_split > 1:
+        if not config.state_walk:
+            why.append(f"walk_split={config.walk_split} cuts the Gluon walk into segments: needs state_walk=1")
+        if config.scan_gluon < 2:
+            why.append(f"walk_split={config.walk_split} leaves each segment's states for the chunk-walking Gluon "
+                       f"scan to complete: needs scan_gluon=2 or 3, got {config.scan_gluon}")
+        if config.pdl:
+            why.append(f"walk_split={config.walk_split} adds a join launch with no programmatic dependent "
+                       f"launch: needs pdl=0, got {config.pdl}")
     if config.pdl >= 2 and config.scan_gluon != 1:
         why.append(f"pdl={config.pdl} moves the Gluon chunk scan's intra-chunk part before its wait: "
                    f"needs scan_gluon=1, got {config.scan_gluon}")

@@ -3,6 +3,7 @@ float64 chunked reference (itself checked against the token recurrence in the te
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
         [--walk-only] [--pdl-only] [--walk-weights-only] [--scan-chunk-only [--scan-chunk-value 3]]
+        [--walk-split-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -25,7 +26,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from autossd.ops.ssd.chunk import allocate, execute, gluon_scan_gaps, walk_gaps  # noqa: E402
+from autossd.ops.ssd.chunk import allocate, execute, gluon_scan_gaps, walk_gaps, walk_segments  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.space import KNOB_BY_NAME, default_config, fit  # noqa: E402
@@ -167,6 +168,22 @@ def scan_chunk_cases(value: int = 2):
     return out
 
 
+def walk_split_cases():
+    """walk_split > 1 (the walk cut into segments, a join, the chunk-walking scan adding each
+    segment's entering state) on the scan_gluon = 3 cases without pdl, with the walk and its
+    weights, at 2, 3, 4 and 8 segments in turn: ragged ends (a short last segment), batches,
+    initial and final states (the join takes the initial state; segment 0 is then corrected too),
+    ngroups > 1, dstate 64, 64-token chunks, as many segments as chunks (1x2048 at 8), and seq_idx,
+    where neither the walk nor the Gluon scan runs. Then 130m's dims at 1x65536 in 6 segments."""
+    base = [(p, sd, o) for p, sd, o in scan_chunk_cases(3) if not o.get("pdl")]
+    out = [(p, sd, {**o, "state_walk": 1, "walk_weights": 1, "walk_split": (2, 3, 4, 8)[i % 4]})
+           for i, (p, sd, o) in enumerate(base)]
+    out.append((Problem(batch=1, seqlen=65536, dtype="fp16", nheads=24, headdim=64, dstate=128, ngroups=1,
+                        has_D=True, has_dt_bias=True, dt_softplus=True, return_final_states=True), "fp16",
+                {"scan_gluon": 3, "state_walk": 1, "walk_weights": 1, "walk_split": 6}))
+    return out
+
+
 def walk_weights_cases():
     """walk_weights = 1 (the cumsum or prep writes each token's weight, the walk loads it) on the
     cases above with the walk: its ring's block widths, ragged ends, batches, dstate 256, the seq_idx
@@ -254,7 +271,9 @@ def run_case(prob: Problem, state_dtype: str, seed: int, heads_ref: int | None =
         wgaps = walk_gaps(prob, cfg, tensors, meta_buf) if cfg.state_walk else ["off"]
         res = {"problem": prob.key(), "state_dtype": state_dtype, "launches": depth, "config": cfg.as_dict(),
                "scan_kernel": "tl" if gaps else {2: "gluon_chunk", 3: "gluon_chunk_tma_y"}.get(cfg.scan_gluon, "gluon"), "scan_gluon_gaps": gaps if cfg.scan_gluon else [],
-               "state_kernel": "tl" if wgaps else "walk", "walk_gaps": wgaps if cfg.state_walk else [],
+               "state_kernel": "tl" if wgaps else (f"walk in {walk_segments(prob, cfg)[1]} segments"
+                                                    if cfg.walk_split > 1 and not gaps else "walk"),
+               "walk_gaps": wgaps if cfg.state_walk else [],
                "tol": tolerance(prob.dtype, state_dtype), "finite": bool(torch.isfinite(y).all()),
                "first_call_s": round(run_s, 3), "y_err": rel_err(y[:, :, h_sl], yr)}
         i = 1
@@ -291,6 +310,7 @@ def main():
     ap.add_argument("--scan-chunk-only", action="store_true", help="only the scan_gluon = 2 (or 3) cases")
     ap.add_argument("--scan-chunk-value", type=int, default=2, choices=(2, 3),
                     help="the scan_gluon value the chunk-walking cases run")
+    ap.add_argument("--walk-split-only", action="store_true", help="only the walk_split cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -304,6 +324,7 @@ def main():
     todo += [(p, sd, None, over) for p, sd, over in pdl_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_weights_cases()]
     todo += [(p, sd, None, over) for p, sd, over in scan_chunk_cases(a.scan_chunk_value)]
+    todo += [(p, sd, None, over) for p, sd, over in walk_split_cases()]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
         todo = [case for case in todo if case[3] and not case[3].get("pdl") and not case[3].get("walk_weights")
                 and case[3].get("scan_gluon", 0) < 2 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
@@ -313,7 +334,10 @@ def main():
     if a.walk_weights_only:
         todo = [case for case in todo if case[3] and case[3].get("walk_weights") and case[3].get("scan_gluon", 0) < 2]
     if a.scan_chunk_only:
-        todo = [case for case in todo if case[3] and case[3].get("scan_gluon", 0) >= 2]
+        todo = [case for case in todo if case[3] and case[3].get("scan_gluon", 0) >= 2
+                and case[3].get("walk_split", 1) == 1]
+    if a.walk_split_only:
+        todo = [case for case in todo if case[3] and case[3].get("walk_split", 1) > 1]
     depths = [int(d) for d in a.depths.split(",")]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -378,6 +378,73 @@ def test_launch_cache_replays_the_gluon_scan_on_each_calls_tensors(monkeypatch):
     assert scan.constexprs["EVEN_L"] is False and scan.constexprs["N"] == 128
 
 
+@pytest.mark.parametrize("scan_fits", [True, False])
+def test_walk_split_plans_segments_a_join_and_the_scan_that_completes_them(monkeypatch, scan_fits):
+    """walk_split = 3 at 7 chunks: segments of 3, 3 and 1 chunks, one walk program per (state
+    tile, head, segment, batch) from a zero state, the join (which takes the initial state) before
+    the chunk scan, which adds each segment's entering state; its buffers are the call's own
+    on a replay. Where the Gluon scan cannot take the call, the walk runs whole: the tl scan would
+    read the segments' states as the sequence's."""
+    from autossd.ops.ssd import chunk
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=1700, nheads=4, headdim=64, dstate=128, ngroups=2, dtype="fp16",
+                   **{**FULL, "has_seq_idx": False})
+    cfg = default_config("sm90", prob).replace(state_walk=1, walk_weights=1, scan_gluon=3, walk_split=3,
+                                               state_dtype="fp16")
+    assert violations(cfg, "sm90", prob) == [] and chunk.walk_segments(prob, cfg) == (3, 3)
+    monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
+    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [] if scan_fits else ["no"])
+    launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
+    walk = launches[2]
+    if not scan_fits:
+        assert [ln.stage for ln in launches] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
+        assert launches[-1].kernel == "ssd_chunk_scan"   # tl
+        assert walk.grid == (1, 4, 2) and (walk.args["SEG"], walk.args["NSEG"]) == (7, 1)
+        assert walk.constexprs["HAS_INIT"] and walk.args["final_ptr"].shape == (2, 4, 64, 128)
+        return
+    assert [ln.stage for ln in launches] == ["cumsum", "bmm", "state_walk", "walk_join", "chunk_scan"]
+    join, scan = launches[3], launches[4]
+    assert walk.grid == (1, 4, 2 * 3) and (walk.args["SEG"], walk.args["NSEG"]) == (3, 3)
+    assert walk.args["init_ptr"] is None and not walk.constexprs["HAS_INIT"] and walk.constexprs["HAS_FINAL"]
+    seg = walk.args["final_ptr"]
+    assert seg.shape == (2, 4, 3, 64, 128) and seg.dtype == torch.float32 and walk.args["s_fin_k"] == 64 * 128
+    assert join.args["seg_ptr"] is seg and join.args["gs_ptr"] is walk.args["gs_ptr"]
+    assert join.constexprs == dict(N=128, HAS_INIT=True, HAS_FINAL=True, BLOCK=1024)
+    assert join.args["final_ptr"].shape == (2, 4, 64, 128)
+    assert scan.kernel == "ssd_chunk_scan_gluon_chunk" and scan.constexprs["SPLIT"]
+    assert scan.args["seg_ptr"] is seg and scan.args["gam_ptr"] is walk.args["g_ptr"]
+    assert (scan.args["SEG"], scan.args["NSEG"], scan.args["K1"]) == (3, 3, 0)   # 0: the initial state
+
+
+def test_walk_join_chains_segment_finals_into_entering_states():
+    """The join (walk_split): S_0 = the initial state, S_k+1 = g_k S_k + F_k, in place of the
+    segments' finals F_k, and the final states S_NSEG; against float64, on fresh random data,
+    with the final states poisoned first. PN 8192 is 8 programs of 1024 per head."""
+    from autossd.render import load
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=4096, nheads=3, headdim=64, dstate=128, ngroups=1, dtype="fp16")
+    cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=3, walk_split=4, state_dtype="fp16")
+    mod = load(cfg)
+    g = torch.Generator().manual_seed(5)
+    for has_init in (True, False):
+        F = torch.randn(2, 3, 4, 64, 128, generator=g)
+        gs = torch.rand(2, 3, 4, generator=g) * 0.9 + 0.05
+        init = torch.randn(2, 3, 128, 64, generator=g).transpose(2, 3)   # strided, as a caller's may be
+        final = torch.full((2, 3, 64, 128), float("nan"))
+        seg = F.clone()
+        st = init.stride() if has_init else (0, 0, 0, 0)
+        mod.ssd_walk_join[(8, 3, 2)](seg, gs, init if has_init else None, final, 3, 64 * 128, 4, *st,
+                                     final.stride(0), final.stride(1), N=128, HAS_INIT=has_init,
+                                     HAS_FINAL=True, BLOCK=1024)
+        S = init.double() if has_init else torch.zeros(2, 3, 64, 128, dtype=torch.float64)
+        for k in range(4):
+            assert rel_err(seg[:, :, k], S) < 1e-6, (has_init, k)
+            S = gs[:, :, k, None, None].double() * S + F[:, :, k].double()
+        assert rel_err(final, S) < 1e-6
+
+
 def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
     """The walk (state_walk = 1) replaces the chunk state and the state passing: four launches,
     its descriptors on x, B and the states rebuilt on each call's tensors by a replay (planned as

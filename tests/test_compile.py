@@ -46,7 +46,7 @@ def _stages(knob):
 
 
 # what a knob's other values need of the default config to be feasible
-NEEDS = {"walk_weights": {"state_walk": 1}}
+NEEDS = {"walk_weights": {"state_walk": 1}, "walk_split": {"state_walk": 1, "scan_gluon": 3}}
 
 
 def _offered(arch):
@@ -172,6 +172,26 @@ def test_gluon_walk_replaces_two_stages_in_two_ctas_per_sm_without_spills(featur
     assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
     st = rep.stages[2]
     assert st.spill_bytes == 0 and st.occupancy >= 2 and st.shared_bytes <= 116 * 1024
+
+
+# walk_split > 1 cuts the walk into segments: a join launch, and the chunk-walking scan completing
+# each segment's states in shared memory before its first MMA (gpu_validate.py's walk_split cases
+# are the GPU check)
+@pytest.mark.parametrize("split,features", [(2, {}), (4, {"seqlen": 1000, "batch": 2, "has_initial_states": True,
+                                                      "return_final_states": True, "ngroups": 2}),
+                                            (8, {"dstate": 64}), (3, {"has_z": True})])
+def test_walk_split_keeps_the_walk_and_scan_occupancy_without_spills(split, features):
+    prob = Problem(batch=1, seqlen=16384, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="fp16",
+                   has_D=True).replace(**features)
+    whole = default_config("sm90", prob).replace(state_walk=1, walk_weights=1, scan_gluon=3, state_dtype="fp16")
+    rep = compile_config(whole.replace(walk_split=split), "sm90", prob)
+    assert rep.ok, rep.why()
+    assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "state_walk", "walk_join", "chunk_scan"]
+    ref = {s.stage: s for s in compile_config(whole, "sm90", prob).stages}
+    for s in rep.stages:
+        assert s.spill_bytes == 0, s
+        if s.stage in ref:   # the segments' bookkeeping costs no CTA per SM
+            assert s.occupancy == ref[s.stage].occupancy and s.shared_bytes == ref[s.stage].shared_bytes, s
 
 
 # pdl = 1 launches every kernel with programmatic dependent launch; the GPU check is

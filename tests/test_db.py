@@ -191,6 +191,8 @@ KNOB_SCHEMAS = [
     ("0010", "pdl", TUNED.replace(launches=5, pdl=1), "launches one after another"),
     ("0011", "walk_weights", TUNED.replace(launches=5, state_walk=1, walk_weights=1), "the walk computing its weights"),
     ("0012", "pass_stages", TUNED.replace(launches=5, pass_stages=3), "the one-chunk prefetch in registers"),
+    ("0013", "walk_split", TUNED.replace(launches=5, state_walk=1, scan_gluon=3, scan_block_m=64, walk_split=2),
+     "the whole sequence in one walk"),
 ]
 
 

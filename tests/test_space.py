@@ -196,6 +196,24 @@ def test_walk_weights_are_offered_on_sm90_at_five_launches_with_the_walk_only():
         assert any("walk_weights=1 is not offered" in w for w in violations(walk.replace(walk_weights=1), arch, PROB))
 
 
+def test_walk_split_is_offered_on_sm90_with_the_walk_and_the_chunk_walking_scan_only():
+    knob = KNOB_BY_NAME["walk_split"]
+    assert knob.default == 1 and [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    good = default_config("sm90", PROB).replace(state_walk=1, walk_weights=1, scan_gluon=3, walk_split=4,
+                                                state_dtype=PROB.dtype)
+    assert violations(good, "sm90", PROB) == []
+    assert violations(good.replace(scan_gluon=2, fold_prep=2, walk_weights=0), "sm90", PROB) == []
+    cases = [({"state_walk": 0, "walk_weights": 0}, "needs state_walk=1"),
+             ({"scan_gluon": 1}, "needs scan_gluon=2 or 3, got 1"),
+             ({"scan_gluon": 0}, "needs scan_gluon=2 or 3, got 0"),
+             ({"pdl": 1}, "needs pdl=0, got 1")]
+    for over, want in cases:
+        assert any(w.startswith("walk_split=4") and want in w for w in violations(good.replace(**over), "sm90", PROB)), over
+    for d in (3, 1):
+        assert Config(launches=d, walk_split=2).walk_split == 1
+    assert any("walk_split=4 is not offered" in w for w in violations(good, "sm80", PROB))
+
+
 def test_scan_gluon_2_is_the_chunk_walking_scan_with_the_gluon_scans_limits():
     knob = KNOB_BY_NAME["scan_gluon"]
     assert 2 in knob.values and [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]

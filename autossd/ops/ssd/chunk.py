@@ -48,6 +48,11 @@ class Buffers:
     # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
     sync: torch.Tensor | None = None
     w: torch.Tensor | None = None   # (b, h, c, q) fp32, the walk's per-token weights (walk_weights)
+    # walk_split > 1: the decay from its segment's start to each chunk (b, h, c) and over each
+    # segment (b, h, s), fp32; the segments' final states, then entering states (b, h, s, p, n) fp32
+    gam: torch.Tensor | None = None
+    gseg: torch.Tensor | None = None
+    seg: torch.Tensor | None = None
 
 
 def _strides(t, n):
@@ -63,6 +68,14 @@ def chains(prob: _problem.Problem, config: Config) -> int:
     if config.launches == 3:
         tiles *= triton.cdiv(prob.dstate, config.state_block_n)
     return prob.batch * prob.nheads * tiles
+
+
+def walk_segments(prob: _problem.Problem, config: Config) -> tuple[int, int]:
+    """(chunks per segment, segments per sequence) of the walk at walk_split: whole chunks, the
+    last segment possibly shorter; (chunks, 1) when the walk is not cut."""
+    nc = triton.cdiv(prob.seqlen, config.chunk_size)
+    seg = triton.cdiv(nc, config.walk_split) if config.state_walk else nc
+    return seg, triton.cdiv(nc, seg)
 
 
 def _sync_words(prob: _problem.Problem, config: Config) -> int:
@@ -98,8 +111,13 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         final=torch.empty(b, h, p, n, dtype=f32, device=device) if need_final else None,
         sync=torch.zeros(words, dtype=torch.int64, device=device) if (words := _sync_words(prob, config)) else None,
         w=torch.empty(b, h, nc, q, dtype=f32, device=device) if config.walk_weights else None)
+    if config.walk_split > 1 and config.state_walk:
+        nseg = walk_segments(prob, config)[1]
+        buf.gam = torch.empty(b, h, nc, dtype=f32, device=device)
+        buf.gseg = torch.empty(b, h, nseg, dtype=f32, device=device)
+        buf.seg = torch.empty(b, h, nseg, p, n, dtype=f32, device=device) if nseg > 1 else None
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
-        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final, buf.w):
+        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final, buf.w, buf.gam, buf.gseg, buf.seg):
             if t is not None:
                 t.fill_(float("nan"))
     return buf
@@ -135,7 +153,7 @@ WORKSPACE_MAX_ONE = 64 << 20      # bytes: a larger workspace is not kept
 _workspaces: OrderedDict = OrderedDict()   # key -> (lock, Buffers of the intermediates, bytes)
 _workspace_sizes: dict = {}                # key -> bytes, also for keys too large to keep
 _workspaces_lock = threading.Lock()
-_INTERNAL = ("dt", "dA", "cb", "states", "final", "sync", "w")
+_INTERNAL = ("dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg")
 
 
 def _nbytes(buf: Buffers) -> int:
@@ -219,8 +237,12 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                       **_named("s_C", "blgn", C), **_named("s_B", "blgn", B),
                       **_named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)),
                  {}, opts["bmm"])
-    walk = _gluon_walk(prob, config, t, buf, backend, s_dt) if config.state_walk else None
-    scan = _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, walk is not None) if config.scan_gluon else None
+    # walk_split: the walk runs cut into segments only before the chunk-walking Gluon scan, which
+    # completes their states (chunk_scan_gluon.jinja); anywhere else it runs whole
+    split = (buf.seg is not None and config.scan_gluon >= 2 and config.pdl == 0
+             and not walk_gaps(prob, config, t, buf, backend) and not gluon_scan_gaps(prob, config, t, buf, backend))
+    walk = _gluon_walk(prob, config, t, buf, backend, s_dt, split) if config.state_walk else None
+    scan = _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, walk is not None, split) if config.scan_gluon else None
     scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
                   dict(x_ptr=x, z_ptr=z, y_ptr=buf.y, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
@@ -282,6 +304,8 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
                        dict(**flags, **w_flag), opts["bmm"])]   # bmm's warps and stages: its tiles hold the matmul
     else:
         prep = [cumsum, bmm]
+    if walk is not None and split:
+        return [*prep, walk, _walk_join(prob, config, t, buf), scan]
     if walk is not None:
         return [*prep, walk, scan]
     if config.fold_prep == 1:
@@ -387,9 +411,10 @@ def _tma_desc(base: torch.Tensor, shape: list, row_stride: int, block: list):
     return TensorDescriptor(base, shape, [row_stride, 1], block, layout)
 
 
-def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
+def _gluon_walk(prob, config, t, buf, backend, s_dt, split: bool = False) -> Launch | None:
     """The Gluon walk's launch (chunk state + state passing), or None where the call cannot take
-    it (walk_gaps): the two tl stages of the same config run instead."""
+    it (walk_gaps): the two tl stages of the same config run instead. `split`: cut into
+    walk_split's segments, its final states into buf.seg for the join."""
     if walk_gaps(prob, config, t, buf, backend):
         return None
     x, B, init = t["x"], t["B"], t.get("initial_states")
@@ -400,26 +425,51 @@ def _gluon_walk(prob, config, t, buf, backend, s_dt) -> Launch | None:
     descs = dict(x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), [kb, 64]),
                  B_desc=_tma_desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
-    return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, b),
+    final = buf.seg if split else buf.final
+    if config.walk_split > 1:   # the segmented kernel; whole, it is one segment of every chunk
+        seg, nseg = walk_segments(prob, config) if split else (nc, 1)
+        cut = dict(g_ptr=buf.gam, gs_ptr=buf.gseg, SEG=seg, NSEG=nseg, s_fin_k=p * n if split else 0)
+    else:
+        nseg, cut = 1, {}
+    return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, b * nseg),
                   dict(**descs, **({"w_ptr": buf.w} if config.walk_weights else {"dt_ptr": buf.dt}),
-                       dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final,
+                       dA_ptr=buf.dA, init_ptr=None if split else init, final_ptr=final, **cut,
                        L=l, H=h, P=p, heads_per_group=h // g, s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
-                       **_named("s_init", ("b", "h", "p", "n"), init),
-                       s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
-                       s_fin_h=buf.final.stride(1) if buf.final is not None else 0,
+                       **_named("s_init", ("b", "h", "p", "n"), None if split else init),
+                       s_fin_b=final.stride(0) if final is not None else 0,
+                       s_fin_h=final.stride(1) if final is not None else 0,
                        **({"sync_ptr": buf.sync} if config.pdl == 3 else {})),
-                  dict(N=n, BN=bn, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, EVEN_L=l % q == 0),
+                  # split: the initial state goes to the join, and every segment's final state out
+                  dict(N=n, BN=bn, HAS_INIT=init is not None and not split, HAS_FINAL=final is not None,
+                       EVEN_L=l % q == 0),
                   # one warpgroup, its ring in the template. Not in render.STAGE_LAUNCH: that table
                   # is rendered into every module, so a row there would change every config's
                   # kernel hash and leave every tuned record stale
                   dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if config.pdl else {})))
 
 
-def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool) -> Launch | None:
+def _walk_join(prob, config, t, buf) -> Launch:
+    """walk_split's join: the segments' final states chained into their entering states (in
+    buf.seg, in place) and the final states."""
+    init = t.get("initial_states")
+    pn, block = prob.headdim * prob.dstate, 1024
+    return Launch("walk_join", "ssd_walk_join", (triton.cdiv(pn, block), prob.nheads, prob.batch),
+                  dict(seg_ptr=buf.seg, gs_ptr=buf.gseg, init_ptr=init, final_ptr=buf.final,
+                       H=prob.nheads, PN=pn, NSEG=buf.seg.shape[2], **_named("s_init", ("b", "h", "p", "n"), init),
+                       s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
+                       s_fin_h=buf.final.stride(1) if buf.final is not None else 0),
+                  dict(N=prob.dstate, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, BLOCK=block),
+                  # not in render.STAGE_LAUNCH, as the walk's (every module's kernel hash)
+                  dict(num_warps=4, num_stages=1))
+
+
+def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool,
+                split: bool = False) -> Launch | None:
     """The Gluon chunk scan's launch, or None where the call cannot take it (gluon_scan_gaps):
     the tl kernel of the same config runs instead, with the same result to rounding. At pdl = 3
     it follows the walk's published states when the walk runs (`after_walk`), else it waits for
-    its predecessor to end."""
+    its predecessor to end. `split`: the walk ran in walk_split's segments, whose states this
+    scan completes."""
     if gluon_scan_gaps(prob, config, t, buf, backend):
         return None
     x, C, D, z = t["x"], t["C"], t.get("D"), t.get("z")
@@ -439,17 +489,25 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
         if config.scan_gluon == 3:   # (y is always this call's own contiguous buffer: no gap to check)
             descs["y_desc"] = _tma_desc(buf.y, [b * l, h * p], buf.y.stride(1), tile)
         options = dict(opts["chunk_scan"], maxnreg=168)
+        if config.walk_split > 1:   # the kernel with the segments' correction; off unless split
+            seg, nseg = walk_segments(prob, config) if split else (nc, 1)
+            cut = dict(gam_ptr=buf.gam if split else None, seg_ptr=buf.seg if split else None,
+                       SEG=seg, NSEG=nseg, K1=0 if t.get("initial_states") is not None else 1)
+            flags = dict(SPLIT=split)
+        else:
+            cut, flags = {}, {}
     else:   # pdl >= 2: its intra-chunk part before its wait (chunk_scan_gluon.jinja)
         kernel = "ssd_chunk_scan_gluon_early" if config.pdl >= 2 else "ssd_chunk_scan_gluon"
         grid, options = (triton.cdiv(q, 64) * (p // 64) * h, nc, b), opts["chunk_scan"]
+        cut, flags = {}, {}
     return Launch("chunk_scan", kernel, grid,
-                  dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D,
+                  dict(**descs, z_ptr=z, y_ptr=buf.y, dt_ptr=buf.dt, dA_ptr=buf.dA, D_ptr=D, **cut,
                        L=l, H=h, P=p, G=g, heads_per_group=h // g,
                        **_named("s_z", "blhp", z), **_named("s_y", "blhp", buf.y),
                        s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2], s_D_h=s_D[0], s_D_p=s_D[1],
                        **({"sync_ptr": buf.sync} if config.pdl == 3 else {})),
                   dict(N=n, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, HAS_Z=z is not None,
-                       EVEN_L=l % q == 0, **({"FOLLOW": after_walk} if config.pdl == 3 else {})),
+                       EVEN_L=l % q == 0, **({"FOLLOW": after_walk} if config.pdl == 3 else {}), **flags),
                   options)
 
 
@@ -566,7 +624,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg")
 _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
@@ -792,6 +850,7 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     with lock:
         buf = Buffers(y=torch.empty(x.shape, dtype=x.dtype, device=device), dt=kept.dt, dA=kept.dA,
                       cb=kept.cb, states=kept.states, sync=kept.sync, w=kept.w,
+                      gam=kept.gam, gseg=kept.gseg, seg=kept.seg,
                       final=torch.empty(prob.batch, prob.nheads, prob.headdim, prob.dstate,
                                         dtype=torch.float32, device=device)
                       if aprob.return_final_states else kept.final)
