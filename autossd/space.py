@@ -107,7 +107,7 @@ KNOBS: tuple[Knob, ...] = (
     # join launch chains the segments' finals into each segment's true entering state S_k (and
     # the final states); the Gluon chunk scan adds decay * S_k to the state tile it loads. Needs
     # the walk and the chunk-walking Gluon scan (2 or 3), at pdl = 0. measured_only: a data path.
-    Knob("walk_split", (1, 2, 3, 4, 6, 8), 1, "segments each sequence's Gluon walk is cut into (sm90)",
+    Knob("walk_split", (1, 2, 3, 4, 6, 8, 11, 16), 1, "segments each sequence's Gluon walk is cut into (sm90)",
          "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),

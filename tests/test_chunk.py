@@ -410,17 +410,20 @@ def test_walk_split_plans_segments_a_join_and_the_scan_that_completes_them(monke
     seg = walk.args["final_ptr"]
     assert seg.shape == (2, 4, 3, 64, 128) and seg.dtype == torch.float32 and walk.args["s_fin_k"] == 64 * 128
     assert join.args["seg_ptr"] is seg and join.args["gs_ptr"] is walk.args["gs_ptr"]
+    sen = join.args["sen_ptr"]
+    assert sen.shape == (2, 4, 3, 64, 128) and sen.dtype == torch.float16
     assert join.constexprs == dict(N=128, HAS_INIT=True, HAS_FINAL=True, BLOCK=1024)
     assert join.args["final_ptr"].shape == (2, 4, 64, 128)
     assert scan.kernel == "ssd_chunk_scan_gluon_chunk" and scan.constexprs["SPLIT"]
-    assert scan.args["seg_ptr"] is seg and scan.args["gam_ptr"] is walk.args["g_ptr"]
+    assert scan.args["sen_ptr"] is sen and scan.args["gam_ptr"] is walk.args["g_ptr"]
     assert (scan.args["SEG"], scan.args["NSEG"], scan.args["K1"]) == (3, 3, 0)   # 0: the initial state
 
 
 def test_walk_join_chains_segment_finals_into_entering_states():
-    """The join (walk_split): S_0 = the initial state, S_k+1 = g_k S_k + F_k, in place of the
-    segments' finals F_k, and the final states S_NSEG; against float64, on fresh random data,
-    with the final states poisoned first. PN 8192 is 8 programs of 1024 per head."""
+    """The join (walk_split): S_0 = the initial state, S_k+1 = g_k S_k + F_k from the segments'
+    finals F_k, the S_k in the states' dtype, and the final states S_NSEG (fp32); against
+    float64, on fresh random data, with the outputs poisoned first and the finals left as they
+    were (a second run gives the same). PN 8192 is 8 programs of 1024 per head."""
     from autossd.render import load
     from autossd.space import default_config
 
@@ -434,13 +437,18 @@ def test_walk_join_chains_segment_finals_into_entering_states():
         init = torch.randn(2, 3, 128, 64, generator=g).transpose(2, 3)   # strided, as a caller's may be
         final = torch.full((2, 3, 64, 128), float("nan"))
         seg = F.clone()
+        sen = torch.full((2, 3, 4, 64, 128), float("nan"), dtype=torch.float16)
         st = init.stride() if has_init else (0, 0, 0, 0)
-        mod.ssd_walk_join[(8, 3, 2)](seg, gs, init if has_init else None, final, 3, 64 * 128, 4, *st,
+        mod.ssd_walk_join[(8, 3, 2)](seg, gs, sen, init if has_init else None, final, 3, 64 * 128, 4, *st,
                                      final.stride(0), final.stride(1), N=128, HAS_INIT=has_init,
                                      HAS_FINAL=True, BLOCK=1024)
+        assert torch.equal(seg, F)
         S = init.double() if has_init else torch.zeros(2, 3, 64, 128, dtype=torch.float64)
         for k in range(4):
-            assert rel_err(seg[:, :, k], S) < 1e-6, (has_init, k)
+            if k or has_init:
+                assert rel_err(sen[:, :, k], S) < 1e-3, (has_init, k)   # fp16's rounding
+            else:
+                assert torch.equal(sen[:, :, k], torch.zeros_like(sen[:, :, k]))
             S = gs[:, :, k, None, None].double() * S + F[:, :, k].double()
         assert rel_err(final, S) < 1e-6
 

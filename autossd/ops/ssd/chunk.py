@@ -49,10 +49,12 @@ class Buffers:
     sync: torch.Tensor | None = None
     w: torch.Tensor | None = None   # (b, h, c, q) fp32, the walk's per-token weights (walk_weights)
     # walk_split > 1: the decay from its segment's start to each chunk (b, h, c) and over each
-    # segment (b, h, s), fp32; the segments' final states, then entering states (b, h, s, p, n) fp32
+    # segment (b, h, s), fp32; the segments' final states (b, h, s, p, n) fp32, and their entering
+    # states, in the states' dtype
     gam: torch.Tensor | None = None
     gseg: torch.Tensor | None = None
     seg: torch.Tensor | None = None
+    sen: torch.Tensor | None = None
 
 
 def _strides(t, n):
@@ -115,9 +117,12 @@ def allocate(prob: _problem.Problem, config: Config, device, state_dtype=None,
         nseg = walk_segments(prob, config)[1]
         buf.gam = torch.empty(b, h, nc, dtype=f32, device=device)
         buf.gseg = torch.empty(b, h, nseg, dtype=f32, device=device)
-        buf.seg = torch.empty(b, h, nseg, p, n, dtype=f32, device=device) if nseg > 1 else None
+        if nseg > 1:
+            buf.seg = torch.empty(b, h, nseg, p, n, dtype=f32, device=device)
+            buf.sen = torch.empty(b, h, nseg, p, n, dtype=sdt, device=device)
     if poison:  # NaN everywhere: an element the kernels fail to write shows up in the error
-        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final, buf.w, buf.gam, buf.gseg, buf.seg):
+        for t in (buf.y, buf.dt, buf.dA, buf.cb, buf.states, buf.final, buf.w, buf.gam, buf.gseg, buf.seg,
+                  buf.sen):
             if t is not None:
                 t.fill_(float("nan"))
     return buf
@@ -153,7 +158,7 @@ WORKSPACE_MAX_ONE = 64 << 20      # bytes: a larger workspace is not kept
 _workspaces: OrderedDict = OrderedDict()   # key -> (lock, Buffers of the intermediates, bytes)
 _workspace_sizes: dict = {}                # key -> bytes, also for keys too large to keep
 _workspaces_lock = threading.Lock()
-_INTERNAL = ("dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg")
+_INTERNAL = ("dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg", "sen")
 
 
 def _nbytes(buf: Buffers) -> int:
@@ -449,12 +454,12 @@ def _gluon_walk(prob, config, t, buf, backend, s_dt, split: bool = False) -> Lau
 
 
 def _walk_join(prob, config, t, buf) -> Launch:
-    """walk_split's join: the segments' final states chained into their entering states (in
-    buf.seg, in place) and the final states."""
+    """walk_split's join: the segments' final states (buf.seg) chained into their entering states
+    (buf.sen) and the final states."""
     init = t.get("initial_states")
     pn, block = prob.headdim * prob.dstate, 1024
     return Launch("walk_join", "ssd_walk_join", (triton.cdiv(pn, block), prob.nheads, prob.batch),
-                  dict(seg_ptr=buf.seg, gs_ptr=buf.gseg, init_ptr=init, final_ptr=buf.final,
+                  dict(seg_ptr=buf.seg, gs_ptr=buf.gseg, sen_ptr=buf.sen, init_ptr=init, final_ptr=buf.final,
                        H=prob.nheads, PN=pn, NSEG=buf.seg.shape[2], **_named("s_init", ("b", "h", "p", "n"), init),
                        s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
                        s_fin_h=buf.final.stride(1) if buf.final is not None else 0),
@@ -491,7 +496,7 @@ def _gluon_scan(prob, config, t, buf, backend, opts, s_dt, s_D, after_walk: bool
         options = dict(opts["chunk_scan"], maxnreg=168)
         if config.walk_split > 1:   # the kernel with the segments' correction; off unless split
             seg, nseg = walk_segments(prob, config) if split else (nc, 1)
-            cut = dict(gam_ptr=buf.gam if split else None, seg_ptr=buf.seg if split else None,
+            cut = dict(gam_ptr=buf.gam if split else None, sen_ptr=buf.sen if split else None,
                        SEG=seg, NSEG=nseg, K1=0 if t.get("initial_states") is not None else 1)
             flags = dict(SPLIT=split)
         else:
@@ -624,7 +629,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # calls fill in the tensors and launch the compiled kernels directly, skipping the plan (~50 us)
 # and triton's per-launch binding (~30 us of ~40 arguments each), measured on the H100 host.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg")
+_BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg", "sen")
 _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 _fast = os.environ.get("AUTOSSD_FAST_LAUNCH", "1") != "0"
@@ -850,7 +855,7 @@ def execute(prob, config, t, cu_seqlens=None, dt_limit=(0.0, float("inf")), stat
     with lock:
         buf = Buffers(y=torch.empty(x.shape, dtype=x.dtype, device=device), dt=kept.dt, dA=kept.dA,
                       cb=kept.cb, states=kept.states, sync=kept.sync, w=kept.w,
-                      gam=kept.gam, gseg=kept.gseg, seg=kept.seg,
+                      gam=kept.gam, gseg=kept.gseg, seg=kept.seg, sen=kept.sen,
                       final=torch.empty(prob.batch, prob.nheads, prob.headdim, prob.dstate,
                                         dtype=torch.float32, device=device)
                       if aprob.return_final_states else kept.final)
