@@ -134,12 +134,30 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert not any(c.pdl for c in seed_configs("sm80", SMALL, build_space("sm80", SMALL)))
     # every walk seed also with the weights the cumsum writes, and nothing else with them
     walks = {c for c in seeds if c.state_walk and not c.walk_weights}
-    assert {c.replace(walk_weights=1) for c in walks} == {c for c in seeds if c.walk_weights}
+    assert {c.replace(walk_weights=1) for c in walks} == {c for c in seeds if c.walk_weights and c.walk_split == 1}
     assert three.replace(pdl=3, walk_weights=1) in seeds
     # the shipped records' three families come right after the default: the default trial count (20)
-    # is below the number of seeds, and these are the ones that won (BENCHMARKS §120, §129, §140)
+    # is below the number of seeds, and these are the ones that won (BENCHMARKS §120, §129, §140),
+    # the walk also cut into segments (8 programs whole: 16 segments, test_walk_split_seed_…)
     big = default_config("sm90", SMALL).replace(state_walk=1, walk_weights=1, scan_gluon=3)
-    assert seeds[1:4] == [big, three.replace(pdl=3, walk_weights=1), default_config("sm90", SMALL).replace(scan_gluon=3)]
+    assert seeds[1:5] == [big, big.replace(walk_split=16), three.replace(pdl=3, walk_weights=1),
+                          default_config("sm90", SMALL).replace(scan_gluon=3)]
+
+
+def test_walk_split_seed_fills_two_walk_programs_per_sm_once():
+    """Where the whole walk leaves SMs idle, the walk family is seeded cut into the most segments
+    that keep its programs within two per SM (132 SMs on the H100): 2.7b 1x131072 (80 programs)
+    at 3, 130m (24) at 11, codestral (128) at 2; never where the whole walk fills them already."""
+    big = Problem(batch=1, seqlen=131072, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16")
+    for prob, want in ((big, 3), (big.replace(nheads=24), 11), (big.replace(nheads=128, ngroups=8), 2),
+                       (big.replace(batch=4, seqlen=16384), None), (big.replace(seqlen=2048, batch=8), None)):
+        seeds = seed_configs("sm90", prob, build_space("sm90", prob))
+        split = [c for c in seeds if c.walk_split > 1]
+        if want is None:
+            assert split == []
+            continue
+        walk3 = default_config("sm90", prob).replace(state_walk=1, walk_weights=1, scan_gluon=3)
+        assert seeds[1:3] == [walk3, walk3.replace(walk_split=want)], prob
 
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():

@@ -208,8 +208,17 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     # state stages (the large shapes with few heads). There are more seeds than the default trial
     # count, so the ones most likely to win go first (the filter below drops them where a pinned
     # knob, the arch or the problem refuses them)
-    best = [base.replace(state_walk=1, walk_weights=1, scan_gluon=3), three.replace(pdl=3, walk_weights=1),
+    walk3 = base.replace(state_walk=1, walk_weights=1, scan_gluon=3)
+    best = [walk3, three.replace(pdl=3, walk_weights=1),
             base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m, §135, §140)
+    if base.launches in KNOB_BY_NAME["walk_split"].depths and "walk_split" not in space.pinned:
+        # the walk cut into as many segments as fill two walk programs per SM once (its 2 CTAs per
+        # SM; a second wave lost every time, BENCHMARKS §142-§143): where the whole walk leaves SMs idle
+        arch_ = get_arch(arch) if isinstance(arch, str) else arch
+        programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
+        fill = [v for v in KNOB_BY_NAME["walk_split"].values if v > 1 and programs * v <= 2 * arch_.sm_count]
+        if fill:
+            best.insert(1, walk3.replace(walk_split=max(fill)))
     cands = [cands[0]] + best + cands[1:]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then the families above, each depth

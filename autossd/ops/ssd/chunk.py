@@ -457,13 +457,15 @@ def _walk_join(prob, config, t, buf) -> Launch:
     """walk_split's join: the segments' final states (buf.seg) chained into their entering states
     (buf.sen) and the final states."""
     init = t.get("initial_states")
-    pn, block = prob.headdim * prob.dstate, 1024
+    pn, segs = prob.headdim * prob.dstate, triton.next_power_of_2(buf.seg.shape[2])
+    block = max(32, 4096 // segs)   # 4096 elements of each of F and g per program: 64 registers
     return Launch("walk_join", "ssd_walk_join", (triton.cdiv(pn, block), prob.nheads, prob.batch),
                   dict(seg_ptr=buf.seg, gs_ptr=buf.gseg, sen_ptr=buf.sen, init_ptr=init, final_ptr=buf.final,
                        H=prob.nheads, PN=pn, NSEG=buf.seg.shape[2], **_named("s_init", ("b", "h", "p", "n"), init),
                        s_fin_b=buf.final.stride(0) if buf.final is not None else 0,
                        s_fin_h=buf.final.stride(1) if buf.final is not None else 0),
-                  dict(N=prob.dstate, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, BLOCK=block),
+                  dict(N=prob.dstate, HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, BLOCK=block,
+                       SEGS=segs),
                   # not in render.STAGE_LAUNCH, as the walk's (every module's kernel hash)
                   dict(num_warps=4, num_stages=1))
 
