@@ -455,12 +455,13 @@ def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False) -> Launch:
 
 def _walk_join(prob, config, t, buf) -> Launch:
     """walk_split's join: the segments' final states (buf.seg) chained into their entering states
-    (buf.sen) and the final states, by one associative scan over the segments. Measured, that
-    scan is no faster than the chain of round trips it replaced (19 against 14 us at 11
-    segments, BENCHMARKS §145); a chain with its loads issued ahead is the next form."""
+    (buf.sen) and the final states, by one associative scan over the segments. The compiler keeps
+    every segment of a column in one thread, so the scan is the chain with all its loads issued
+    ahead. 1024 columns per 4-warp program (8 per thread) measured 3.3-3.6 us alone at 2-16
+    segments, where 256 (4096 // SEGS at 16) took 13.8 us and 512 took 7-13 (BENCHMARKS §147)."""
     init = t.get("initial_states")
     pn, segs = prob.headdim * prob.dstate, triton.next_power_of_2(buf.seg.shape[2])
-    block = max(32, 4096 // segs)   # 4096 elements of each of F and g per program: 64 registers
+    block = 1024   # at 16 segments 242 registers, no spills (two programs per SM)
     return Launch("walk_join", "ssd_walk_join", (triton.cdiv(pn, block), prob.nheads, prob.batch),
                   dict(seg_ptr=buf.seg, gs_ptr=buf.gseg, sen_ptr=buf.sen, init_ptr=init, final_ptr=buf.final,
                        H=prob.nheads, PN=pn, NSEG=buf.seg.shape[2], **_named("s_init", ("b", "h", "p", "n"), init),
