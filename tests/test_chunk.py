@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+import triton
 
 from autossd.arch import local_arch
 from autossd.ops.ssd.chunk import ssd_forward
@@ -419,33 +420,35 @@ def test_walk_split_plans_segments_a_join_and_the_scan_that_completes_them(monke
     assert (scan.args["SEG"], scan.args["NSEG"], scan.args["K1"]) == (3, 3, 0)   # 0: the initial state
 
 
-def test_walk_join_chains_segment_finals_into_entering_states():
+@pytest.mark.parametrize("nseg,p,n", [(3, 64, 128), (11, 64, 40)])
+def test_walk_join_chains_segment_finals_into_entering_states(nseg, p, n):
     """The join (walk_split): S_0 = the initial state, S_k+1 = g_k S_k + F_k from the segments'
     finals F_k, the S_k in the states' dtype, and the final states S_NSEG (fp32); against
     float64, on fresh random data, with the outputs poisoned first and the finals left as they
-    were. Three segments in a scan over four rows (the fourth masked off); PN 8192 is 8 programs
-    of 1024 per head."""
+    were. At the plan's 1024 columns per program: 3 segments in a 4-row scan, 8 whole programs
+    per head; 11 in a 16-row scan over 2560 columns, the third program ragged."""
+    from autossd.ops.ssd.chunk import _walk_join
     from autossd.render import load
     from autossd.space import default_config
 
-    prob = Problem(batch=2, seqlen=4096, nheads=3, headdim=64, dstate=128, ngroups=1, dtype="fp16")
+    prob = Problem(batch=2, seqlen=4096, nheads=3, headdim=p, dstate=n, ngroups=1, dtype="fp16")
     cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=3, walk_split=4, state_dtype="fp16")
     mod = load(cfg)
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(5 + nseg)
     for has_init in (True, False):
-        F = torch.randn(2, 3, 3, 64, 128, generator=g)
-        gs = torch.rand(2, 3, 3, generator=g) * 0.9 + 0.05
-        init = torch.randn(2, 3, 128, 64, generator=g).transpose(2, 3)   # strided, as a caller's may be
-        final = torch.full((2, 3, 64, 128), float("nan"))
+        F = torch.randn(2, 3, nseg, p, n, generator=g)
+        gs = torch.rand(2, 3, nseg, generator=g) * 0.9 + 0.05
+        init = torch.randn(2, 3, n, p, generator=g).transpose(2, 3)   # strided, as a caller's may be
         seg = F.clone()
-        sen = torch.full((2, 3, 3, 64, 128), float("nan"), dtype=torch.float16)
-        st = init.stride() if has_init else (0, 0, 0, 0)
-        mod.ssd_walk_join[(8, 3, 2)](seg, gs, sen, init if has_init else None, final, 3, 64 * 128, 3, *st,
-                                     final.stride(0), final.stride(1), N=128, HAS_INIT=has_init,
-                                     HAS_FINAL=True, BLOCK=1024, SEGS=4)
+        buf = types.SimpleNamespace(seg=seg, gseg=gs, sen=torch.full((2, 3, nseg, p, n), float("nan"), dtype=torch.float16),
+                              final=torch.full((2, 3, p, n), float("nan")))
+        ln = _walk_join(prob, cfg, {"initial_states": init if has_init else None}, buf)
+        assert ln.constexprs["BLOCK"] == 1024 and ln.constexprs["SEGS"] == triton.next_power_of_2(nseg)
+        mod.ssd_walk_join[ln.grid](**ln.args, **ln.constexprs, **ln.options)
         assert torch.equal(seg, F)
-        S = init.double() if has_init else torch.zeros(2, 3, 64, 128, dtype=torch.float64)
-        for k in range(3):
+        sen, final = buf.sen, buf.final
+        S = init.double() if has_init else torch.zeros(2, 3, p, n, dtype=torch.float64)
+        for k in range(nseg):
             if k or has_init:
                 assert rel_err(sen[:, :, k], S) < 1e-3, (has_init, k)   # fp16's rounding
             else:
