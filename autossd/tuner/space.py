@@ -165,6 +165,31 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
     return SearchSpace(arch.name, tuple(dims), pinned, pinned_at)
 
 
+# walk_split's seed, by the walk's rounds: it runs 2 CTAs per SM, and a program is one chain
+# through its chunks, so a round's time is a program's whatever the round's fill (BENCHMARKS
+# §142-§143, §151). Cut only into segments of at least this many chunks: 2-4 chunk segments made
+# the walk no faster at 8x2048 while the join's bytes grew (§151)
+_SPLIT_MIN_CHUNKS = 16
+
+
+def _split_seeds(walk3: Config, arch, problem) -> list[Config]:
+    """The walk family cut into segments, where that takes off at least a fifth of its rounds: the
+    most segments that keep all programs in one round (the batch-1 shapes: 2.7b 1x131072 at 3,
+    130m at 11), else the cut with the fewest rounds of the whole walk's length (2.7b 4x16384: 320
+    programs take 2 rounds whole, 1.25 at 4 segments of 16 chunks)."""
+    arch_ = get_arch(arch) if isinstance(arch, str) else arch
+    slots = 2 * arch_.sm_count
+    programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
+    chunks = -(-problem.seqlen // walk3.chunk_size)
+    rounds = {v: -(-programs * v // slots) / v for v in KNOB_BY_NAME["walk_split"].values
+              if v == 1 or chunks // v >= _SPLIT_MIN_CHUNKS}
+    fill = [v for v in rounds if v > 1 and programs * v <= slots]
+    if fill:
+        return [walk3.replace(walk_split=max(fill))]
+    cut = min(rounds, key=lambda v: (rounds[v], v))
+    return [walk3.replace(walk_split=cut)] if rounds[cut] <= 0.8 * rounds[1] else []
+
+
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
     """Known-good starting points enqueued before sampling: the arch default (fitted to the
     problem), the default at every other fusion depth, at each chunk size and at each fold of
@@ -212,13 +237,7 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     best = [walk3, three.replace(pdl=3, walk_weights=1),
             base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m, §135, §140)
     if base.launches in KNOB_BY_NAME["walk_split"].depths and "walk_split" not in space.pinned:
-        # the walk cut into as many segments as fill two walk programs per SM once (its 2 CTAs per
-        # SM; a second wave lost every time, BENCHMARKS §142-§143): where the whole walk leaves SMs idle
-        arch_ = get_arch(arch) if isinstance(arch, str) else arch
-        programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
-        fill = [v for v in KNOB_BY_NAME["walk_split"].values if v > 1 and programs * v <= 2 * arch_.sm_count]
-        if fill:
-            best.insert(1, walk3.replace(walk_split=max(fill)))
+        best[1:1] = _split_seeds(walk3, arch, problem)
     cands = [cands[0]] + best + cands[1:]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then the families above, each depth
