@@ -109,6 +109,12 @@ KNOBS: tuple[Knob, ...] = (
     # the walk and the chunk-walking Gluon scan (2 or 3), at pdl = 0. measured_only: a data path.
     Knob("walk_split", (1, 2, 3, 4, 6, 8, 11, 16), 1, "segments each sequence's Gluon walk is cut into (sm90)",
          "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+    # tokens per block of the Gluon walk's TMA ring (x and B, two stages): 128 takes 115 KB of
+    # shared memory and 175 registers, 2 CTAs per SM; 64 takes 66 KB and 132, 3 CTAs. Where the
+    # walk's programs fill more than one round of 2 per SM (batch > 1), a third CTA per SM cuts
+    # its rounds (BENCHMARKS §154). measured_only: the static model cannot rank it.
+    Knob("walk_block", (128, 64), 128, "tokens per block of the Gluon walk's TMA ring (sm90)",
+         "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
@@ -300,6 +306,8 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         why += walk_violations(config, problem)
     elif config.walk_weights:
         why.append("walk_weights=1 feeds the Gluon walk: needs state_walk=1")
+    if config.walk_block != 128 and not config.state_walk:
+        why.append(f"walk_block={config.walk_block} sizes the Gluon walk's ring: needs state_walk=1")
     if config.walk_split > 1:
         if not config.state_walk:
             why.append(f"walk_split={config.walk_split} cuts the Gluon walk into segments: needs state_walk=1")

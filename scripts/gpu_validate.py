@@ -3,7 +3,7 @@ float64 chunked reference (itself checked against the token recurrence in the te
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
         [--walk-only] [--pdl-only] [--walk-weights-only] [--scan-chunk-only [--scan-chunk-value 3]]
-        [--walk-split-only]
+        [--walk-split-only] [--walk-block-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -184,6 +184,15 @@ def walk_split_cases():
     return out
 
 
+def walk_block_cases():
+    """walk_block = 64 (the walk's ring in 64-token blocks, three CTAs per SM) on the walk_split
+    cases (ragged ends, batches, initial and final states, ngroups > 1, dstate 64, 64-token chunks,
+    seq_idx), and the first four of them walked whole."""
+    split = walk_split_cases()
+    return [(p, sd, {**o, "walk_block": 64}) for p, sd, o in split] + \
+        [(p, sd, {**o, "walk_block": 64, "walk_split": 1}) for p, sd, o in split[:4]]
+
+
 def walk_weights_cases():
     """walk_weights = 1 (the cumsum or prep writes each token's weight, the walk loads it) on the
     cases above with the walk: its ring's block widths, ragged ends, batches, dstate 256, the seq_idx
@@ -311,6 +320,7 @@ def main():
     ap.add_argument("--scan-chunk-value", type=int, default=2, choices=(2, 3),
                     help="the scan_gluon value the chunk-walking cases run")
     ap.add_argument("--walk-split-only", action="store_true", help="only the walk_split cases")
+    ap.add_argument("--walk-block-only", action="store_true", help="only the walk_block cases")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -325,6 +335,7 @@ def main():
     todo += [(p, sd, None, over) for p, sd, over in walk_weights_cases()]
     todo += [(p, sd, None, over) for p, sd, over in scan_chunk_cases(a.scan_chunk_value)]
     todo += [(p, sd, None, over) for p, sd, over in walk_split_cases()]
+    todo += [(p, sd, None, over) for p, sd, over in walk_block_cases()]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
         todo = [case for case in todo if case[3] and not case[3].get("pdl") and not case[3].get("walk_weights")
                 and case[3].get("scan_gluon", 0) < 2 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]
@@ -335,9 +346,12 @@ def main():
         todo = [case for case in todo if case[3] and case[3].get("walk_weights") and case[3].get("scan_gluon", 0) < 2]
     if a.scan_chunk_only:
         todo = [case for case in todo if case[3] and case[3].get("scan_gluon", 0) >= 2
-                and case[3].get("walk_split", 1) == 1]
+                and case[3].get("walk_split", 1) == 1 and case[3].get("walk_block", 128) == 128]
     if a.walk_split_only:
-        todo = [case for case in todo if case[3] and case[3].get("walk_split", 1) > 1]
+        todo = [case for case in todo if case[3] and case[3].get("walk_split", 1) > 1
+                and case[3].get("walk_block", 128) == 128]
+    if a.walk_block_only:
+        todo = [case for case in todo if case[3] and case[3].get("walk_block", 128) != 128]
     depths = [int(d) for d in a.depths.split(",")]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -46,7 +46,8 @@ def _stages(knob):
 
 
 # what a knob's other values need of the default config to be feasible
-NEEDS = {"walk_weights": {"state_walk": 1}, "walk_split": {"state_walk": 1, "scan_gluon": 3}}
+NEEDS = {"walk_weights": {"state_walk": 1}, "walk_split": {"state_walk": 1, "scan_gluon": 3},
+         "walk_block": {"state_walk": 1}}
 
 
 def _offered(arch):
@@ -192,6 +193,26 @@ def test_walk_split_keeps_the_walk_and_scan_occupancy_without_spills(split, feat
         assert s.spill_bytes == 0, s
         if s.stage in ref:   # the segments' bookkeeping costs no CTA per SM
             assert s.occupancy == ref[s.stage].occupancy and s.shared_bytes == ref[s.stage].shared_bytes, s
+
+
+# walk_block = 64 halves the walk's ring blocks: 66 KB of shared memory and 132-155 registers at
+# dstate 128, so a third CTA per SM (gpu_validate.py's walk_block cases are the GPU check)
+@pytest.mark.parametrize("features", [{}, {"walk_weights": 0}, {"walk_split": 4, "scan_gluon": 3},
+                                      {"dstate": 64}, {"bf16": True}])
+def test_walk_block_64_fits_three_walk_ctas_per_sm_without_spills(features):
+    features = dict(features)
+    dtype = "bf16" if features.pop("bf16", False) else "fp16"
+    prob = Problem(batch=8, seqlen=2048, nheads=80, headdim=64, dstate=features.pop("dstate", 128), ngroups=1,
+                   dtype=dtype, has_D=True)
+    cfg = default_config("sm90", prob).replace(**{"state_walk": 1, "walk_weights": 1, "scan_gluon": 1,
+                                                  "state_dtype": dtype, **features})
+    rep = compile_config(cfg.replace(walk_block=64), "sm90", prob)
+    assert rep.ok, rep.why()
+    walk = {s.stage: s for s in rep.stages}["state_walk"]
+    ref = {s.stage: s for s in compile_config(cfg, "sm90", prob).stages}["state_walk"]
+    assert walk.spill_bytes == 0 and walk.shared_bytes <= 72 * 1024, walk
+    # dstate 128: 2 CTAs per SM at 128-token blocks, 3 at 64; dstate 64 (64-wide B blocks): 3 and 5
+    assert walk.occupancy > ref.occupancy and walk.occupancy >= 3 and walk.shared_bytes < ref.shared_bytes, (walk, ref)
 
 
 # pdl = 1 launches every kernel with programmatic dependent launch; the GPU check is

@@ -193,6 +193,7 @@ KNOB_SCHEMAS = [
     ("0012", "pass_stages", TUNED.replace(launches=5, pass_stages=3), "the one-chunk prefetch in registers"),
     ("0013", "walk_split", TUNED.replace(launches=5, state_walk=1, scan_gluon=3, scan_block_m=64, walk_split=2),
      "the whole sequence in one walk"),
+    ("0014", "walk_block", TUNED.replace(launches=5, state_walk=1, walk_block=64), "the 128-token ring"),
 ]
 
 

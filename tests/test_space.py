@@ -214,6 +214,18 @@ def test_walk_split_is_offered_on_sm90_with_the_walk_and_the_chunk_walking_scan_
     assert any("walk_split=4 is not offered" in w for w in violations(good, "sm80", PROB))
 
 
+def test_walk_block_is_offered_on_sm90_with_the_walk_only():
+    knob = KNOB_BY_NAME["walk_block"]
+    assert knob.default == 128 and [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]
+    good = default_config("sm90", PROB).replace(state_walk=1, walk_block=64, state_dtype=PROB.dtype)
+    assert violations(good, "sm90", PROB) == []
+    assert violations(good.replace(walk_weights=1, scan_gluon=3, walk_split=4), "sm90", PROB) == []
+    assert any(w == "walk_block=64 sizes the Gluon walk's ring: needs state_walk=1"
+               for w in violations(good.replace(state_walk=0), "sm90", PROB))
+    assert Config(launches=3, walk_block=64).walk_block == 128
+    assert any("walk_block=64 is not offered" in w for w in violations(good, "sm80", PROB))
+
+
 def test_scan_gluon_2_is_the_chunk_walking_scan_with_the_gluon_scans_limits():
     knob = KNOB_BY_NAME["scan_gluon"]
     assert 2 in knob.values and [a for a in sorted(ARCHS) if knob.offered_on(ARCHS[a])] == ["sm90"]

@@ -138,30 +138,35 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert three.replace(pdl=3, walk_weights=1) in seeds
     # the shipped records' three families come right after the default: the default trial count (20)
     # is below the number of seeds, and these are the ones that won (BENCHMARKS §120, §129, §140);
-    # not cut into segments at 8 chunks (test_walk_split_seed_…)
+    # not cut into segments at 8 chunks, nor with the 64-token ring at 8 programs (test_walk_split_seed_…)
     big = default_config("sm90", SMALL).replace(state_walk=1, walk_weights=1, scan_gluon=3)
     assert seeds[1:4] == [big, three.replace(pdl=3, walk_weights=1), default_config("sm90", SMALL).replace(scan_gluon=3)]
 
 
-def test_walk_split_seed_fills_two_walk_programs_per_sm_once():
-    """Where the whole walk leaves SMs idle, the walk family is seeded cut into the most segments
-    that keep its programs within two per SM (132 SMs on the H100): 2.7b 1x131072 (80 programs)
-    at 3, 130m (24) at 11, codestral (128) at 2. Where it takes more than one round, into the
-    segments with the fewest rounds, if that saves a fifth: 2.7b 4x16384 (320 programs, 2
-    rounds) at 4 (1.25 rounds, BENCHMARKS §151); none with 64 heads there (256 programs: one
-    round, nearly full, whole or cut). Never into segments under 16 chunks (2.7b 8x2048, 1x2048:
-    8 chunks)."""
+def test_walk_seeds_cut_the_walks_rounds():
+    """The walk family is seeded cut into the most segments that keep its programs within one
+    round, two per SM with 128-token ring blocks (132 SMs on the H100): 2.7b 1x131072 (80
+    programs) at 3, 130m (24) at 11, codestral (128) at 2. Where it takes more than one round,
+    into the segments with the fewest rounds, if that saves a fifth: 2.7b 4x16384 (320 programs,
+    2 rounds) at 4 (1.25 rounds, BENCHMARKS §151); none with 64 heads there (256 programs: one
+    round). Never into segments under 16 chunks (8x2048, 1x2048: 8 chunks). Then the 64-token
+    ring (walk_block, three per SM), cut by the same rule, where it saves a fifth of those
+    rounds: whole at 4x16384 (one round) and 8x2048 (2 rounds against 3), at 4 segments at 2.7b
+    1x131072, 16 at 130m, 3 at codestral and at 4x16384 with 64 heads (2 rounds of a third);
+    not at 1x2048 (one round either way)."""
     big = Problem(batch=1, seqlen=131072, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16")
-    for prob, want in ((big, 3), (big.replace(nheads=24), 11), (big.replace(nheads=128, ngroups=8), 2),
-                       (big.replace(batch=4, seqlen=16384), 4), (big.replace(batch=4, seqlen=16384, nheads=64), None),
-                       (big.replace(seqlen=2048, batch=8), None), (big.replace(seqlen=2048), None)):
+    for prob, split, block64 in ((big, 3, 4), (big.replace(nheads=24), 11, 16), (big.replace(nheads=128, ngroups=8), 2, 3),
+                                 (big.replace(batch=4, seqlen=16384), 4, 1),
+                                 (big.replace(batch=4, seqlen=16384, nheads=64), None, 3),
+                                 (big.replace(seqlen=2048, batch=8), None, 1), (big.replace(seqlen=2048), None, None)):
         seeds = seed_configs("sm90", prob, build_space("sm90", prob))
-        split = [c for c in seeds if c.walk_split > 1]
-        if want is None:
-            assert split == []
-            continue
         walk3 = default_config("sm90", prob).replace(state_walk=1, walk_weights=1, scan_gluon=3)
-        assert seeds[1:3] == [walk3, walk3.replace(walk_split=want)], prob
+        want = [walk3] + ([walk3.replace(walk_split=split)] if split else []) + \
+            ([walk3.replace(walk_block=64, walk_split=block64)] if block64 else [])
+        assert seeds[1:1 + len(want)] == want, prob
+        assert {c for c in seeds if c.walk_split > 1 or c.walk_block != 128} == set(want[1:]), prob
+    pinned = build_space("sm90", big, fixed={"walk_split": 1, "walk_block": 128})
+    assert not any(c.walk_split > 1 or c.walk_block != 128 for c in seed_configs("sm90", big, pinned))
 
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():

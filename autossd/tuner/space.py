@@ -165,29 +165,40 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
     return SearchSpace(arch.name, tuple(dims), pinned, pinned_at)
 
 
-# walk_split's seed, by the walk's rounds: it runs 2 CTAs per SM, and a program is one chain
-# through its chunks, so a round's time is a program's whatever the round's fill (BENCHMARKS
-# §142-§143, §151). Cut only into segments of at least this many chunks: 2-4 chunk segments made
-# the walk no faster at 8x2048 while the join's bytes grew (§151)
+# The walk's seeds, by its rounds: it runs 2 CTAs per SM with 128-token ring blocks and 3 with
+# 64 (walk_block), and a program is one chain through its chunks, so a round takes a program's
+# time whatever the round's fill (BENCHMARKS §142-§143, §151). Cut only into segments of at least
+# this many chunks: 2-4 chunk segments made the walk no faster at 8x2048 while the join's bytes
+# grew (§151)
 _SPLIT_MIN_CHUNKS = 16
 
 
-def _split_seeds(walk3: Config, arch, problem) -> list[Config]:
-    """The walk family cut into segments, where that takes off at least a fifth of its rounds: the
-    most segments that keep all programs in one round (the batch-1 shapes: 2.7b 1x131072 at 3,
-    130m at 11), else the cut with the fewest rounds of the whole walk's length (2.7b 4x16384: 320
-    programs take 2 rounds whole, 1.25 at 4 segments of 16 chunks)."""
+def _walk_rounds(programs: int, chunks: int, slots: int, splits) -> tuple[int, float]:
+    """(segments, rounds of the whole walk's length) of the walk at `slots` programs per round: the
+    most segments that keep all programs in one round (the batch-1 shapes), else the cut with the
+    fewest rounds; a cut only where it takes off at least a fifth of the whole walk's rounds."""
+    rounds = {v: -(-programs * v // slots) / v for v in splits if v == 1 or chunks // v >= _SPLIT_MIN_CHUNKS}
+    fill = [v for v in rounds if v > 1 and programs * v <= slots]
+    cut = max(fill) if fill else min(rounds, key=lambda v: (rounds[v], v))
+    return (cut, rounds[cut]) if rounds[cut] <= 0.8 * rounds[1] else (1, rounds[1])
+
+
+def _walk_seeds(walk3: Config, arch, problem, space: SearchSpace) -> list[Config]:
+    """The walk family cut into segments (2.7b 1x131072 at 3, 130m at 11, 2.7b 4x16384 at 4:
+    320 programs take 2 rounds whole, 1.25 at 4 segments of 16 chunks), and with the 64-token
+    ring where its third CTA per SM takes off a fifth of the rounds more (4x16384 whole: one
+    round; 8x2048: 2 rounds against 3)."""
     arch_ = get_arch(arch) if isinstance(arch, str) else arch
-    slots = 2 * arch_.sm_count
     programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
     chunks = -(-problem.seqlen // walk3.chunk_size)
-    rounds = {v: -(-programs * v // slots) / v for v in KNOB_BY_NAME["walk_split"].values
-              if v == 1 or chunks // v >= _SPLIT_MIN_CHUNKS}
-    fill = [v for v in rounds if v > 1 and programs * v <= slots]
-    if fill:
-        return [walk3.replace(walk_split=max(fill))]
-    cut = min(rounds, key=lambda v: (rounds[v], v))
-    return [walk3.replace(walk_split=cut)] if rounds[cut] <= 0.8 * rounds[1] else []
+    splits = (1,) if "walk_split" in space.pinned else KNOB_BY_NAME["walk_split"].values
+    v2, r2 = _walk_rounds(programs, chunks, 2 * arch_.sm_count, splits)
+    out = [walk3.replace(walk_split=v2)] if v2 > 1 else []
+    if "walk_block" not in space.pinned and walk3.walk_block == 128:
+        v3, r3 = _walk_rounds(programs, chunks, 3 * arch_.sm_count, splits)
+        if r3 <= 0.8 * r2:
+            out.append(walk3.replace(walk_block=64, walk_split=v3))
+    return out
 
 
 def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
@@ -236,8 +247,8 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     walk3 = base.replace(state_walk=1, walk_weights=1, scan_gluon=3)
     best = [walk3, three.replace(pdl=3, walk_weights=1),
             base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m, §135, §140)
-    if base.launches in KNOB_BY_NAME["walk_split"].depths and "walk_split" not in space.pinned:
-        best[1:1] = _split_seeds(walk3, arch, problem)
+    if base.launches in KNOB_BY_NAME["walk_split"].depths:
+        best[1:1] = _walk_seeds(walk3, arch, problem, space)
     cands = [cands[0]] + best + cands[1:]
     out: list[Config] = []
     for cand in cands:   # the default first: the study's baseline; then the families above, each depth

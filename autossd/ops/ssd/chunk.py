@@ -426,7 +426,7 @@ def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False) -> Launch:
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
-    bn, kb = min(n, 128), min(q, 128)
+    bn, kb = min(n, 128), min(q, config.walk_block)
     descs = dict(x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), [kb, 64]),
                  B_desc=_tma_desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
