@@ -187,7 +187,8 @@ def _walk_seeds(walk3: Config, arch, problem, space: SearchSpace) -> list[Config
     """The walk family cut into segments (2.7b 1x131072 at 3, 130m at 11, 2.7b 4x16384 at 4:
     320 programs take 2 rounds whole, 1.25 at 4 segments of 16 chunks), and with the 64-token
     ring where its third CTA per SM takes off a fifth of the rounds more (4x16384 whole: one
-    round; 8x2048: 2 rounds against 3)."""
+    round, the shipped pick; 8x2048: 2 rounds against 3, measured no faster: its walk is bound
+    by its bytes there, BENCHMARKS §154)."""
     arch_ = get_arch(arch) if isinstance(arch, str) else arch
     programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
     chunks = -(-problem.seqlen // walk3.chunk_size)
