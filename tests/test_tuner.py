@@ -167,6 +167,10 @@ def test_walk_seeds_cut_the_walks_rounds():
         assert {c for c in seeds if c.walk_split > 1 or c.walk_block != 128} == set(want[1:]), prob
     pinned = build_space("sm90", big, fixed={"walk_split": 1, "walk_block": 128})
     assert not any(c.walk_split > 1 or c.walk_block != 128 for c in seed_configs("sm90", big, pinned))
+    # the ring pinned at 64: cut by three CTAs per SM (4 segments at 2.7b 1x131072), no second seed
+    at64 = seed_configs("sm90", big, build_space("sm90", big, fixed={"walk_block": 64}))
+    assert {c.walk_split for c in at64 if c.state_walk and c.walk_weights and c.scan_gluon == 3} == {1, 4}
+    assert all(c.walk_block == 64 for c in at64 if c.state_walk)
 
 
 def test_static_space_keeps_the_knobs_the_model_cannot_rank_at_their_default():

@@ -193,7 +193,8 @@ def _walk_seeds(walk3: Config, arch, problem, space: SearchSpace) -> list[Config
     programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
     chunks = -(-problem.seqlen // walk3.chunk_size)
     splits = (1,) if "walk_split" in space.pinned else KNOB_BY_NAME["walk_split"].values
-    v2, r2 = _walk_rounds(programs, chunks, 2 * arch_.sm_count, splits)
+    per_sm = 3 if walk3.walk_block == 64 else 2   # (a walk_block pinned at 64 sizes the first seed)
+    v2, r2 = _walk_rounds(programs, chunks, per_sm * arch_.sm_count, splits)
     out = [walk3.replace(walk_split=v2)] if v2 > 1 else []
     if "walk_block" not in space.pinned and walk3.walk_block == 128:
         v3, r3 = _walk_rounds(programs, chunks, 3 * arch_.sm_count, splits)
