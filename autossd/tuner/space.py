@@ -19,6 +19,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from ..arch import Arch, get_arch
+from ..ops.ssd.chunk import walk_programs
 from ..problem import Problem
 from ..space import KNOB_BY_NAME, KNOBS, Config, caps, default_config, fit, violations
 
@@ -190,7 +191,7 @@ def _walk_seeds(walk3: Config, arch, problem, space: SearchSpace) -> list[Config
     round, the shipped pick; 8x2048: 2 rounds against 3, measured no faster: its walk is bound
     by its bytes there, BENCHMARKS §154)."""
     arch_ = get_arch(arch) if isinstance(arch, str) else arch
-    programs = problem.batch * problem.nheads * max(1, problem.headdim // 64) * max(1, problem.dstate // 128)
+    programs = walk_programs(problem)
     chunks = -(-problem.seqlen // walk3.chunk_size)
     splits = (1,) if "walk_split" in space.pinned else KNOB_BY_NAME["walk_split"].values
     per_sm = 3 if walk3.walk_block == 64 else 2   # (a walk_block pinned at 64 sizes the first seed)

@@ -72,6 +72,12 @@ def chains(prob: _problem.Problem, config: Config) -> int:
     return prob.batch * prob.nheads * tiles
 
 
+def walk_programs(prob: _problem.Problem) -> int:
+    """Programs of the whole Gluon walk: one per (64-row headdim tile, dstate tile of up to 128,
+    head, batch); walk_split multiplies them by its segments."""
+    return prob.batch * prob.nheads * triton.cdiv(prob.headdim, 64) * triton.cdiv(prob.dstate, 128)
+
+
 def walk_segments(prob: _problem.Problem, config: Config) -> tuple[int, int]:
     """(chunks per segment, segments per sequence) of the walk at walk_split: whole chunks, the
     last segment possibly shorter; (chunks, 1) when the walk is not cut."""
@@ -87,7 +93,7 @@ def _sync_words(prob: _problem.Problem, config: Config) -> int:
     if config.launches != 5:
         return 1 + chains(prob, config) + SYNC_SCRATCH
     if config.pdl == 3:
-        return 1 + prob.batch * prob.nheads * triton.cdiv(prob.headdim, 64) * triton.cdiv(prob.dstate, 128)
+        return 1 + walk_programs(prob)
     return 0
 
 
