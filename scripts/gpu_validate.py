@@ -3,7 +3,7 @@ float64 chunked reference (itself checked against the token recurrence in the te
 
     python scripts/gpu_validate.py --out DIR [--quick] [--smem-pad 2,4,8] [--depths 5,3,1] [--no-scan-gluon]
         [--walk-only] [--pdl-only] [--walk-weights-only] [--scan-chunk-only [--scan-chunk-value 3]]
-        [--walk-split-only] [--walk-block-only]
+        [--walk-split-only] [--walk-block-only] [--stored-only]
 
 Every case: fresh random inputs, outputs poisoned with NaN before the run, relative error
 ‖out−ref‖/‖ref‖ against a dtype-aware tolerance, final states too. The long case (>= 524288
@@ -193,6 +193,37 @@ def walk_block_cases():
         [(p, sd, {**o, "walk_block": 64, "walk_split": 1}) for p, sd, o in split[:4]]
 
 
+def stored_cases():
+    """BENCHMARKS.md §156: without final states the walk stops at the last chunk's entering state,
+    and where the chunk-walking scan skips chunk 0's state term (no initial state) the walk does
+    not store that state. Each walk family, none returning final states: the shape this is for
+    (8x2048), ragged ends with and without initial states, one chunk (nothing stored), two
+    chunks, ngroups > 1, dstate 256, 64-token chunks (one ring block per chunk); the walk before
+    the tl scan, before scan_gluon = 1 under pdl = 3, and a walk_split config (its segments
+    keep their final states for the join; whole where the call is short)."""
+    plain = dict(has_D=True, has_dt_bias=True, dt_softplus=True)
+    small = dict(nheads=8, headdim=64, dstate=128, ngroups=1)
+    probs = [(Problem(batch=8, seqlen=2048, dtype="fp16", **M27, **plain), "fp16"),
+             (Problem(batch=2, seqlen=16383, dtype="bf16", **M27, has_D=True, D_has_hdim=True, has_z=True,
+                      has_dt_bias=True, dt_softplus=True, has_initial_states=True), "bf16"),
+             (Problem(batch=2, seqlen=16383, dtype="fp16", **M27, has_z=True, has_dt_bias=True,
+                      dt_softplus=True), "fp32"),
+             (Problem(batch=3, seqlen=200, dtype="fp16", **small, **plain), "fp16"),
+             (Problem(batch=2, seqlen=300, dtype="bf16", **small, **plain, has_initial_states=True), "bf16"),
+             (Problem(batch=1, seqlen=32768, dtype="bf16", **CODESTRAL, **plain), "bf16"),
+             (Problem(batch=2, seqlen=3000, dtype="bf16", nheads=8, headdim=64, dstate=256, ngroups=1,
+                      **plain), "bf16")]
+    fams = [{"state_walk": 1, "scan_gluon": 3}, {"state_walk": 1, "scan_gluon": 2, "walk_weights": 1},
+            {"state_walk": 1, "scan_gluon": 3, "walk_weights": 1, "walk_block": 64},
+            {"state_walk": 1, "scan_gluon": 0},
+            {"state_walk": 1, "scan_gluon": 1, "fold_prep": 2, "pdl": 3},
+            {"state_walk": 1, "scan_gluon": 3, "walk_weights": 1, "walk_split": 3}]
+    out = [(p, sd, f) for f in fams for p, sd in probs]
+    out.append((Problem(batch=2, seqlen=1000, dtype="fp16", **small, **plain), "fp16",
+                {"state_walk": 1, "scan_gluon": 3, "chunk_size": 64}))
+    return out
+
+
 def walk_weights_cases():
     """walk_weights = 1 (the cumsum or prep writes each token's weight, the walk loads it) on the
     cases above with the walk: its ring's block widths, ragged ends, batches, dstate 256, the seq_idx
@@ -321,6 +352,8 @@ def main():
                     help="the scan_gluon value the chunk-walking cases run")
     ap.add_argument("--walk-split-only", action="store_true", help="only the walk_split cases")
     ap.add_argument("--walk-block-only", action="store_true", help="only the walk_block cases")
+    ap.add_argument("--stored-only", action="store_true",
+                    help="only the cases of the states the walk leaves out (§156)")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
@@ -336,6 +369,8 @@ def main():
     todo += [(p, sd, None, over) for p, sd, over in scan_chunk_cases(a.scan_chunk_value)]
     todo += [(p, sd, None, over) for p, sd, over in walk_split_cases()]
     todo += [(p, sd, None, over) for p, sd, over in walk_block_cases()]
+    if a.stored_only:
+        todo = [(p, sd, None, over) for p, sd, over in stored_cases()]
     if a.walk_only:   # (and the prep launch's cases, listed with them)
         todo = [case for case in todo if case[3] and not case[3].get("pdl") and not case[3].get("walk_weights")
                 and case[3].get("scan_gluon", 0) < 2 and (case[3].get("state_walk") or case[3].get("fold_prep") == 2)]

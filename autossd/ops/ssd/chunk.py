@@ -254,7 +254,10 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     # walk_split: the walk runs cut into segments only before the chunk-walking Gluon scan, which
     # completes their states (chunk_scan_gluon.jinja); anywhere else it runs whole
     split = buf.seg is not None and config.scan_gluon >= 2 and config.pdl == 0 and walk_fits and scan_fits
-    walk = _gluon_walk(prob, config, t, buf, s_dt, split) if walk_fits else None
+    # chunk 0's entering state is 0 without an initial state: the chunk-walking scan skips its
+    # term, and then the walk does not store it (BENCHMARKS.md §156)
+    first = int(init is None and scan_fits and config.scan_gluon >= 2)
+    walk = _gluon_walk(prob, config, t, buf, s_dt, split, first) if walk_fits else None
     scan = _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, walk is not None, split) if scan_fits else None
     scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
                   (triton.cdiv(q, config.scan_block_m) * triton.cdiv(p, config.scan_block_n) * h, nc, b),
@@ -424,10 +427,12 @@ def _tma_desc(base: torch.Tensor, shape: list, row_stride: int, block: list):
     return TensorDescriptor(base, shape, [row_stride, 1], block, layout)
 
 
-def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False) -> Launch:
+def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False, first_stored: int = 0) -> Launch:
     """The Gluon walk's launch (chunk state + state passing), for a call that fits it
     (walk_gaps; plan() runs the two tl stages of the same config otherwise). `split`: cut into
-    walk_split's segments, its final states into buf.seg for the join."""
+    walk_split's segments, its final states into buf.seg for the join. `first_stored`: the first
+    chunk whose entering state it stores (1 where chunk 0's is 0 and the scan does not read it).
+    Without final states it stops at the last chunk's entering state."""
     x, B, init = t["x"], t["B"], t.get("initial_states")
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
@@ -452,7 +457,7 @@ def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False) -> Launch:
                        **({"sync_ptr": buf.sync} if config.pdl == 3 else {})),
                   # split: the initial state goes to the join, and every segment's final state out
                   dict(N=n, BN=bn, HAS_INIT=init is not None and not split, HAS_FINAL=final is not None,
-                       EVEN_L=l % q == 0),
+                       EVEN_L=l % q == 0, FIRST_STORED=first_stored),
                   # one warpgroup, its ring in the template. Not in render.STAGE_LAUNCH: that table
                   # is rendered into every module, so a row there would change every config's
                   # kernel hash and leave every tuned record stale
@@ -502,13 +507,15 @@ def _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, after_walk: bool, split: 
         if config.scan_gluon == 3:   # (y is always this call's own contiguous buffer: no gap to check)
             descs["y_desc"] = _tma_desc(buf.y, [b * l, h * p], buf.y.stride(1), tile)
         options = dict(opts["chunk_scan"], maxnreg=168)
+        # chunk 0 enters with state 0 unless there is an initial state: no state term there
+        flags = dict(FIRST_STORED=int(t.get("initial_states") is None))
         if config.walk_split > 1:   # the kernel with the segments' correction; off unless split
             seg, nseg = walk_segments(prob, config) if split else (nc, 1)
             cut = dict(gam_ptr=buf.gam if split else None, sen_ptr=buf.sen if split else None,
                        SEG=seg, NSEG=nseg, K1=0 if t.get("initial_states") is not None else 1)
-            flags = dict(SPLIT=split)
+            flags["SPLIT"] = split
         else:
-            cut, flags = {}, {}
+            cut = {}
     else:   # pdl >= 2: its intra-chunk part before its wait (chunk_scan_gluon.jinja)
         kernel = "ssd_chunk_scan_gluon_early" if config.pdl >= 2 else "ssd_chunk_scan_gluon"
         grid, options = (triton.cdiv(q, 64) * (p // 64) * h, nc, b), opts["chunk_scan"]
