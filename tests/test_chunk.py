@@ -476,8 +476,39 @@ def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
     assert [ln.stage for ln in launches] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
     walk = launches[2]
     assert sum(isinstance(v, chunk._TMA_DESCRIPTORS) for v in walk.args.values()) == 3
-    assert walk.constexprs == dict(N=128, BN=128, HAS_INIT=True, HAS_FINAL=True, EVEN_L=False)
+    assert walk.constexprs == dict(N=128, BN=128, HAS_INIT=True, HAS_FINAL=True, EVEN_L=False, FIRST_STORED=0)
     assert walk.grid == (1, 4, 2)   # (headdim / 64) x (dstate / 128) tiles, heads, batch
+
+
+@pytest.mark.parametrize("init,final,walk_block,scan_gluon,stored,state", [
+    (False, False, 128, 3, 1, 1),   # the shipped large records' calls: chunk 0's state neither stored nor read
+    (True, False, 128, 3, 0, 0),    # an initial state: chunk 0 enters with it
+    (False, True, 128, 2, 1, 1),
+    (False, False, 64, 3, 0, 1),    # the 64-token ring stores it (16% slower without, §156); the scan skips it
+    (False, False, 128, 1, 0, None),  # the other Gluon scans read it: stored
+])
+def test_plan_leaves_out_the_states_no_output_reads(monkeypatch, init, final, walk_block, scan_gluon, stored, state):
+    """§156: chunk 0's entering state is 0 without an initial state, so the chunk-walking scan
+    (scan_gluon >= 2) skips its term (FIRST_STATE = 1) and the walk with the 128-token ring does
+    not store it (FIRST_STORED = 1); without final states (HAS_FINAL) the walk stops at the last
+    chunk's entering state. gpu_validate.py --stored-only is the GPU check of what they do."""
+    from autossd.ops.ssd import chunk
+    from autossd.space import default_config
+
+    prob = Problem(batch=2, seqlen=700, nheads=4, headdim=64, dstate=128, ngroups=1, dtype="fp16",
+                   has_D=True, has_initial_states=init, return_final_states=final)
+    cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=scan_gluon, walk_block=walk_block,
+                                               state_dtype="fp16")
+    assert violations(cfg, "sm90", prob) == []
+    monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
+    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    t = make_inputs(prob, seed=3)
+    buf = chunk.allocate(prob, cfg, "cpu")
+    by = {ln.stage: ln for ln in chunk.plan(prob, cfg, t, buf, "cuda")}
+    walk, scan = by["state_walk"], by["chunk_scan"]
+    assert walk.constexprs["FIRST_STORED"] == stored
+    assert walk.constexprs["HAS_FINAL"] == final and (walk.args["final_ptr"] is not None) == final
+    assert scan.constexprs.get("FIRST_STATE") == state
 
 
 def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):

@@ -255,8 +255,10 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     # completes their states (chunk_scan_gluon.jinja); anywhere else it runs whole
     split = buf.seg is not None and config.scan_gluon >= 2 and config.pdl == 0 and walk_fits and scan_fits
     # chunk 0's entering state is 0 without an initial state: the chunk-walking scan skips its
-    # term, and then the walk does not store it (BENCHMARKS.md §156)
-    first = int(init is None and scan_fits and config.scan_gluon >= 2)
+    # term, and then the walk need not store it. Not storing it measured 2-4% faster for the
+    # walk's 128-token ring but 16% slower for its 64-token ring at 2.7b 4x16384 (BENCHMARKS.md
+    # §156; why, not found): there it is stored as before
+    first = int(init is None and scan_fits and config.scan_gluon >= 2 and config.walk_block >= 128)
     walk = _gluon_walk(prob, config, t, buf, s_dt, split, first) if walk_fits else None
     scan = _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, walk is not None, split) if scan_fits else None
     scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
@@ -508,7 +510,7 @@ def _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, after_walk: bool, split: 
             descs["y_desc"] = _tma_desc(buf.y, [b * l, h * p], buf.y.stride(1), tile)
         options = dict(opts["chunk_scan"], maxnreg=168)
         # chunk 0 enters with state 0 unless there is an initial state: no state term there
-        flags = dict(FIRST_STORED=int(t.get("initial_states") is None))
+        flags = dict(FIRST_STATE=int(t.get("initial_states") is None))
         if config.walk_split > 1:   # the kernel with the segments' correction; off unless split
             seg, nseg = walk_segments(prob, config) if split else (nc, 1)
             cut = dict(gam_ptr=buf.gam if split else None, sen_ptr=buf.sen if split else None,
