@@ -251,14 +251,15 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     # the Gluon kernels run where the call fits them (the gaps), else the tl ones of the same config
     walk_fits = bool(config.state_walk) and not walk_gaps(prob, config, t, buf, backend)
     scan_fits = bool(config.scan_gluon) and not gluon_scan_gaps(prob, config, t, buf, backend)
+    chunk_walking = scan_fits and config.scan_gluon >= 2   # the scan is ssd_chunk_scan_gluon_chunk
     # walk_split: the walk runs cut into segments only before the chunk-walking Gluon scan, which
     # completes their states (chunk_scan_gluon.jinja); anywhere else it runs whole
-    split = buf.seg is not None and config.scan_gluon >= 2 and config.pdl == 0 and walk_fits and scan_fits
+    split = buf.seg is not None and chunk_walking and config.pdl == 0 and walk_fits
     # chunk 0's entering state is 0 without an initial state: the chunk-walking scan skips its
     # term, and then the walk need not store it. Not storing it measured 2-4% faster for the
     # walk's 128-token ring but 16% slower for its 64-token ring at 2.7b 4x16384 (BENCHMARKS.md
     # §156; why, not found): there it is stored as before
-    first = int(init is None and scan_fits and config.scan_gluon >= 2 and config.walk_block >= 128)
+    first = int(init is None and chunk_walking and config.walk_block >= 128)
     walk = _gluon_walk(prob, config, t, buf, s_dt, split, first) if walk_fits else None
     scan = _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, walk is not None, split) if scan_fits else None
     scan = scan or Launch("chunk_scan", "ssd_chunk_scan",
@@ -492,7 +493,7 @@ def _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, after_walk: bool, split: 
     follows the walk's published states when the walk runs (`after_walk`), else it waits for its
     predecessor to end. `split`: the walk ran in walk_split's segments, whose states this scan
     completes."""
-    x, C, D, z = t["x"], t["C"], t.get("D"), t.get("z")
+    x, C, D, z, init = t["x"], t["C"], t.get("D"), t.get("z"), t.get("initial_states")
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
@@ -510,11 +511,11 @@ def _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, after_walk: bool, split: 
             descs["y_desc"] = _tma_desc(buf.y, [b * l, h * p], buf.y.stride(1), tile)
         options = dict(opts["chunk_scan"], maxnreg=168)
         # chunk 0 enters with state 0 unless there is an initial state: no state term there
-        flags = dict(FIRST_STATE=int(t.get("initial_states") is None))
+        flags = dict(FIRST_STATE=int(init is None))
         if config.walk_split > 1:   # the kernel with the segments' correction; off unless split
             seg, nseg = walk_segments(prob, config) if split else (nc, 1)
             cut = dict(gam_ptr=buf.gam if split else None, sen_ptr=buf.sen if split else None,
-                       SEG=seg, NSEG=nseg, K1=0 if t.get("initial_states") is not None else 1)
+                       SEG=seg, NSEG=nseg, K1=0 if init is not None else 1)
             flags["SPLIT"] = split
         else:
             cut = {}
