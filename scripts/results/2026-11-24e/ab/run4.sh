@@ -1,3 +1,0 @@
-V='[{"state_walk": 1, "walk_weights": 1, "scan_gluon": 3, "walk_block": 64}]'
-sw() { timeout 100 python3 scripts/sweep_depths.py --out $OUT/$1 --stages --no-final-states --dtypes fp16 --shapes mamba2-2.7b:4x16384 --variants "$V" > $OUT/$1.log 2>&1; echo $1; tail -1 $OUT/$1.log | grep -o '"state_walk": [0-9.]*'; }
-for v in wE wF wG wD; do cp abtmp/$v/state_walk_gluon.jinja templates/ssd_fwd/; sw st6_$v; done
