@@ -32,7 +32,7 @@ from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.peer import load_mamba_ssm  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.tuner.shapes import MODELS, PRESET_SHAPES  # noqa: E402
-from autossd.space import Config, default_config  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import Config, default_config  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
 DESIGN_SHAPES = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # DESIGN.md's table

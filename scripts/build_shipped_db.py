@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from autossd.db import add_records, make_record, merge_dbs, read_records  # noqa: E402
 from autossd.db.exchange import _read  # noqa: E402  (reads a source, migrating an older schema)
 from autossd.problem import Problem  # noqa: E402
-from autossd.space import default_config  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config  # noqa: E402
 
 MODELS = {  # name: (nheads, headdim, dstate, ngroups)
     "mamba2-130m": (24, 64, 128, 1),
@@ -98,7 +98,7 @@ def _kernel_ids(source: str, kernels: list[str], where: Path) -> dict[str, tuple
 _AT_REV = r"""
 import json, sys
 from autossd import render
-from autossd.space import KNOB_BY_NAME, Config
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, Config
 todo, defaults = json.loads(sys.stdin.read())
 out = []
 for cfg_json, backend in todo:
@@ -119,7 +119,7 @@ print(json.dumps(out))
 
 def _at_rev(rev: str, todo: list[tuple[str, str]], tmp: Path) -> list[dict]:
     """What the code at git revision `rev` renders for each (config JSON, backend)."""
-    from autossd.space import KNOBS
+    from autossd.ops.ssd.fwd_knobs import KNOBS
 
     code = tmp / "rev"
     code.mkdir()
@@ -146,7 +146,7 @@ def rehash(records: list, rev: str) -> tuple[list, int]:
     from autossd.db.records import current_kernel_hash
     from autossd.ops.ssd.chunk import allocate, plan
     from autossd.render import launch_options, render
-    from autossd.space import STAGES_BY_DEPTH
+    from autossd.ops.ssd.fwd_knobs import STAGES_BY_DEPTH
 
     out, n = [], 0
     with tempfile.TemporaryDirectory() as tmp:

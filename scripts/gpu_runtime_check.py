@@ -13,7 +13,7 @@
 
 Needs only torch, triton, jinja2, numpy, sqlalchemy, alembic, platformdirs (no mamba_ssm).
 
-    python scripts/gpu_runtime_check.py --out results/runtime_check.json
+    python scripts/gpu_runtime_check.py --out scratch/runtime_check.json
     TRITON_INTERPRET=1 python scripts/gpu_runtime_check.py --cpu --out /tmp/x.json   # dry run
 """
 from __future__ import annotations

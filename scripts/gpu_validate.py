@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.ops.ssd.chunk import allocate, execute, gluon_scan_gaps, walk_gaps, walk_segments  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
-from autossd.space import KNOB_BY_NAME, default_config, fit  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, default_config, fit  # noqa: E402
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance  # noqa: E402
 
 M27 = dict(nheads=80, headdim=64, dstate=128, ngroups=1)

@@ -3,7 +3,7 @@ roofline of the ceilings measured in that run (copy bandwidth, bf16 matmul rate)
 intensity is causal FLOPs / min HBM bytes, its rate FLOPs / measured time; the distance below the
 line is the gap to the floor.
 
-    python scripts/plot_bench.py scripts/results/<date>/bench_ssd.json [more.json ...] --out roofline.png
+    python scripts/plot_bench.py docs/bench-data/bench_ssd_2026-11-24.json [more.json ...] --out roofline.png
 
 Times: CUDA-graph replay where the run has it for both (the drop-in's graph pick, mamba_ssm in a
 graph), else the eager times (the drop-in, or the default config where it was faster). Several

@@ -48,7 +48,7 @@ def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None =
     """(shape, dtype, pinned knobs) per config to measure: each record's config as stored, then
     with each set of knob changes in `also` where that is feasible for its problem. `where`:
     only records whose problem has these field values (e.g. nheads=80)."""
-    from autossd.space import Config, violations
+    from autossd.ops.ssd.fwd_knobs import Config, violations
     alts = [also] if isinstance(also, dict) else list(also or [])
     seen, out = set(), []
     for r in records:

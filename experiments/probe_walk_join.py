@@ -10,7 +10,7 @@ where the scan is the chain itself with every load issued ahead. The probe times
 kernel at several BLOCK/num_warps and a Gluon form that fixes that layout, against a float64
 reference and the floor (bytes / a measured device-to-device copy rate), by graph replay.
 
-    python scripts/probe_walk_join.py --out DIR [--shapes 'H:NSEG:B;...']
+    python experiments/probe_walk_join.py [--out DIR] [--shapes 'H:NSEG:B;...']
 """
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def join_gluon(seg_ptr, gs_ptr, sen_ptr, final_ptr, H, PN, NSEG, s_fin_b, s_fin_
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "scratch" / "probe_walk_join"),
+                    help="output folder (default: scratch/probe_walk_join, git-ignored)")
     ap.add_argument("--shapes", default="24:11:1;80:3:1;128:2:1;80:2:4",
                     help="nheads:segments:batch, headdim 64, dstate 128")
     args = ap.parse_args()
@@ -70,7 +71,7 @@ def main():
 
     from autossd.problem import Problem
     from autossd.render import load
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=1, seqlen=131072, nheads=24, headdim=64, dstate=128, ngroups=1, dtype="fp16")
     mod = load(default_config("sm90", prob).replace(state_walk=1, scan_gluon=3, walk_split=11,

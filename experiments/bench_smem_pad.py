@@ -1,7 +1,7 @@
 """Time the chunk-state stage with smem_pad 0 (the tl kernel, compiler-chosen shared layout)
 against each padded Gluon variant, on the local GPU, at production shapes.
 
-    python scripts/bench_smem_pad.py --out DIR [--shapes 2.7b:1x131072,2.7b:8x2048]
+    python experiments/bench_smem_pad.py [--out DIR] [--shapes 2.7b:1x131072,2.7b:8x2048]
                                      [--dtype bf16] [--pads 2,4,8] [--tiles 64x64x64x4,...]
 
 --tiles: state_block_m x state_block_n x state_block_k x state_warps points to time each pad at
@@ -25,7 +25,7 @@ from autossd.arch import local_arch  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.render import load  # noqa: E402
-from autossd.space import KNOB_BY_NAME, default_config, violations  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, default_config, violations  # noqa: E402
 from autossd.testing import make_inputs, rel_err, tolerance  # noqa: E402
 
 MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
@@ -45,7 +45,8 @@ def local_states(prob, cfg, t, backend):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "bench_smem_pad"),
+                    help="output folder (default: scratch/bench_smem_pad, git-ignored)")
     ap.add_argument("--shapes", default="2.7b:1x131072,2.7b:8x2048,codestral:1x32768")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--pads", default=",".join(str(v) for v in KNOB_BY_NAME["smem_pad"].values if v))

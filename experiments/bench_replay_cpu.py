@@ -4,7 +4,7 @@ timed is autossd's replay and triton's Python around the entry point, per call o
 launches. Prints the tl config, the Gluon scan, the Gluon scan with the walk, and a bare loop that
 calls the entry point directly (the floor of any replay in Python).
 
-    python scripts/bench_replay_cpu.py
+    python experiments/bench_replay_cpu.py
 """
 import os
 import sys
@@ -15,7 +15,7 @@ from triton.backends.nvidia import driver as nv
 from autossd.ops.ssd import chunk
 from autossd.problem import Problem
 from autossd.render import load
-from autossd.space import default_config
+from autossd.ops.ssd.fwd_knobs import default_config
 from autossd.testing import make_inputs
 nv.make_tensordesc_arg = lambda arg, meta: [("tmap", arg.base.data_ptr(), meta), *arg.shape, *arg.strides]
 chunk.gluon_scan_gaps = lambda *a, **k: []

@@ -9,7 +9,7 @@ their griddepcontrol instructions, which are no-ops then). Times eager calls, on
 CUDA graph, and a graph of ten calls each followed by another kernel (bench_ssd.py's "mixed"
 mode, that kernel's time subtracted), ROUNDS times interleaved; every variant's output is checked against `pdl = 0`'s.
 
-    python scripts/probe_pdl.py --out DIR [--shapes mamba2-2.7b:1x131072,...] [--dtypes fp16]
+    python experiments/probe_pdl.py [--out DIR] [--shapes mamba2-2.7b:1x131072,...] [--dtypes fp16]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd import render  # noqa: E402
 from autossd.bench import floor_ms, measure_ceilings, run_meta  # noqa: E402
 from autossd.ops.ssd import chunk  # noqa: E402
-from autossd.space import default_config, fit  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config, fit  # noqa: E402
 from autossd.testing import make_inputs, rel_err  # noqa: E402
 from autossd.tuner.shapes import MODELS  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
@@ -86,7 +86,8 @@ render.render = _patched_render
 def main():
     global _plain, _edits
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "probe_pdl"),
+                    help="output folder (default: scratch/probe_pdl, git-ignored)")
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--shapes", default="mamba2-2.7b:1x131072,mamba2-2.7b:1x2048")
     ap.add_argument("--variants", default="", help="comma-separated names (default: all)")

@@ -9,7 +9,7 @@ float64 reference, gate, eager time, then `_graph_ms`), and the same replay time
 
 Each is taken ROUNDS times, interleaved; prints ms per call and writes DIR/probe_graph_timing.json.
 
-    python scripts/probe_graph_timing.py --out DIR [--shapes "mamba2-2.7b:b=4,l=16384;codestral-7b:b=1,l=131072"]
+    python experiments/probe_graph_timing.py [--out DIR] [--shapes "mamba2-2.7b:b=4,l=16384;codestral-7b:b=1,l=131072"]
         [--dtypes fp16,bf16]
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.bench import back_to_back_ms, run_meta  # noqa: E402
-from autossd.space import default_config  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config  # noqa: E402
 from autossd.tuner.gate import check, default_run, make_inputs, reference  # noqa: E402
 from autossd.tuner.runners import measured  # noqa: E402
 from autossd.tuner.shapes import parse_shape  # noqa: E402
@@ -49,7 +49,8 @@ def graph_ms(fn, warm, rep, empty_cache: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "probe_graph_timing"),
+                    help="output folder (default: scratch/probe_graph_timing, git-ignored)")
     ap.add_argument("--shapes", default="mamba2-2.7b:b=4,l=16384;codestral-7b:b=1,l=131072",
                     help="as `autossd tune --shapes`, ';' between shapes")
     ap.add_argument("--dtypes", default="fp16,bf16", help="one per shape")
@@ -81,6 +82,7 @@ def main() -> None:
             print(f"  {k:11s} " + "  ".join(f"{x:.4f}" for x in v), flush=True)
         t = ref = fn = None   # free the inputs and the reference before the next shape
         torch.cuda.empty_cache()
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "probe_graph_timing.json"), "w") as f:
         json.dump({"meta": run_meta(), "rows": rows}, f, indent=1)
 

@@ -3,7 +3,7 @@ subprocess per round and tree, so each imports its own code). Per call: the host
 (back-to-back calls, no sync) and the eager time between CUDA events (autossd.bench.back_to_back_ms),
 with the pick's GPU time by graph replay beside them.
 
-    python scripts/ab_eager.py --out DIR --trees OLD_DIR,. [--shapes 2.7b:1x2048,130m:1x2048]
+    python experiments/ab_eager.py [--out DIR] --trees OLD_DIR,. [--shapes 2.7b:1x2048,130m:1x2048]
         [--dtype fp16] [--rounds 3]
 """
 from __future__ import annotations
@@ -68,7 +68,8 @@ def one(shape: str, dtype: str) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "ab_eager"),
+                    help="output folder (default: scratch/ab_eager, git-ignored)")
     ap.add_argument("--trees", default=".", help="comma-separated autossd checkouts (repo roots)")
     ap.add_argument("--shapes", default="2.7b:1x2048,130m:1x2048")
     ap.add_argument("--dtype", default="fp16")

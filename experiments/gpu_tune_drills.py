@@ -1,6 +1,6 @@
-"""Tuner drills for one local GPU (issue 4's "done when"), written to --out DIR as JSON.
+"""Tuner drills for one local GPU, written to --out DIR as JSON.
 
-    python scripts/gpu_tune_drills.py --out DIR [--drills tune,resume,isolation,efficiency]
+    python experiments/gpu_tune_drills.py [--out DIR] [--drills tune,resume,isolation,efficiency]
         [--tune-seconds 180] [--tune-trials 60] [--grid full|small] [--replay-seeds 10]
 
 Drills (about 7-8 minutes in all on one H100 with the defaults):
@@ -53,7 +53,7 @@ def write(out: Path, name: str, data: dict) -> None:
 
 
 def _sink(out: Path, name: str):
-    from autossd.tuner.records import JsonlSink, db_layer, open_sink
+    from autossd.tuner.sinks import JsonlSink, db_layer, open_sink
     if db_layer() is not None:
         return open_sink(str(out / f"{name}.sqlite")), str(out / f"{name}.sqlite")
     return JsonlSink(out / f"{name}.jsonl"), str(out / f"{name}.jsonl")
@@ -157,7 +157,7 @@ def drill_resume(out: Path, arch: str, args) -> dict:
 # --- drill 3: crash / hang isolation ------------------------------------------------------------
 
 def drill_isolation(out: Path, arch: str, args) -> dict:
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
     from autossd.tuner import Settings, parse_shape
     from autossd.tuner.api import make_runner
     from autossd.tuner.study import tune_problem
@@ -216,7 +216,7 @@ def _replay(arch, prob, space, table, sampler: str, seed: int, budget: int) -> l
 
 
 def drill_efficiency(out: Path, arch: str, args) -> dict:
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
     from autossd.tuner import Settings, build_space, parse_shape
     from autossd.tuner.api import make_runner
     from autossd.tuner.study import tune_problem
@@ -226,7 +226,7 @@ def drill_efficiency(out: Path, arch: str, args) -> dict:
     fixed = {k: v for k, v in base.items() if k not in grid}
     space = build_space(arch, prob, fixed)
     # keep only the grid's values for the varied knobs
-    from autossd.tuner.space import Dim, SearchSpace
+    from autossd.tuner.search_space import Dim, SearchSpace
     space = SearchSpace(space.arch, tuple(Dim(d.name, tuple(v for v in d.values if v in grid[d.name]))
                                           for d in space.dims), space.pinned)
     n = space.size()
@@ -245,7 +245,7 @@ def drill_efficiency(out: Path, arch: str, args) -> dict:
     import optuna
     from optuna.trial import TrialState
 
-    from autossd.space import Config
+    from autossd.ops.ssd.fwd_knobs import Config
     from autossd.tuner.storage import open_storage
     study = optuna.load_study(study_name=res.study_name, storage=open_storage(str(out / "brute.journal")))
     table = {}
@@ -292,7 +292,8 @@ DRILLS = {"tune": drill_tune, "resume": drill_resume, "isolation": drill_isolati
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "scratch" / "gpu_tune_drills",
+                    help="output folder (default: scratch/gpu_tune_drills, git-ignored)")
     ap.add_argument("--drills", default="tune,resume,isolation,efficiency")
     ap.add_argument("--tune-seconds", type=float, default=180.0)
     ap.add_argument("--tune-trials", type=int, default=60)

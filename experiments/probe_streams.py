@@ -8,7 +8,7 @@ streams could overlap. Captures the sm90 five-launch default in CUDA graphs:
            does C·state, and reads states still being written, so its output is not checked);
   scan||+  scan|| followed by one more chunk scan (an upper bound of a split's inter-chunk kernel).
 
-Prints GPU time per forward by graph replay. python scripts/probe_streams.py --out DIR
+Prints GPU time per forward by graph replay. python experiments/probe_streams.py [--out DIR]
 """
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.render import load  # noqa: E402
-from autossd.space import default_config  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 from autossd.tuner.shapes import MODELS  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "probe_streams"),
+                    help="output folder (default: scratch/probe_streams, git-ignored)")
     ap.add_argument("--shapes", default="mamba2-2.7b:1x2048,mamba2-130m:1x2048,mamba2-2.7b:8x2048")
     a = ap.parse_args()
     res = []
@@ -83,6 +84,7 @@ def main():
             row[name] = times
             print(f"{s:22s} {name:16s} " + " ".join(f"{v:7.1f}" for v in times) + " us", flush=True)
         res.append(row)
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "probe_streams.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": res}, f, indent=1)
 

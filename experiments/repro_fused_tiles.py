@@ -4,7 +4,7 @@ CUDA context), and print which give wrong y or fault (BENCHMARKS.md §27). With 
 H100 every config with state_block_m < 64 beside scan_block_m >= 64 and a warpgroup MMA is wrong;
 space.violations() refuses them on sm90. Rerun this after a Triton upgrade before lifting it.
 
-    python scripts/repro_fused_tiles.py [--out DIR] [--headdims 32,64,128]
+    python experiments/repro_fused_tiles.py [--out DIR] [--headdims 32,64,128]
 """
 import argparse
 import itertools
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.ops.ssd.chunk import ssd_forward  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
-from autossd.space import default_config, fit  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config, fit  # noqa: E402
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,7 +43,8 @@ def one(p, over, dtype="fp16"):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "repro_fused_tiles"),
+                    help="output folder (default: scratch/repro_fused_tiles, git-ignored)")
     ap.add_argument("--headdims", default="32,64,128")
     ap.add_argument("--tiles", default="64x64,32x32,128x64")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -73,6 +74,7 @@ def main():
         r["env_disable_mma_v3"] = os.environ.get("DISABLE_MMA_V3", "")
         rows.append(r)
         print(json.dumps(r), flush=True)
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "repro_fused_tiles.json"), "w") as f:
         json.dump(rows, f, indent=1)
     bad = [r for r in rows if not r.get("ok")]

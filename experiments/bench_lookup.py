@@ -6,7 +6,7 @@
     miss   get_kernel for a new problem once the records are loaded (pick only)
     warm   get_kernel for a problem seen before: the per-process dict cache (target <= 5 us)
 
-    python scripts/bench_lookup.py [--arch sm90] [--n 200000] [--json out.json]
+    python experiments/bench_lookup.py [--arch sm90] [--n 200000] [--json out.json]
 """
 from __future__ import annotations
 

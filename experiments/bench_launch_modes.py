@@ -3,7 +3,7 @@
 and one that captures the forward in a CUDA graph each get from the tuning databases, against
 the other mode's pick, mamba_ssm (when importable) and the speed-of-light floor, in one run.
 
-    python scripts/bench_launch_modes.py --out DIR [--shapes mamba2-2.7b:b=1,l=2048;...] [--dtype fp16,bf16]
+    python experiments/bench_launch_modes.py [--out DIR] [--shapes mamba2-2.7b:b=1,l=2048;...] [--dtype fp16,bf16]
 
 Per shape, in a fresh state of the kernel caches:
   1. the drop-in is called eagerly three times (the eager pick compiles and warms up);
@@ -122,7 +122,8 @@ def one(prob, ceilings, peer) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "bench_launch_modes"),
+                    help="output folder (default: scratch/bench_launch_modes, git-ignored)")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--dtype", default="fp16,bf16")
     a = ap.parse_args(argv)

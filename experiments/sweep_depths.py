@@ -4,7 +4,7 @@ against the five-launch result of the same inputs (itself checked against float6
 gpu_validate.py) before it is timed. Prints a table per shape and the floor from ceilings measured
 in the same run; writes the raw numbers to DIR/sweep_depths.json.
 
-    python scripts/sweep_depths.py --out DIR [--dtypes fp16] [--shapes design] [--variants JSON]
+    python experiments/sweep_depths.py [--out DIR] [--dtypes fp16] [--shapes design] [--variants JSON]
         [--stages] [--no-final-states]
 
 --no-final-states: the calls return y alone, as the drop-in's default and the shipped records'
@@ -25,7 +25,7 @@ from autossd.bench import floor_ms, measure_ceilings, run_meta, stage_times  # n
 from autossd.ops.ssd.chunk import execute  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.tuner.shapes import MODELS, PRESET_SHAPES  # noqa: E402
-from autossd.space import default_config, fit, violations  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config, fit, violations  # noqa: E402
 from autossd.testing import make_inputs, rel_err, tolerance  # noqa: E402
 
 DESIGN = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # DESIGN.md's table
@@ -56,7 +56,8 @@ def outputs(o) -> tuple:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "sweep_depths"),
+                    help="output folder (default: scratch/sweep_depths, git-ignored)")
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--shapes", default="design", help="'design' or model:BxL,...")
     ap.add_argument("--variants", default="", help="JSON list of config overrides")

@@ -1,9 +1,9 @@
 """Host time per call of the drop-in, phase by phase, on the local GPU (where the small-shape
 time goes), and `--once` for running one forward under a profiler (ncu).
 
-    python scripts/profile_host.py --out DIR [--shape 2.7b:1x2048] [--dtype bf16]
+    python experiments/profile_host.py [--out DIR] [--shape 2.7b:1x2048] [--dtype bf16]
     ncu --set full --import-source yes -k regex:ssd_chunk_scan -c 1 -o REPORT \
-        python scripts/profile_host.py --once --shape 2.7b:1x131072 --dtype fp16 [--config JSON [--on-pick]]
+        python experiments/profile_host.py --once --shape 2.7b:1x131072 --dtype fp16 [--config JSON [--on-pick]]
 
 --once runs the drop-in (the database's pick), or with --config the sm90 default with those
 overrides through ssd_forward (the pick with them, with --on-pick: e.g. a shipped record with
@@ -25,7 +25,7 @@ import autossd  # noqa: E402
 from autossd import runtime  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.problem import Problem, from_args  # noqa: E402
-from autossd.space import default_config, fit  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import default_config, fit  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
 MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
@@ -58,13 +58,15 @@ def compare(args, kw, cfg, out_dir):
             res[name]["graph_ms"].append(do_bench(g.replay, warmup=5, rep=50, return_mode="median"))
     for name, r in res.items():
         print(f"{name:12s} do_bench {[round(v, 3) for v in r['do_bench_ms']]}  graph {[round(v, 3) for v in r['graph_ms']]}")
+    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "compare_dropin.json"), "w") as f:
         json.dump({"config": cfg.as_dict(), **res}, f, indent=1)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "profile_host"),
+                    help="output folder (default: scratch/profile_host, git-ignored)")
     ap.add_argument("--shape", default="2.7b:1x2048")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--once", action="store_true")
@@ -111,6 +113,7 @@ def main():
         out = io.StringIO()
         pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue())
+        os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "cprofile_drop_in.txt"), "w") as f:
             f.write(out.getvalue())
         return
@@ -212,6 +215,7 @@ def main():
     for k, v in res.items():
         if isinstance(v, float):
             print(f"{k:44s} {v:8.1f} us", flush=True)
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "profile_host.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
                    "shape": a.shape, "dtype": a.dtype, "config": cfg.as_dict(), "reason": kern.reason,

@@ -2,7 +2,7 @@
 only their intermediates' layout, so each stage's knobs can be timed alone and the best per stage
 combined. Prints per-stage times for each candidate and the best combination.
 
-    python scripts/sweep_stages.py --out DIR [--shapes 2.7b:1x131072,2.7b:8x2048] [--per-stage 24]
+    python experiments/sweep_stages.py [--out DIR] [--shapes 2.7b:1x131072,2.7b:8x2048] [--per-stage 24]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
 from autossd.render import load  # noqa: E402
-from autossd.space import KNOBS, default_config, violations  # noqa: E402
+from autossd.ops.ssd.fwd_knobs import KNOBS, default_config, violations  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
 MODELS = {"130m": (24, 64, 128, 1), "2.7b": (80, 64, 128, 1), "codestral": (128, 64, 128, 8)}
@@ -64,7 +64,8 @@ def time_stage(prob, cfg, t, stage):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "sweep_stages"),
+                    help="output folder (default: scratch/sweep_stages, git-ignored)")
     ap.add_argument("--shapes", default="2.7b:1x131072,2.7b:8x2048,130m:1x2048")
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--per-stage", type=int, default=24)
@@ -115,6 +116,7 @@ def main():
         torch.cuda.empty_cache()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
             "command": " ".join(sys.argv)}
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "sweep_stages.json"), "w") as f:
         json.dump({"meta": meta, "results": out}, f, indent=1)
 
