@@ -28,7 +28,7 @@ from autossd.tuner.shapes import MODELS, PRESET_SHAPES  # noqa: E402
 from autossd.ops.ssd.fwd_knobs import default_config, fit, violations  # noqa: E402
 from autossd.testing import make_inputs, rel_err, tolerance  # noqa: E402
 
-DESIGN = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # DESIGN.md's table
+DESIGN = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # the benchmark's model shapes
 # overrides of the arch default; chunk sizes and warps of the fused kernels first
 VARIANTS = [
     {"launches": 5},

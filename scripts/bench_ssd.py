@@ -35,7 +35,7 @@ from autossd.tuner.shapes import MODELS, PRESET_SHAPES  # noqa: E402
 from autossd.ops.ssd.fwd_knobs import Config, default_config  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
 
-DESIGN_SHAPES = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # DESIGN.md's table
+DESIGN_SHAPES = [(m, b, l) for m, shapes in PRESET_SHAPES.items() for b, l in shapes]  # the benchmark's model shapes
 
 
 def problem_for(model, b, l, dtype):
@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--sweep", default="", help="JSON list of config overrides to time too")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--depths", default="3,1", help="other fusion depths to time at their defaults ('': none)")
-    ap.add_argument("--shapes", default="", help="only these of DESIGN.md's shapes, model:BxL,... (default: all)")
+    ap.add_argument("--shapes", default="", help="only these of the benchmark's model shapes, model:BxL,... (default: all)")
     ap.add_argument("--no-default", action="store_true", help="do not time the five-launch default config")
     a = ap.parse_args()
     shapes = DESIGN_SHAPES
@@ -108,7 +108,7 @@ def main():
                 for m, bl in (v.split(":") for v in a.shapes.split(","))}
         unknown = want - set(DESIGN_SHAPES)
         if unknown:
-            ap.error(f"--shapes: {sorted(unknown)} not among DESIGN.md's shapes {DESIGN_SHAPES}")
+            ap.error(f"--shapes: {sorted(unknown)} not among the benchmark's model shapes {DESIGN_SHAPES}")
         shapes = [v for v in DESIGN_SHAPES if v in want]
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s",
@@ -137,7 +137,7 @@ def main():
             def dropin():
                 return autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"],
                                                          dt_bias=t["dt_bias"], dt_softplus=True)
-            # each drop-in timing with the SM clock it ran at (§131: do ten-call graphs clock lower?)
+            # each drop-in timing with the SM clock it ran at (ten-call graphs of 3-5 ms calls reach the power limit and clock lower)
             for key, timing in (("dropin_ms", lambda: do_bench(dropin, warmup=25, rep=200, return_mode="median")),
                                 ("dropin_graph_ms", lambda: graph_ms(dropin)),
                                 ("dropin_graph10_ms", lambda: graph_ms(dropin, 10)),

@@ -3,7 +3,7 @@
 
 It holds the records of the databases given with --merge (measured records from the GPU), by the
 merge rule of autossd.db.exchange (fresh > stale, measured > static > default, then the best time).
---defaults adds "default"-provenance records for the model shapes in DESIGN.md; off by default,
+--defaults adds "default"-provenance records for the benchmark's model shapes; off by default,
 since the code's default_config is the fallback anyway and shipped copies of it go stale.
 
     python scripts/build_shipped_db.py                       # tuning_db/sm90.sqlite

@@ -48,7 +48,7 @@ def cases(dtype: str, cpu: bool) -> dict[str, Problem]:
                                        return_final_states=True, return_varlen_states=True)}
     return {
         "mamba2-2.7b 1x2048 layer": Problem(1, 2048, 80, 64, 128, 1, dtype, 256, **LAYER),
-        # the shipped graph pick (chunk 128) differs from the eager one here (BENCHMARKS.md §41)
+        # the shipped graph pick (chunk 128) differs from the eager one here (at small shapes eager calls favour fewer launches)
         "mamba2-130m 1x2048 layer": Problem(1, 2048, 24, 64, 128, 1, dtype, 256, **LAYER),
         "mamba2-2.7b 1x2048 +final": Problem(1, 2048, 80, 64, 128, 1, dtype, 256, **LAYER,
                                              return_final_states=True),

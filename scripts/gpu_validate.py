@@ -194,7 +194,7 @@ def walk_block_cases():
 
 
 def stored_cases():
-    """BENCHMARKS.md §156: without final states the walk stops at the last chunk's entering state,
+    """Without final states the walk stops at the last chunk's entering state,
     and where the chunk-walking scan skips chunk 0's state term (no initial state) the walk does
     not store that state. Each walk family, none returning final states: the shape this is for
     (8x2048), ragged ends with and without initial states, one chunk (nothing stored), two
@@ -353,7 +353,7 @@ def main():
     ap.add_argument("--walk-split-only", action="store_true", help="only the walk_split cases")
     ap.add_argument("--walk-block-only", action="store_true", help="only the walk_block cases")
     ap.add_argument("--stored-only", action="store_true",
-                    help="only the cases of the states the walk leaves out (§156)")
+                    help="only the cases of the states the walk leaves out without final states")
     a = ap.parse_args()
     results = []
     todo = [(p, sd, None, None) for p, sd in cases(a.quick)]
