@@ -3,7 +3,7 @@ from .arch import ARCHS, Arch, get_arch, local_arch
 from .ops.ssd.chunk import ssd_forward
 from .problem import Problem, from_args
 from .runtime import Kernel, get_kernel, mamba_chunk_scan_combined
-from .space import KNOBS, Config, ConfigError, default_config
+from .ops.ssd.fwd_knobs import KNOBS, Config, ConfigError, default_config
 
 __version__ = "0.1.0"
 __all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "default_config",

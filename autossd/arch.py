@@ -9,21 +9,41 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Arch:
+    """One target: its compile target, its limits and its capabilities. Knobs and templates test
+    capabilities (`has`), never names, so adding an arch is one entry here plus what it truly
+    needs (a default config, a device name for the static model)."""
     name: str
     backend: str          # "cuda" or "hip": triton's GPUTarget backend
     target_arch: object   # GPUTarget.arch: 80 / 90 / "gfx90a" / "gfx942"
-    warp_size: int
-    smem_per_block: int   # bytes a block may use (opt-in maximum)
+    warp_size: int        # threads per warp (NVIDIA) / wavefront (AMD)
+    smem_per_block: int   # bytes of shared memory (LDS on AMD) a block may use (opt-in maximum)
     smem_per_sm: int
     regs_per_sm: int      # 32-bit registers per SM (NVIDIA) / VGPRs per SIMD lane budget (AMD)
     max_threads_per_sm: int
     sm_count: int         # of the reference part, for wave quantization in the model
     hbm_gbps: float       # datasheet bandwidth of the reference part, for the static model
     matmul_tflops: float  # dense fp16/bf16 rate of the reference part, for the static model
+    # capabilities (what a knob or a template may need):
+    tma: bool = False     # bulk tensor copies (TMA descriptors): the Gluon data paths
+    wgmma: bool = False   # warpgroup MMA: the Gluon data paths
+    pdl: bool = False     # programmatic dependent launch (griddepcontrol)
+    mfma: bool = False    # AMD matrix cores (the MFMA knobs)
+    maxnreg: bool = False  # a per-kernel register cap the compiler honours (ptxas -maxnreg)
+    # Triton 3.6's wgmma lowering miscompiles the single launch with state tiles under 64 rows
+    wgmma_fused_tile_bug: bool = False
 
     @property
     def is_amd(self) -> bool:
         return self.backend == "hip"
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The capability names `has` accepts: the backend ("cuda" or "hip") and each flag set."""
+        flags = ("tma", "wgmma", "pdl", "mfma", "maxnreg")
+        return frozenset((self.backend, *(f for f in flags if getattr(self, f))))
+
+    def has(self, *needs: str) -> bool:
+        return set(needs) <= self.capabilities
 
     def gpu_target(self):
         from triton.backends.compiler import GPUTarget
@@ -31,10 +51,14 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "sm80": Arch("sm80", "cuda", 80, 32, 163 * 1024, 164 * 1024, 65536, 2048, 108, 2039.0, 312.0),
-    "sm90": Arch("sm90", "cuda", 90, 32, 227 * 1024, 228 * 1024, 65536, 2048, 132, 3350.0, 989.0),
-    "gfx90a": Arch("gfx90a", "hip", "gfx90a", 64, 64 * 1024, 64 * 1024, 512, 2048, 104, 1638.0, 181.0),
-    "gfx942": Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, 64 * 1024, 512, 2048, 304, 5300.0, 1307.0),
+    "sm80": Arch("sm80", "cuda", 80, 32, 163 * 1024, 164 * 1024, 65536, 2048, 108, 2039.0, 312.0,
+                 maxnreg=True),
+    "sm90": Arch("sm90", "cuda", 90, 32, 227 * 1024, 228 * 1024, 65536, 2048, 132, 3350.0, 989.0,
+                 tma=True, wgmma=True, pdl=True, maxnreg=True, wgmma_fused_tile_bug=True),
+    "gfx90a": Arch("gfx90a", "hip", "gfx90a", 64, 64 * 1024, 64 * 1024, 512, 2048, 104, 1638.0, 181.0,
+                   mfma=True),
+    "gfx942": Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, 64 * 1024, 512, 2048, 304, 5300.0, 1307.0,
+                   mfma=True),
 }
 
 

@@ -5,7 +5,7 @@ a bf16 matmul; scripts/bench_ssd.py uses the same two functions."""
 from __future__ import annotations
 
 from .problem import Problem
-from .space import Config
+from .ops.ssd.fwd_knobs import Config
 
 
 class NoGPU(RuntimeError):
@@ -173,7 +173,7 @@ def bench(problem: Problem, config: Config | None = None, arch: str | None = Non
 
     from .arch import local_arch
     from .peer import load_mamba_ssm
-    from .space import default_config
+    from .ops.ssd.fwd_knobs import default_config
     from .testing import call_kwargs, make_inputs
     from .tuner.gate import default_run
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .arch import ARCHS  # noqa: E402
 from .problem import Problem  # noqa: E402
-from .tuner.records import mode_of  # noqa: E402
+from .tuner.sinks import mode_of  # noqa: E402
 
 
 def _slug(text: str) -> str:

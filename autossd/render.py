@@ -8,16 +8,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import io
 import os
 import sys
 import threading
+import tokenize
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
 import jinja2
 
-from .space import STATE_DTYPES, Config
+from .ops.ssd.fwd_knobs import STATE_DTYPES, Config
 
 BACKENDS = ("cuda", "hip")
 # stage -> (warps knob, stages knob, register-cap knob); None means a fixed value (a stage with
@@ -62,13 +64,32 @@ def template_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def _code_tokens(source: str) -> str:
+    """The source as its Python tokens without comments, blank lines or the header naming the
+    config: what the compiler sees. A reworded comment, or a knob added later with the old
+    behaviour as its default, leaves this (and so a record's freshness) as it was."""
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
+            continue
+        out.append(f"{tok.type}:{tok.string}")
+    return "\n".join(out)
+
+
 @lru_cache(maxsize=4096)
 def kernel_hash(config: Config, backend: str) -> str:
-    """Hash of the source a config launches: its rendering, which holds its fusion depth's
-    kernels and the shared helpers they call (module.py.jinja), less the header line naming the
-    config (a knob added later with the old behaviour as its default leaves the code, and so the
-    hash, as it was). A tuned record stores it; an edit to a kernel that a config does not launch
-    leaves it fresh. Rendering costs a few ms, once per config and process."""
+    """Hash of the code a config launches: its rendering, which holds only the kernels its
+    mode (the forward's fusion depth) runs and the shared helpers they call, reduced to its
+    tokens (`_code_tokens`). A tuned record stores it; an edit to a kernel a config does not
+    launch, or to a comment, leaves the record fresh. Rendering costs a few ms, once per config
+    and process."""
+    return hashlib.sha256(_code_tokens(render(config, backend)).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=4096)
+def legacy_kernel_hash(config: Config, backend: str) -> str:
+    """The hash records stored before `kernel_hash` ignored comments: the rendered text less its
+    header line. Such a record is fresh while its rendering is unchanged to the letter."""
     text = "\n".join(ln for ln in render(config, backend).splitlines()
                      if not ln.startswith("# config: "))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

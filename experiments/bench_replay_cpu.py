@@ -13,13 +13,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import time, torch
 from triton.backends.nvidia import driver as nv
 from autossd.ops.ssd import chunk
+from autossd.ops.ssd import plan as chunk_plan
 from autossd.problem import Problem
 from autossd.render import load
 from autossd.ops.ssd.fwd_knobs import default_config
 from autossd.testing import make_inputs
 nv.make_tensordesc_arg = lambda arg, meta: [("tmap", arg.base.data_ptr(), meta), *arg.shape, *arg.strides]
-chunk.gluon_scan_gaps = lambda *a, **k: []
-chunk.walk_gaps = lambda *a, **k: []
+chunk_plan.gluon_scan_gaps = lambda *a, **k: []
+chunk_plan.walk_gaps = lambda *a, **k: []
 prob = Problem(batch=1, seqlen=2048, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="fp16", has_D=True, has_dt_bias=True, dt_softplus=True)
 def rec_for(cfg):
     mod = load(cfg)

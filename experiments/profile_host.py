@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
 from autossd import runtime  # noqa: E402
 from autossd.ops.ssd import chunk as ssd_chunk  # noqa: E402
+from autossd.ops.ssd import workspace as ssd_workspace  # noqa: E402
 from autossd.problem import Problem, from_args  # noqa: E402
 from autossd.ops.ssd.fwd_knobs import default_config, fit  # noqa: E402
 from autossd.testing import make_inputs  # noqa: E402
@@ -188,15 +189,15 @@ def main():
             res[f"replay, {k} (median of 5 interleaved)"] = sorted(v)[2]
     # the kept workspace (chunk.WORKSPACE_BYTES) against fresh allocations, interleaved rounds
     ab = {"drop_in": [], "drop_in, no workspace": [], "execute": [], "execute, no workspace": []}
-    saved = ssd_chunk.WORKSPACE_BYTES
+    saved = ssd_workspace.WORKSPACE_BYTES
     for _ in range(3):
         for off in (False, True):
-            ssd_chunk.WORKSPACE_BYTES = 0 if off else saved
+            ssd_workspace.WORKSPACE_BYTES = 0 if off else saved
             ssd_chunk.clear_workspaces()
             tag = ", no workspace" if off else ""
             ab["drop_in" + tag].append(per_call_us(lambda: autossd.mamba_chunk_scan_combined(*args, **kw)))
             ab["execute" + tag].append(per_call_us(lambda: ssd_chunk.execute(prob, cfg, tensors, module=mod, keep=True)))
-    ssd_chunk.WORKSPACE_BYTES = saved
+    ssd_workspace.WORKSPACE_BYTES = saved
     for k, v in ab.items():
         res[f"{k} (median of 3 interleaved)"] = sorted(v)[1]
     res["workspace_rounds"] = ab

@@ -13,7 +13,7 @@ from autossd.arch import local_arch
 from autossd.ops.ssd.chunk import ssd_forward
 from autossd.ops.ssd.naive import ssd_chunked
 from autossd.problem import Problem
-from autossd.space import KNOBS, Config, fit, violations
+from autossd.ops.ssd.fwd_knobs import KNOBS, Config, fit, violations
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -290,7 +290,7 @@ def test_random_configs(seed, depth):
                    has_D=True, has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
     over = {k.name: rng.choice([v for v in k.values if isinstance(v, bool) or not isinstance(v, int) or v >= 32 or "warps" in k.name
                                  or "stages" in k.name or k.name in ("cumsum_block_h", "fold_prep")])
-            for k in KNOBS if k.backends == ("cuda", "hip") and k.name not in ("chunk_size", "launches", "smem_pad")}
+            for k in KNOBS if not k.needs and k.name not in ("chunk_size", "launches", "smem_pad")}
     cfg = fit(Config(over, chunk_size=64), prob)  # tiles >= 32 keep the interpreter's program count small
     check(prob, cfg, depth)
 
@@ -365,13 +365,13 @@ def test_launch_cache_replays_the_gluon_scan_on_each_calls_tensors(monkeypatch):
     new call's tensor (x, C, and the new buffers), never reuses the recorded call's. The plan is
     made as on an sm90 GPU (gluon_scan_gaps stubbed: the CPU has none); nothing is launched."""
     from autossd.ops.ssd import chunk
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=300, nheads=2, headdim=64, dstate=128, ngroups=1, dtype="bf16",
                    **{**FULL, "has_seq_idx": False})   # the Gluon scan does not take seq_idx
     cfg = default_config("sm90", prob).replace(scan_gluon=1)
     assert violations(cfg, "sm90", prob) == []
-    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.gluon_scan_gaps", lambda *a, **k: [])
     launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
     scan = launches[-1]
     assert scan.kernel == "ssd_chunk_scan_gluon"
@@ -387,15 +387,15 @@ def test_walk_split_plans_segments_a_join_and_the_scan_that_completes_them(monke
     on a replay. Where the Gluon scan cannot take the call, the walk runs whole: the tl scan would
     read the segments' states as the sequence's."""
     from autossd.ops.ssd import chunk
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=1700, nheads=4, headdim=64, dstate=128, ngroups=2, dtype="fp16",
                    **{**FULL, "has_seq_idx": False})
     cfg = default_config("sm90", prob).replace(state_walk=1, walk_weights=1, scan_gluon=3, walk_split=3,
                                                state_dtype="fp16")
     assert violations(cfg, "sm90", prob) == [] and chunk.walk_segments(prob, cfg) == (3, 3)
-    monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
-    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [] if scan_fits else ["no"])
+    monkeypatch.setattr("autossd.ops.ssd.plan.walk_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.gluon_scan_gaps", lambda *a, **k: [] if scan_fits else ["no"])
     launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
     walk = launches[2]
     if not scan_fits:
@@ -429,7 +429,7 @@ def test_walk_join_chains_segment_finals_into_entering_states(nseg, p, n):
     per head; 11 in a 16-row scan over 2560 columns, the third program ragged."""
     from autossd.ops.ssd.chunk import _walk_join
     from autossd.render import load
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=4096, nheads=3, headdim=p, dstate=n, ngroups=1, dtype="fp16")
     cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=3, walk_split=4, state_dtype="fp16")
@@ -462,14 +462,14 @@ def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
     its descriptors on x, B and the states rebuilt on each call's tensors by a replay (planned as
     on an sm90 GPU, walk_gaps stubbed; nothing is launched)."""
     from autossd.ops.ssd import chunk
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=300, nheads=4, headdim=64, dstate=128, ngroups=2, dtype="bf16",
                    **{**FULL, "has_seq_idx": False})   # the walk does not take seq_idx
     cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=1, state_dtype="bf16")
     assert violations(cfg, "sm90", prob) == []
-    monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
-    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.walk_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.gluon_scan_gaps", lambda *a, **k: [])
     folded = _replays_what_a_fresh_plan_would_launch(prob, cfg.replace(fold_prep=2))
     assert [ln.stage for ln in folded] == ["prep", "state_walk", "chunk_scan"]   # three launches
     launches = _replays_what_a_fresh_plan_would_launch(prob, cfg)
@@ -484,24 +484,24 @@ def test_launch_cache_replays_the_gluon_walk_on_each_calls_tensors(monkeypatch):
     (False, False, 128, 3, 1, 1),   # the shipped large records' calls: chunk 0's state neither stored nor read
     (True, False, 128, 3, 0, 0),    # an initial state: chunk 0 enters with it
     (False, True, 128, 2, 1, 1),
-    (False, False, 64, 3, 0, 1),    # the 64-token ring stores it (16% slower without, §156); the scan skips it
+    (False, False, 64, 3, 0, 1),    # the 64-token ring stores it (16% slower without); the scan skips it
     (False, False, 128, 1, 0, None),  # the other Gluon scans read it: stored
 ])
 def test_plan_leaves_out_the_states_no_output_reads(monkeypatch, init, final, walk_block, scan_gluon, stored, state):
-    """§156: chunk 0's entering state is 0 without an initial state, so the chunk-walking scan
+    """Chunk 0's entering state is 0 without an initial state, so the chunk-walking scan
     (scan_gluon >= 2) skips its term (FIRST_STATE = 1) and the walk with the 128-token ring does
     not store it (FIRST_STORED = 1); without final states (HAS_FINAL) the walk stops at the last
     chunk's entering state. gpu_validate.py --stored-only is the GPU check of what they do."""
     from autossd.ops.ssd import chunk
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=700, nheads=4, headdim=64, dstate=128, ngroups=1, dtype="fp16",
                    has_D=True, has_initial_states=init, return_final_states=final)
     cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=scan_gluon, walk_block=walk_block,
                                                state_dtype="fp16")
     assert violations(cfg, "sm90", prob) == []
-    monkeypatch.setattr(chunk, "walk_gaps", lambda *a, **k: [])
-    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.walk_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.gluon_scan_gaps", lambda *a, **k: [])
     t = make_inputs(prob, seed=3)
     buf = chunk.allocate(prob, cfg, "cpu")
     by = {ln.stage: ln for ln in chunk.plan(prob, cfg, t, buf, "cuda")}
@@ -520,7 +520,7 @@ def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
 
     from autossd.ops.ssd import chunk
     from autossd.render import load
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     encoded = []
 
@@ -529,7 +529,7 @@ def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
         return [("tmap", arg.base.data_ptr(), meta), *arg.shape, *arg.strides]
 
     monkeypatch.setattr(nv, "make_tensordesc_arg", encode)
-    monkeypatch.setattr(chunk, "gluon_scan_gaps", lambda *a, **k: [])
+    monkeypatch.setattr("autossd.ops.ssd.plan.gluon_scan_gaps", lambda *a, **k: [])
     prob = Problem(batch=1, seqlen=256, nheads=2, headdim=64, dstate=64, ngroups=1, dtype="fp16")
     cfg = default_config("sm90", prob).replace(scan_gluon=1)
     mod = load(cfg)
@@ -750,10 +750,10 @@ def _call(prob, cfg, seed):
 
 @pytest.fixture
 def workspaces():
-    from autossd.ops.ssd import chunk
-    chunk.clear_workspaces()
-    yield chunk
-    chunk.clear_workspaces()
+    from autossd.ops.ssd import workspace
+    workspace.clear_workspaces()
+    yield workspace
+    workspace.clear_workspaces()
 
 
 def test_calls_reuse_the_intermediates_and_return_fresh_outputs(workspaces, depth):
@@ -949,7 +949,7 @@ def test_walk_gaps_name_what_keeps_a_call_on_the_two_state_stages():
     what does not (the CPU, a B whose rows TMA cannot address), and the plan then launches the
     chunk state and the state passing, which the interpreter runs to the same result."""
     from autossd.ops.ssd import chunk
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=300, nheads=2, headdim=64, dstate=64, ngroups=1, dtype="fp16",
                    has_D=True)
@@ -971,7 +971,7 @@ def test_gluon_scan_gaps_name_what_keeps_a_call_on_the_tl_scan():
     reasons name what does not (here: the CPU, and an x whose rows TMA cannot address), and the
     plan then launches the tl scan of the same config."""
     from autossd.ops.ssd import chunk
-    from autossd.space import default_config
+    from autossd.ops.ssd.fwd_knobs import default_config
 
     prob = Problem(batch=2, seqlen=300, nheads=2, headdim=64, dstate=128, ngroups=1, dtype="fp16")
     cfg = default_config("sm90", prob).replace(scan_gluon=1)

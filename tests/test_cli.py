@@ -103,8 +103,8 @@ def test_brute_force_on_a_huge_space_says_how_to_shrink_it(env):
 
 def test_jsonl_store_show_export_merge_and_plot(env):
     from autossd.problem import Problem
-    from autossd.space import default_config
-    from autossd.tuner.records import JsonlSink, make_record
+    from autossd.ops.ssd.fwd_knobs import default_config
+    from autossd.tuner.sinks import JsonlSink, make_record
     p = parse_shape(SHAPE)
     a, b = env / "a.jsonl", env / "b.jsonl"
     cfg = default_config("sm90", p)
@@ -151,7 +151,7 @@ def test_show_migrates_a_store_from_an_earlier_autossd(env, tmp_path):
     from autossd.db.models import tuned_records
     from autossd.db.records import make_record
     from autossd.problem import Problem
-    from autossd.space import Config
+    from autossd.ops.ssd.fwd_knobs import Config
     url = to_url(tmp_path / "old.sqlite")
     assert migrate(url, "0004") == "0004"
     with engine.get_engine(url).connect() as conn:

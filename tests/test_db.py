@@ -23,7 +23,7 @@ from autossd.db import lookup as dblookup
 from autossd.db.models import KNOB_COLUMNS, PROBLEM_COLUMNS, Base, tuned_records
 from autossd.db.records import row_count
 from autossd.problem import Problem
-from autossd.space import KNOB_BY_NAME, KNOBS, Config, default_config, fit
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, default_config, fit
 
 PROB = Problem(1, 2048, 8, 64, 128, 1, "bf16", 256, has_D=True, has_dt_bias=True, dt_softplus=True)
 # (pass_stages 1: what every row before schema 12 ran, so the older-schema tests can hold it)
@@ -74,17 +74,36 @@ def test_freshness_is_the_hash_of_the_kernels_a_config_launches(monkeypatch):
     five, one = rec(), rec(config=default_config("sm90", PROB, launches=1))
     real = render.render
 
-    def edited(kernel):
+    def edited(kernel, new):
         def fake(config, backend="cuda"):
             src = real(config, backend)
-            return src.replace(f"def {kernel}(", f"def {kernel}(  ", 1)
+            return src.replace(f"def {kernel}(", new, 1)
         return fake
-    render.kernel_hash.cache_clear()
-    monkeypatch.setattr(render, "render", edited("ssd_state_passing"))   # a five-launch kernel
+
+    def clear():
+        render.kernel_hash.cache_clear()
+        render.legacy_kernel_hash.cache_clear()
+    clear()
+    # a comment or a blank line is not code: the hash is of the tokens the compiler sees
+    monkeypatch.setattr(render, "render", edited("ssd_state_passing", "# reworded\n\ndef ssd_state_passing("))
     try:
+        assert not five.stale_reasons(now, "x") and not one.stale_reasons(now, "x")
+    finally:
+        clear()
+    monkeypatch.setattr(render, "render", edited("ssd_state_passing", "def ssd_state_passing_v2("))
+    try:   # a five-launch kernel's code changed
         assert five.stale_reasons(now, "x") and not one.stale_reasons(now, "x")
     finally:
-        render.kernel_hash.cache_clear()
+        clear()
+
+
+def test_records_from_before_comment_free_hashes_stay_fresh_while_their_text_is_unchanged():
+    import triton
+    r = rec()
+    old = replace(r, template_hash=render.legacy_kernel_hash(r.config, "cuda"))
+    assert old.template_hash != r.template_hash
+    assert old.stale_reasons(triton.__version__, "x") == []
+    assert replace(r, template_hash="0123456789abcdef").stale_reasons(triton.__version__, "x")
 
 
 def test_head_constant_matches_alembic_scripts():
@@ -281,7 +300,7 @@ def test_sqlite_engine_uses_wal_and_busy_timeout(tmp_path):
 def test_reading_leaves_a_rollback_journal_database_as_it_is(tmp_path):
     """Only a write switches a file to WAL: `autossd show --db`, a lookup or a read of a
     database kept in rollback-journal mode (as shipped ones are) must not change it."""
-    from autossd.tuner.records import DbSink
+    from autossd.tuner.sinks import DbSink
     path = tmp_path / "ro.sqlite"
     add_records(to_url(path), [rec()])
     dbengine.finalize_sqlite(path)          # journal_mode=DELETE, as a shipped file is
@@ -674,8 +693,8 @@ def test_merge_reads_an_older_source_without_changing_it(tmp_path):
 
 def test_shipped_records_never_store_states_narrower_than_their_inputs():
     # fp16 states overflow where bf16/fp32 inputs would not (tuner/space.NARROWER_STATES); a
-    # tune no longer offers them, and no shipped record may carry one from before (§49)
-    from autossd.tuner.space import NARROWER_STATES
+    # tune no longer offers them, and no shipped record may carry one from before
+    from autossd.tuner.search_space import NARROWER_STATES
     path = dblookup.shipped_db_path("sm90")
     assert path is not None
     recs = read_records(to_url(path), readonly=True)

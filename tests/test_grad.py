@@ -10,7 +10,7 @@ import autossd
 from autossd.grad import any_requires_grad, requiring_grad
 from autossd.ops.ssd.chunk import ssd_forward
 from autossd.problem import Problem
-from autossd.space import default_config
+from autossd.ops.ssd.fwd_knobs import default_config
 from autossd.testing import make_inputs
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

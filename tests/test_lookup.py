@@ -12,7 +12,7 @@ from autossd.db import add_records, make_record
 from autossd.db import engine as dbengine
 from autossd.db import lookup as L
 from autossd.problem import Problem
-from autossd.space import default_config
+from autossd.ops.ssd.fwd_knobs import default_config
 
 P = Problem(2, 4096, 16, 64, 128, 2, "fp16", 256, has_D=True)
 BASE = default_config("sm90", P)

@@ -2,8 +2,8 @@
 from autossd.db import make_record
 from autossd.plots import roofline_plot, roofline_points
 from autossd.problem import Problem
-from autossd.space import default_config
-from autossd.tuner.records import db_record_dict
+from autossd.ops.ssd.fwd_knobs import default_config
+from autossd.tuner.sinks import db_record_dict
 
 PROB = Problem(1, 2048, 80, 64, 128, 1, "fp16", 256, has_D=True)
 

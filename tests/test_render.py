@@ -3,7 +3,7 @@ import jinja2
 import pytest
 
 from autossd import render
-from autossd.space import Config
+from autossd.ops.ssd.fwd_knobs import Config
 
 
 def test_source_carries_config_values():
@@ -51,7 +51,7 @@ def test_template_hash_is_stable_and_short():
 
 
 def test_a_module_holds_only_its_depths_kernels():
-    from autossd.space import STAGES_BY_DEPTH
+    from autossd.ops.ssd.fwd_knobs import STAGES_BY_DEPTH
     kernels = {"cumsum": "ssd_cumsum", "bmm": "ssd_bmm", "chunk_state": "ssd_chunk_state",
                "state_passing": "ssd_state_passing", "chunk_scan": "ssd_chunk_scan",
                "state_fused": "ssd_state_fused", "fused": "ssd_fused"}

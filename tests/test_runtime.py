@@ -20,7 +20,7 @@ from autossd.db import add_records, make_record
 from autossd.db import engine as dbengine
 from autossd.ops.ssd.naive import ssd_chunked
 from autossd.problem import Problem
-from autossd.space import default_config
+from autossd.ops.ssd.fwd_knobs import default_config
 from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ import pytest
 
 from autossd.arch import ARCHS
 from autossd.problem import Problem
-from autossd.space import KNOB_BY_NAME, KNOBS, Config, ConfigError, default_config, fit, violations
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, ConfigError, default_config, fit, violations
 
 PROB = Problem(batch=1, seqlen=2048, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16")
 
@@ -65,7 +65,7 @@ def test_defaults_are_feasible_on_every_arch():
 
 
 def test_single_launch_headdim_tiles_under_64_refused_on_sm90_only():
-    # a Triton 3.6 wgmma miscompile (H100: wrong y, illegal address; BENCHMARKS.md §27)
+    # a Triton 3.6 wgmma miscompile (H100: wrong y, illegal address; experiments/repro_fused_tiles.py)
     cfg = fit(Config(launches=1, state_block_m=32, scan_block_m=64), PROB)
     assert any("miscompiled on sm90" in w for w in violations(cfg, "sm90", PROB))
     assert not violations(cfg.replace(scan_block_m=32), "sm90", PROB)
@@ -109,7 +109,7 @@ def test_smem_pad_with_32_wide_mfma_needs_32_wide_tiles():
 
 def test_single_launch_is_infeasible_not_a_crash_when_dstate_exceeds_a_tile():
     from autossd.problem import Problem
-    from autossd.space import default_config, violations
+    from autossd.ops.ssd.fwd_knobs import default_config, violations
     prob = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=256, ngroups=1, dtype="bf16")
     cfg = default_config("sm90", prob, launches=1)
     assert any("must cover dstate" in w for w in violations(cfg, "sm90", prob))

@@ -15,7 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autossd.problem import Problem
-from autossd.space import KNOB_BY_NAME, Config, default_config, violations
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, Config, default_config, violations
 from autossd.tuner import Settings, build_space, parse_shape, seed_configs, tune_problem
 from autossd.tuner.model import floor_ms, predict, stage_costs
 from autossd.tuner.runners.base import Outcome
@@ -137,7 +137,7 @@ def test_seeds_hold_the_default_and_are_feasible():
     assert {c.replace(walk_weights=1) for c in walks} == {c for c in seeds if c.walk_weights and c.walk_split == 1}
     assert three.replace(pdl=3, walk_weights=1) in seeds
     # the shipped records' three families come right after the default: the default trial count (20)
-    # is below the number of seeds, and these are the ones that won (BENCHMARKS §120, §129, §140);
+    # is below the number of seeds, and these are the ones that won on the H100;
     # not cut into segments at 8 chunks, nor with the 64-token ring at 8 programs (test_walk_split_seed_…)
     big = default_config("sm90", SMALL).replace(state_walk=1, walk_weights=1, scan_gluon=3)
     assert seeds[1:4] == [big, three.replace(pdl=3, walk_weights=1), default_config("sm90", SMALL).replace(scan_gluon=3)]
@@ -148,7 +148,8 @@ def test_walk_seeds_cut_the_walks_rounds():
     round, two per SM with 128-token ring blocks (132 SMs on the H100): 2.7b 1x131072 (80
     programs) at 3, 130m (24) at 11, codestral (128) at 2. Where it takes more than one round,
     into the segments with the fewest rounds, if that saves a fifth: 2.7b 4x16384 (320 programs,
-    2 rounds) at 4 (1.25 rounds, BENCHMARKS §151); none with 64 heads there (256 programs: one
+    2 rounds) at 4 (1.25 rounds; 4 segments measured fastest there); none with 64 heads there (256
+    programs: one
     round). Never into segments under 16 chunks (8x2048, 1x2048: 8 chunks). Then the 64-token
     ring (walk_block, three per SM), cut by the same rule, where it saves a fifth of those
     rounds: whole at 4x16384 (one round) and 8x2048 (2 rounds against 3), at 4 segments at 2.7b
@@ -272,7 +273,7 @@ class TwoModeRunner(FakeRunner):
 
 
 def test_each_launch_mode_gets_its_own_best_record(tmp_path):
-    from autossd.tuner.records import JsonlSink
+    from autossd.tuner.sinks import JsonlSink
     sink = JsonlSink(tmp_path / "r.jsonl")
     st = Settings(trials=25, sampler="random", seed=5, storage=str(tmp_path / "j.journal"), progress=False)
     res = tune_problem("sm90", SMALL, TwoModeRunner(), st, sink)
@@ -296,7 +297,7 @@ def test_each_launch_mode_gets_its_own_best_record(tmp_path):
 def test_a_candidate_timed_eagerly_but_not_by_graph_can_still_be_the_eager_pick(tmp_path):
     """Graph timing can fail where eager timing did not (e.g. the graph's memory pool): the
     candidate fails the graph-minimizing study, but its eager time still counts."""
-    from autossd.tuner.records import JsonlSink
+    from autossd.tuner.sinks import JsonlSink
 
     class NoGraphForOneLaunch(TwoModeRunner):
         def evaluate(self, config, prepared):
@@ -316,7 +317,7 @@ def test_a_candidate_timed_eagerly_but_not_by_graph_can_still_be_the_eager_pick(
 def test_a_runner_without_mode_times_saves_one_record(tmp_path):
     """A measurement without per-mode times was an eager one (as every record before launch
     modes); a static prediction of GPU time stands for any mode."""
-    from autossd.tuner.records import JsonlSink
+    from autossd.tuner.sinks import JsonlSink
 
     class Static(FakeRunner):
         mode = provenance = "static"
@@ -330,7 +331,7 @@ def test_a_runner_without_mode_times_saves_one_record(tmp_path):
 
 
 def test_best_records_keep_each_measured_mode_and_drop_a_prediction_beside_them():
-    from autossd.tuner.records import best_records, make_record
+    from autossd.tuner.sinks import best_records, make_record
     cfg = default_config("sm90", SMALL)
     mk = lambda ms, prov="measured", mode=None, p=SMALL: make_record(  # noqa: E731
         "sm90", "dev", p, cfg, ms, prov, launch_mode=mode)
@@ -487,7 +488,8 @@ def test_brute_force_needs_a_pinned_depth():
 
 def test_confirm_re_times_each_modes_finalists_and_keeps_the_best_median():
     """A mode's best is re-timed with the runners-up, interleaved: a lucky single sample
-    (BENCHMARKS.md §57) loses to the best median; a finalist failing a re-timing is dropped;
+    (a stored 130m bf16 eager pick once took 127 µs against a runner-up's 89) loses to the best median;
+    a finalist failing a re-timing is dropped;
     static runners and top < 2 change nothing."""
     from types import SimpleNamespace
 
@@ -542,7 +544,7 @@ def test_confirm_re_times_each_modes_finalists_and_keeps_the_best_median():
 def test_a_jsonl_store_stays_readable_after_a_torn_line_and_more_records(tmp_path):
     # a kill mid-write leaves a torn last line; records appended after it must neither be glued
     # to it (lost) nor make the store unreadable once the torn line is no longer last
-    from autossd.tuner.records import JsonlSink
+    from autossd.tuner.sinks import JsonlSink
     sink = JsonlSink(tmp_path / "r.jsonl")
     rec = {"arch": "sm90", "op": "ssd_fwd", "problem": SMALL.key(), "config": default_config("sm90", SMALL).as_dict(),
            "provenance": "static", "time_ms": 1.0}
@@ -554,3 +556,57 @@ def test_a_jsonl_store_stays_readable_after_a_torn_line_and_more_records(tmp_pat
     sink.save({**rec, "time_ms": 3.0})
     assert [r["time_ms"] for r in sink.load()] == [1.0, 2.0, 3.0]
 
+
+
+# --- compile workers die with their parent ------------------------------------------------------
+
+def _gone(pid: int) -> bool:
+    """Exited, or a zombie nobody reaps (a container's PID 1 may never wait for orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_compile_workers_die_when_the_tuning_process_is_killed(tmp_path):
+    # the pool the tuner's runners compile through, made and used as a runner does; a config the
+    # cheap checks refuse keeps each compile job short (the workers still start and import)
+    script = textwrap.dedent("""
+        import multiprocessing.resource_tracker as rt, sys, time
+        from autossd.problem import Problem
+        from autossd.ops.ssd.fwd_knobs import default_config
+        from autossd.tuner.runners.base import CompilePool
+        p = Problem(1, 256, 2, 32, 32, 1, "fp16")
+        bad = default_config("sm90", p).replace(chunk_size=64, bmm_block_m=128)
+        pool = CompilePool(2)
+        pool.map([bad, bad], "sm90", p)
+        print(*pool.pids(), rt._resource_tracker._pid, flush=True)
+        time.sleep(600)
+    """)
+    # compiled as `autossd tune` compiles, not through the interpreter's extra compile process
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=env)
+    left: list[int] = []
+    try:
+        line = proc.stdout.readline()
+        pids = [int(s) for s in line.split()]
+        assert len(pids) == 3, f"the script printed {line!r}"
+        assert not any(_gone(pid) for pid in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(_gone(pid) for pid in pids):
+            time.sleep(0.1)
+        left = [pid for pid in pids if not _gone(pid)]
+    finally:
+        proc.kill()
+        proc.wait()
+    for pid in left:   # leave no orphan behind when the assertion below fails
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes {left} outlived their killed parent"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autossd.problem import Problem
-from autossd.space import default_config
+from autossd.ops.ssd.fwd_knobs import default_config
 from autossd.tuner import Settings, tune_problem
 from autossd.tuner.gate import check, default_run, make_inputs, reference
 from autossd.tuner.runners import faults
@@ -122,7 +122,7 @@ def test_graph_objective_falls_back_to_eager_where_capture_fails(monkeypatch):
 
 
 def test_timed_rounds_interleave_the_modes_and_keep_each_median():
-    """The GPU's speed drifts for seconds at a time (BENCHMARKS.md §83): a candidate's eager and
+    """The GPU's speed drifts for seconds at a time (up to 9% on the H100): a candidate's eager and
     graph times are taken in interleaved rounds and each mode keeps its median, so one slow
     round neither ranks the config nor one mode against the other."""
     from autossd.tuner.runners.measured import timed_rounds

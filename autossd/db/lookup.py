@@ -33,7 +33,7 @@ Ranking within a tier (first difference wins; the result is deterministic, with 
 Launch modes
     A measured record says what its time was measured under (`launch_mode`): "eager" calls, whose
     time includes the host's launch cost, or "graph" replay, which is GPU time alone. At a small
-    shape the two pick different configs (eager favours fewer launches, BENCHMARKS.md §41). The
+    shape the two pick different configs (eager favours fewer launches). The
     runtime asks for "graph" while the current stream is capturing a CUDA graph, else "eager";
     a record of the mode asked for ranks first, then any other of its tier and provenance
     (static and default records are "any": a prediction of GPU time). Origin ranks above the
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..problem import Problem
-from ..space import Config, default_config, violations
+from ..ops.ssd.fwd_knobs import Config, default_config, violations
 from .engine import TuningDBError, sqlite_path, to_url, upgrade_if_older
 from .records import Record, on_write, read_records
 

@@ -2,7 +2,7 @@
 
 One table, `tuned_records`: one row per (op, arch, device, problem, config) measurement or
 choice. Its columns are derived, not retyped: one per field of `autossd.problem.Problem` (named
-as the field) and one per knob of `autossd.space.KNOBS` (named `cfg_<knob>`). Adding a knob or a
+as the field) and one per knob of `autossd.ops.ssd.fwd_knobs.KNOBS` (named `cfg_<knob>`). Adding a knob or a
 problem field therefore changes this model; the migrations in `migrations/versions/` are frozen
 snapshots, and `tests/test_db.py` fails until a new revision adds the column (alembic's
 compare_metadata must find no difference between a migrated database and this model).
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase
 
 from ..problem import Problem
-from ..space import KNOBS
+from ..ops.ssd.fwd_knobs import KNOBS
 
 TABLE = "tuned_records"
 OPS = ("ssd_fwd", "ssd_bwd", "ssd_decode")

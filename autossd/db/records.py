@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from ..arch import ARCHS, get_arch
 from ..problem import Problem
-from ..space import KNOB_BY_NAME, Config, ConfigError, violations
+from ..ops.ssd.fwd_knobs import KNOB_BY_NAME, Config, ConfigError, violations
 from .engine import (TuningDBError, checkpoint, current_revision, get_engine, migrate, to_url, with_retries,
                      write_transaction)
 from .models import (FIGURE_COLUMNS, KNOB_COLUMNS, LAUNCH_MODES, OPS, PROBLEM_COLUMNS, PROVENANCES,
@@ -87,7 +87,7 @@ class Record:
             why.append(f"triton {self.triton_version} != {triton_version}")
         if self.template_hash != template_hash:
             now = current_kernel_hash(self.config, self.arch)
-            if self.template_hash != now:
+            if self.template_hash not in (now, legacy_kernel_hash(self.config, self.arch)):
                 why.append(f"kernel hash {self.template_hash} != {now} (the kernels this config launches changed)")
         return why
 
@@ -121,6 +121,12 @@ def current_kernel_hash(config: Config, arch: str) -> str:
     """The hash a record of `config` on `arch` made by the code now running would store."""
     from ..render import kernel_hash
     return kernel_hash(config, get_arch(arch).backend)
+
+
+def legacy_kernel_hash(config: Config, arch: str) -> str:
+    """The hash a record made before kernel hashes ignored comments would store now."""
+    from ..render import legacy_kernel_hash as legacy
+    return legacy(config, get_arch(arch).backend)
 
 
 def _versions() -> tuple[str, str]:

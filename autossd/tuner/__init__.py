@@ -1,9 +1,9 @@
-"""The tuner: Optuna studies over `autossd.space.KNOBS`, measured on the local GPU or predicted
+"""The tuner: Optuna studies over `autossd.ops.ssd.fwd_knobs.KNOBS`, measured on the local GPU or predicted
 for an absent arch (static mode), results stored through a small sink seam."""
 from .api import choose_mode, make_runner, tune
-from .records import JsonlSink, make_record, open_sink
+from .sinks import JsonlSink, make_record, open_sink
 from .shapes import ShapeError, parse_shape, parse_shapes, preset
-from .space import SearchSpace, build_space, seed_configs
+from .search_space import SearchSpace, build_space, seed_configs
 from .study import Settings, TuneResult, bucket, study_name, tune_problem
 
 __all__ = ["JsonlSink", "SearchSpace", "Settings", "ShapeError", "TuneResult", "bucket",

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..problem import Problem
-from ..space import Config
+from ..ops.ssd.fwd_knobs import Config
 from ..testing import call_kwargs, tolerance
 from ..testing import make_inputs as _make_inputs
 

@@ -43,8 +43,8 @@ small tiles' matmul efficiency).
 
 Register caps (scan_maxnreg, state_maxnreg) are outside what it can rank: a cap raises the
 occupancy the compile report shows, but on the H100 a cap of 64 registers made the chunk scan
-1.47x slower at twice the resident CTAs (BENCHMARKS.md §18; it spills 480 bytes per thread, which
-the compile report missed until §74). Static tunes therefore keep each depth's default cap
+1.47x slower at twice the resident CTAs (it spills 480 bytes per thread, which
+the compile report once missed). Static tunes therefore keep each depth's default cap
 (Knob.measured_only, tuner/space.build_space).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from ..arch import Arch, get_arch
 from ..compile import CompileReport, StageReport
 from ..ops.ssd.chunk import chains as ssd_chains
 from ..problem import DTYPE_BYTES, Problem
-from ..space import Config
+from ..ops.ssd.fwd_knobs import Config
 
 L2_RATIO = 3.0     # L2 (NVIDIA) / Infinity Cache (MI300) bandwidth over HBM, roughly
 W_MEM = 32         # resident warps (waves) per SM/CU that saturate memory latency hiding

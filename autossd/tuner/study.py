@@ -1,7 +1,7 @@
 """One Optuna study per (arch, op, problem, mode, pinned knobs): the tuning loop.
 
 The loop asks the sampler for a batch of candidates, prunes the infeasible ones before any
-compile (`autossd.space.violations` -> TrialState.PRUNED), lets the runner prepare the batch in
+compile (`autossd.ops.ssd.fwd_knobs.violations` -> TrialState.PRUNED), lets the runner prepare the batch in
 parallel (compiles), then evaluates them one at a time and tells Optuna each result as soon as
 it is known. A failed candidate (compile rejection, wrong answer, fault, hang) is TrialState.FAIL
 with the reason in the trial's user attrs, so it can never be the study's best.
@@ -29,10 +29,10 @@ from optuna.trial import TrialState
 from ..arch import get_arch
 from ..problem import Problem
 from ..render import template_hash
-from ..space import Config, default_config, violations
+from ..ops.ssd.fwd_knobs import Config, default_config, violations
 from .model import floor_ms
-from .records import OP, Sink, make_record
-from .space import SearchSpace, build_space, seed_configs
+from .sinks import OP, Sink, make_record
+from .search_space import SearchSpace, build_space, seed_configs
 from .storage import open_storage
 from .strategies import make_sampler
 
@@ -310,7 +310,7 @@ def confirm(result: TuneResult, study: optuna.Study, runner, top: int) -> dict:
     """Re-time each launch mode's `top` fastest candidates, interleaved, and keep the best median.
     A mode's best over many candidates leans toward a lucky sample: eager times at small shapes
     spread by ±15 µs on a shared host, and a tune stored a 130m bf16 eager pick that took 127 µs in
-    the next run, against 89 µs for a candidate it had ranked below (BENCHMARKS.md §57). Only
+    the next run, against 89 µs for a candidate it had ranked below (H100). Only
     measuring runners are asked; a finalist that a re-timing does not time in a mode is dropped
     from that mode. Returns each mode's
     samples per finalist (config key -> ms list)."""

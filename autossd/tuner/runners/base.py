@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...compile import CompileReport, StageReport
+from ...lifeline import die_with_parent, initargs
 from ...problem import Problem
-from ...space import Config
+from ...ops.ssd.fwd_knobs import Config
 
 
 @dataclass
@@ -62,7 +63,9 @@ class CompilePool:
 
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            # a killed tuner must not leave its compile workers behind (lifeline.py)
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                                initializer=die_with_parent, initargs=initargs())
         return self._pool
 
     def _reset(self) -> None:
@@ -97,6 +100,10 @@ class CompilePool:
         if broken:
             self._reset()
         return out
+
+    def pids(self) -> list[int]:
+        """The worker processes' ids (none before the first compile, or with workers=0)."""
+        return sorted(getattr(self._pool, "_processes", None) or {})
 
     def close(self) -> None:
         if self._pool is not None:

@@ -13,7 +13,7 @@
      it; no cache flush between calls for the host's work to hide behind);
    - graph: the replay of a CUDA graph of the same calls (GPU time alone, as a captured forward
      pays it; triton.testing.do_bench of the replay).
-   At a small shape the two can rank configs differently (BENCHMARKS.md §41). The study
+   At a small shape the two can rank configs differently (eager favours fewer launches). The study
    minimizes `objective` ("graph" by default) and the tuner stores each mode's best.
 3. A candidate that hangs (no answer within `timeout`) or kills its process (fault, abort) is
    recorded as failed; the worker is killed and a fresh one started; the run goes on. After a
@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from ...problem import Problem
-from ...space import Config
+from ...ops.ssd.fwd_knobs import Config
 from .base import CompilePool, Outcome, report_from
 
 READY_TIMEOUT = 600.0   # s: inputs and the float64 reference of a large problem
@@ -80,7 +80,7 @@ def _time_ms(fn, device: str, warmup_ms: int, rep_ms: int, n_sets: int = 1) -> f
 
 
 # Rounds of (eager, graph) timings per candidate, interleaved; each mode keeps its median. The
-# H100 runs the same large forward up to 9% slower for seconds at a time (BENCHMARKS.md §83:
+# H100 runs the same large forward up to 9% slower for seconds at a time (measured:
 # eager and graph alike, three rounds of one config spanning 6.27-7.06 ms), so one round can
 # rank a mode, or a config, by when it happened to run.
 ROUNDS = 3
@@ -156,7 +156,8 @@ def probe_graph_capture() -> str | None:
     process keeps no CUDA context: the evaluation workers own the GPU)."""
     if "cuda" not in _probed:
         ctx = mp.get_context("spawn")
-        with ctx.Pool(1) as pool:
+        from ...lifeline import die_with_parent, initargs
+        with ctx.Pool(1, initializer=die_with_parent, initargs=initargs()) as pool:
             try:
                 _probed["cuda"] = pool.apply_async(graph_capture_error).get(READY_TIMEOUT)
             except mp.TimeoutError:
@@ -174,9 +175,11 @@ def objective_on(objective: str, graph_error: str | None) -> tuple[str, str | No
 
 def worker_main(conn, problem: dict, opts: dict) -> None:
     """The evaluation subprocess: build inputs + reference once, then judge configs on request."""
+    from ...lifeline import die_with_parent
     from ..gate import check, default_run, reference
     from . import faults
 
+    die_with_parent(*opts.get("lifeline", (None,)))   # a killed tuner takes this worker with it
     prob = Problem(**problem)
     device = opts["device"]
     backend = opts.get("backend", "cuda")
@@ -239,7 +242,9 @@ class EvalWorker:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, self.problem.key(), self.opts),
+        from ...lifeline import initargs
+        opts = {**self.opts, "lifeline": initargs()}
+        self.proc = ctx.Process(target=worker_main, args=(child, self.problem.key(), opts),
                                 daemon=True, name="autossd-eval")
         self.proc.start()
         child.close()

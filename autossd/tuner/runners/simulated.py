@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...space import Config
+from ...ops.ssd.fwd_knobs import Config
 from .base import Outcome
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...arch import get_arch
 from ...problem import Problem
-from ...space import Config
+from ...ops.ssd.fwd_knobs import Config
 from ..model import floor_ms, predict
 from .base import CompilePool, Outcome, report_from
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import optuna
 
-from ..space import SearchSpace
+from ..search_space import SearchSpace
 from . import brute, cmaes, gp, random, tpe
 
 SAMPLERS: dict[str, Callable[[SearchSpace, int | None], optuna.samplers.BaseSampler]] = {

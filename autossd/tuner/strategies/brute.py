@@ -2,7 +2,7 @@
 knobs with --fix to shrink one); infeasible points are pruned before compile, so they are cheap."""
 import optuna
 
-from ..space import SearchSpace
+from ..search_space import SearchSpace
 
 MAX_POINTS = 50_000
 

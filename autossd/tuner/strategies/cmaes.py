@@ -2,7 +2,7 @@
 independently by Optuna's fallback. Needs the `cmaes` package."""
 import optuna
 
-from ..space import SearchSpace
+from ..search_space import SearchSpace
 
 
 def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -2,7 +2,7 @@
 budgets, slower per suggestion than TPE."""
 import optuna
 
-from ..space import SearchSpace
+from ..search_space import SearchSpace
 
 
 def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

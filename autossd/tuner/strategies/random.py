@@ -1,7 +1,7 @@
 """Uniform random sampling: the baseline the model-based samplers must beat."""
 import optuna
 
-from ..space import SearchSpace
+from ..search_space import SearchSpace
 
 
 def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -6,7 +6,7 @@ import warnings
 
 import optuna
 
-from ..space import SearchSpace
+from ..search_space import SearchSpace
 
 
 def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -1,11 +1,11 @@
-"""The tuner's view of `autossd.space.KNOBS`: which knobs are searched for an (arch, problem),
+"""The tuner's view of `autossd.ops.ssd.fwd_knobs.KNOBS`: which knobs are searched for an (arch, problem),
 how each maps to an Optuna distribution, and back.
 
 Numeric knobs are sampled as an *index* into their offered values (IntDistribution), so samplers
 that model order (TPE, GP, CMA-ES) see 16 < 32 < 64 rather than unordered labels; string knobs
 (state_dtype) are categorical. Values that exceed the problem's padded sizes are dropped from the
 space up front (they could only be pruned); cross-knob rules (tile <= chunk) are left to
-`autossd.space.violations`, checked before any compile.
+`autossd.ops.ssd.fwd_knobs.violations`, checked before any compile.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from ..arch import Arch, get_arch
 from ..ops.ssd.chunk import walk_programs
 from ..problem import Problem
-from ..space import KNOB_BY_NAME, KNOBS, Config, caps, default_config, fit, violations
+from ..ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, caps, default_config, fit, violations
 
 
 # State dtypes a tune never picks for an input dtype: fp16's range (65504) is narrower than bf16's
@@ -168,9 +168,9 @@ def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | N
 
 # The walk's seeds, by its rounds: it runs 2 CTAs per SM with 128-token ring blocks and 3 with
 # 64 (walk_block), and a program is one chain through its chunks, so a round takes a program's
-# time whatever the round's fill (BENCHMARKS §142-§143, §151). Cut only into segments of at least
+# time whatever the round's fill (measured on the H100). Cut only into segments of at least
 # this many chunks: 2-4 chunk segments made the walk no faster at 8x2048 while the join's bytes
-# grew (§151)
+# grew (H100)
 _SPLIT_MIN_CHUNKS = 16
 
 
@@ -189,7 +189,7 @@ def _walk_seeds(walk3: Config, arch, problem, space: SearchSpace) -> list[Config
     320 programs take 2 rounds whole, 1.25 at 4 segments of 16 chunks), and with the 64-token
     ring where its third CTA per SM takes off a fifth of the rounds more (4x16384 whole: one
     round, the shipped pick; 8x2048: 2 rounds against 3, measured no faster: its walk is bound
-    by its bytes there, BENCHMARKS §154)."""
+    by its bytes there)."""
     arch_ = get_arch(arch) if isinstance(arch, str) else arch
     programs = walk_programs(problem)
     chunks = -(-problem.seqlen // walk3.chunk_size)
@@ -226,7 +226,8 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # the Gluon scan takes 64 x 64 tiles only: a sampled draw rarely meets that, so seed it
         # (where it is not offered, the filter below drops it)
         cands += [base.replace(scan_gluon=v) for v in KNOB_BY_NAME["scan_gluon"].values if v != base.scan_gluon]
-    # the fewest launches (prep | walk | Gluon scan): the small shapes' pick (BENCHMARKS §102)
+    # the fewest launches (prep | walk | Gluon scan): the small shapes' pick (57 µs at 2.7b 1x2048 with
+    # pdl = 3 on the H100)
     three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
     if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
         # the walk changes the launch count, as the folds do: seed it, with and without each Gluon scan
@@ -241,7 +242,7 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
         # the walk's weights written by the cumsum: it needs the walk, which a draw seldom has, so
         # seed it on each walk seed above (the filter drops those outside the space)
         cands += [c.replace(walk_weights=1) for c in list(cands) if c.state_walk and not c.walk_weights]
-    # right after the default, the shipped records' three families (BENCHMARKS §120, §129, §135, §140):
+    # right after the default, the shipped records' three families:
     # the walk with its weights and the chunk-walking scan (the large shapes), the fewest launches
     # with the scan following the walk (the small ones), and the chunk-walking scan after the tl
     # state stages (the large shapes with few heads). There are more seeds than the default trial
@@ -249,7 +250,7 @@ def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list
     # knob, the arch or the problem refuses them)
     walk3 = base.replace(state_walk=1, walk_weights=1, scan_gluon=3)
     best = [walk3, three.replace(pdl=3, walk_weights=1),
-            base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m, §135, §140)
+            base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m)
     if base.launches in KNOB_BY_NAME["walk_split"].depths:
         best[1:1] = _walk_seeds(walk3, arch, problem, space)
     cands = [cands[0]] + best + cands[1:]

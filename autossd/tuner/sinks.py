@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..problem import Problem
-from ..space import Config
+from ..ops.ssd.fwd_knobs import Config
 
 OP = "ssd_fwd"
 PROVENANCES = ("measured", "static")

@@ -1,44 +1,18 @@
-"""The search space: every knob is declared once here.
+"""The SSD forward's knobs, declared once, and the rules that tie them to an arch and a problem.
 
 From these declarations flow the typed `Config` (validation), the template variables (the
-renderer passes `Config.as_dict()`), the tuner's Optuna space, the constraints, and the tuning
-database's columns. A value that is not in a knob's declared set cannot enter a Config, so no
-unvalidated value can reach generated source.
+renderer passes `Config.as_dict()`), the tuner's Optuna space, the constraints and the tuning
+database's config JSON (validated against this space on read). The mode knob is `launches`,
+the fusion depth.
 """
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Iterator
-
-from .arch import Arch, get_arch
+from ...arch import Arch, get_arch
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace  # noqa: F401 (ConfigError: re-exported)
 
 TILES = (16, 32, 64, 128)
 # per-thread register caps: 65536 registers / (128 threads x cap) = 8, 6, 5, 4, 3 CTAs per SM
 MAXNREG = (0, 64, 80, 96, 128, 168)
-
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    values: tuple
-    default: Any
-    doc: str
-    stage: str = "all"            # which kernel stage it shapes
-    backends: tuple = ("cuda", "hip")  # where it is offered; elsewhere it is pinned to default
-    depths: tuple = (5, 3, 1)     # fusion depths (launches) whose kernels it shapes
-    measured_only: bool = False   # the static model cannot rank it: static tunes keep the default
-    archs: tuple | None = None    # where set: only these archs offer it (a data path of one arch)
-
-    def _here(self, arch: Arch) -> bool:
-        return arch.backend in self.backends and (self.archs is None or arch.name in self.archs)
-
-    def offered_on(self, arch: Arch) -> bool:
-        return self._here(arch) and len(self.values) > 1
-
-    def values_on(self, arch: Arch) -> tuple:
-        return self.values if self._here(arch) else (self.default,)
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -66,7 +40,7 @@ KNOBS: tuple[Knob, ...] = (
     # measured_only: a cap raises occupancy in the compile report, but what it costs in code
     # (H100: 64 registers made the chunk scan 1.47x slower at twice the CTAs) only a GPU shows
     Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
-         backends=("cuda",), depths=(5, 3), measured_only=True),
+         depths=(5, 3), measured_only=True, needs=("maxnreg",)),
     # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
@@ -75,9 +49,9 @@ KNOBS: tuple[Knob, ...] = (
     # Each state program computes its own chunk's cumsum; the C·Bᵀ tiles are extra programs of
     # the same grid. At small shapes each launch is a few µs of ramp and one load chain; the
     # folded cumsum lengthens every chunk-state program, which costs at larger shapes. (Folding
-    # C·Bᵀ alone, cumsum kept, lost at every shape measured: BENCHMARKS.md §45.)
+    # C·Bᵀ alone, cumsum kept, lost at every shape measured on the H100.)
     # 2: the cumsum and C·Bᵀ in one launch of their own (prep.jinja): four launches, or three
-    # with state_walk, which needs the chunk-state launch left as it is (§99).
+    # with state_walk, which needs the chunk-state launch left as it is.
     Knob("fold_prep", (0, 1, 2), 0,
          "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5); "
          "2: cumsum and C·Bᵀ in one launch (4 instead of 5)",
@@ -87,39 +61,40 @@ KNOBS: tuple[Knob, ...] = (
     # its state tile through every chunk in the wgmma's accumulator, x and B by TMA through a
     # ring, the entering states out by TMA store; four launches instead of five, 0.67 GB of local
     # states neither written nor read back. sm90 only. 8-35% faster than the two stages it
-    # replaces (BENCHMARKS.md §96); a call it cannot take (seq_idx, strides TMA cannot address)
+    # replaces (H100); a call it cannot take (seq_idx, strides TMA cannot address)
     # runs those two stages. measured_only: the static model cannot rank a data path.
     Knob("state_walk", (0, 1), 0, "1: chunk state + state passing as one Gluon walk (sm90)", "chunk_state",
-         backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+         depths=(5,), measured_only=True, needs=("tma", "wgmma")),
     # 1: the walk reads each token's weight in its chunk's state, exp(dA_last - dA_t) dt'_t, which
     # the cumsum (or prep) launch writes beside dt and dA, instead of computing it from them: the
     # walk runs one program per state tile through every chunk in order, and the exponentials
     # and loads it drops sat in that serial chain (−13% / −10% walk time fp16 / bf16 at 2.7b
-    # 1x131072 in a probe, BENCHMARKS.md §119). 4 bytes per token and head more traffic.
+    # 1x131072 in a probe on the H100). 4 bytes per token and head more traffic.
     # measured_only: the static model cannot rank a data path.
     Knob("walk_weights", (0, 1), 0, "1: the Gluon walk reads per-token weights the cumsum wrote (sm90)",
-         "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+         "chunk_state", depths=(5,), measured_only=True, needs=("tma", "wgmma")),
     # >1: the walk's sequence is cut into this many segments of whole chunks, one program per
     # (state tile, head, segment, batch), each from a zero state: at batch 1 the walk is one
     # latency-bound chain per head (1024 blocks at 131072 tokens, ~1 us each) on 80 of 132 SMs
-    # (2.7b), 24 at 130m (§113, §133). Each segment stores its chunks' entering states as if it
+    # (2.7b), 24 at 130m (ncu: one warp per scheduler, issue slots 15% busy). Each segment stores its
+    # chunks' entering states as if it
     # began the sequence, the decay from its start to each chunk, and its final state; a small
     # join launch chains the segments' finals into each segment's true entering state S_k (and
     # the final states); the Gluon chunk scan adds decay * S_k to the state tile it loads. Needs
     # the walk and the chunk-walking Gluon scan (2 or 3), at pdl = 0. measured_only: a data path.
     Knob("walk_split", (1, 2, 3, 4, 6, 8, 11, 16), 1, "segments each sequence's Gluon walk is cut into (sm90)",
-         "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+         "chunk_state", depths=(5,), measured_only=True, needs=("tma", "wgmma")),
     # tokens per block of the Gluon walk's TMA ring (x and B, two stages): 128 takes 115 KB of
     # shared memory and 175 registers, 2 CTAs per SM; 64 takes 66 KB and 132, 3 CTAs. Where the
     # walk's programs fill more than one round of 2 per SM (batch > 1), a third CTA per SM cuts
-    # its rounds (BENCHMARKS §154). measured_only: the static model cannot rank it.
+    # its rounds (-17% walk time at 2.7b 4x16384 on the H100). measured_only: the static model cannot rank it.
     Knob("walk_block", (128, 64), 128, "tokens per block of the Gluon walk's TMA ring (sm90)",
-         "chunk_state", backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+         "chunk_state", depths=(5,), measured_only=True, needs=("tma", "wgmma")),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
          "state_passing", depths=(5,)),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
     # the state passing's chain waits on each chunk's load with only the next chunk's in flight
-    # (2.1x its bytes at 130m 1x131072, BENCHMARKS.md §133); a deeper cp.async ring keeps more
+    # (2.1x its bytes' time at the copy rate at 130m 1x131072 on the H100); a deeper cp.async ring keeps more
     # bytes in flight per SM. 1: the prefetch of one chunk in registers, as before
     # measured_only: the static model cannot rank a load pipeline's depth against a latency chain
     Knob("pass_stages", (1, 2, 3, 4, 6), 1, "chunks in the state passing's load pipeline (tl.range num_stages)",
@@ -134,45 +109,49 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
-         "the fused kernel's)", "chunk_scan", backends=("cuda",), measured_only=True),
+         "the fused kernel's)", "chunk_scan", measured_only=True, needs=("maxnreg",)),
     # 1: the chunk scan in Gluon (chunk_scan_gluon.jinja): every MMA operand by TMA into one 48 KB
     # ring, CB's decay applied to the MMA's register operand; sm90 only (TMA, wgmma). It uses
     # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
     # address) runs the tl kernel of the same config. 9-12% faster than the tl kernel at the
-    # large shapes (BENCHMARKS.md §92); measured_only: the static model cannot rank a data path.
+    # large shapes on the H100; measured_only: the static model cannot rank a data path.
     # 2: one program per chunk and head walks the chunk's row tiles with the state tile and the x
     # blocks resident in shared memory, x scaled there once per block so that CB feeds the wgmma
-    # as stored, and every dA/dt load issued ahead (§122-§128): 5-7% faster than 1 at the large
+    # as stored, and every dA/dt load issued ahead: 5-7% faster than 1 at the large
     # shapes, 9 µs slower at 2.7b 1x2048 (a quarter of the programs).
     # 3: 2 storing y by TMA through shared memory (the diagonal's ring stage) in place of the
-    # accumulator layout's 4-byte stores, whose registers the next row tile waited on (§139-§140).
+    # accumulator layout's 4-byte stores, whose registers the next row tile waited on (ncu; 10-15% off
+    # the scan on the H100).
     Knob("scan_gluon", (0, 1, 2, 3), 0, "1: the Gluon chunk scan with TMA operands (sm90); "
          "2: the Gluon scan with one program per chunk, x resident and pre-scaled; "
          "3: as 2, y stored by TMA", "chunk_scan",
-         backends=("cuda",), depths=(5, 3), measured_only=True, archs=("sm90",)),
+         depths=(5, 3), measured_only=True, needs=("tma", "wgmma")),
     # 1: programmatic dependent launch. Every launch of the forward may start while the one before
     # it drains: each kernel first waits for its predecessor (griddepcontrol.wait, before any
     # memory access), then lets its successor launch (griddepcontrol.launch_dependents), so
     # a launch's ramp overlaps its predecessor's tail. Worth a few µs at the small shapes, where
-    # three to five launches take ~60 µs (BENCHMARKS.md §103). sm90 only (the instructions);
+    # three to five launches take ~60 µs on the H100. sm90 only (the instructions);
     # depth 5 only: the fused depths order their programs by tickets in global memory.
     # measured_only: launch overlap is invisible to the static model.
     # 2: as 1, and the Gluon chunk scan does its intra-chunk part before its wait, beside its
-    # predecessor (the walk leaves most SMs idle at batch 1); needs scan_gluon (§105).
+    # predecessor (the walk leaves most SMs idle at batch 1); needs scan_gluon (measured the slowest pdl
+    # mode at every shape on the H100).
     # 3: as 2, and the scan follows the walk chunk by chunk: each chunk's state is read once the
-    # walk's flag publishes it, so the scan runs beside the whole walk; needs the walk too (§106).
+    # walk's flag publishes it, so the scan runs beside the whole walk; needs the walk too (4-6 µs
+    # faster at 2.7b 1x2048 on the H100).
     Knob("pdl", (0, 1, 2, 3), 0, "1: programmatic dependent launch between the forward's kernels (sm90); "
          "2: and the Gluon chunk scan's intra-chunk part before its wait; 3: and the scan follows the "
          "walk chunk by chunk",
-         backends=("cuda",), depths=(5,), measured_only=True, archs=("sm90",)),
+         depths=(5,), measured_only=True, needs=("pdl",)),
     # AMD-only compiler knobs (HIPOptions); on NVIDIA they are pinned to their defaults.
     Knob("waves_per_eu", (0, 1, 2, 3, 4), 0, "occupancy hint, 0 = compiler's choice",
-         backends=("hip",)),
+         needs=("hip",)),
     Knob("matrix_instr_nonkdim", (0, 16, 32), 0, "MFMA instruction M/N size, 0 = compiler's choice",
-         backends=("hip",)),
-    Knob("kpack", (1, 2), 1, "MFMA k-packing", backends=("hip",)),
+         needs=("mfma",)),
+    Knob("kpack", (1, 2), 1, "MFMA k-packing", needs=("mfma",)),
 )
-KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+SPACE = KnobSpace("ssd_fwd", KNOBS, mode_knob="launches")
+KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
 # the launches of each fusion depth, in order (names of `ops.ssd.chunk.plan`'s stages)
 STAGES_BY_DEPTH = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
                    3: ("bmm", "state_fused", "chunk_scan"),
@@ -181,83 +160,10 @@ STAGES = STAGES_BY_DEPTH[5]
 STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class ConfigError(ValueError):
-    pass
-
-
-class Config(Mapping):
-    """An immutable, validated assignment of every knob. Unknown names and values outside a
-    knob's declared set raise ConfigError, so a Config is safe to render."""
-
-    __slots__ = ("_values", "_key")
-
-    def __init__(self, values: Mapping[str, Any] | None = None, **kw: Any) -> None:
-        given = dict(values or {}, **kw)
-        unknown = sorted(set(given) - set(KNOB_BY_NAME))
-        if unknown:
-            raise ConfigError(f"config: unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
-        out = {}
-        for knob in KNOBS:
-            v = given.get(knob.name, knob.default)
-            # exact type match: True is not 1, "64" is not 64, 64.0 is not 64
-            if type(v) is not type(knob.default) or v not in knob.values:
-                raise ConfigError(f"config: {knob.name}={v!r} is not allowed; expected one of {list(knob.values)}")
-            out[knob.name] = v
-        for knob in KNOBS:  # a knob the chosen depth does not use takes its default: one
-            if out["launches"] not in knob.depths:   # config per distinct set of kernels
-                out[knob.name] = knob.default
-        object.__setattr__(self, "_values", out)
-        object.__setattr__(self, "_key", json.dumps(out, sort_keys=True))  # hashed on hot paths
-
-    def __getitem__(self, k: str) -> Any:
-        return self._values[k]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getattr__(self, k: str) -> Any:
-        try:
-            return self._values[k]
-        except KeyError:
-            raise AttributeError(k) from None
-
-    def __setattr__(self, k, v):  # pragma: no cover - immutability guard
-        raise AttributeError("Config is immutable; use replace()")
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Config) and other._key == self._key
-
-    def __repr__(self) -> str:
-        diff = {k: v for k, v in self._values.items() if v != KNOB_BY_NAME[k].default}
-        return f"Config({diff})"
-
-    def __reduce__(self):  # pickles through validation, like any other construction
-        return (Config, (self._values,))
-
-    def replace(self, **kw: Any) -> "Config":
-        return Config({**self._values, **kw})
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
-
-    def key(self) -> str:
-        return self._key
-
-    @classmethod
-    def from_json(cls, text: str) -> "Config":
-        try:
-            data = json.loads(text)
-        except (TypeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"config: not valid JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise ConfigError("config: expected a JSON object")
-        return cls(data)
+class Config(BaseConfig):
+    """A validated SSD-forward config: every knob of `KNOBS`, each from its declared set."""
+    space = SPACE
+    __slots__ = ()
 
 
 def _pow2_at_least(n: int) -> int:
@@ -290,10 +196,10 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         # the single launch keeps a program's whole state row in registers for the scan
         why.append(f"state_block_n={config.state_block_n} must cover dstate "
                    f"({caps(problem)['state_block_n']}) at launches=1")
-    if config.launches == 1 and arch.name == "sm90" and config.state_block_m < 64 and config.scan_block_m >= 64:
+    if config.launches == 1 and arch.wgmma_fused_tile_bug and config.state_block_m < 64 and config.scan_block_m >= 64:
         # Triton 3.6's wgmma lowering gets the single launch wrong here: y off by O(1) from row 16
         # of each tile, and an illegal address at 2048 tokens (H100; right with MMA v3 disabled,
-        # and in the interpreter). scripts/repro_fused_tiles.py, BENCHMARKS.md §27.
+        # and in the interpreter). experiments/repro_fused_tiles.py reproduces it.
         why.append(f"state_block_m={config.state_block_m} < 64 with scan_block_m={config.scan_block_m} >= 64 "
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:
@@ -301,7 +207,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         if config.fold_prep == 1:
             why.append(f"fold_prep=1 needs the tl chunk-state kernel, not the Gluon one (smem_pad={config.smem_pad})")
     if config.scan_gluon:
-        why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.archs)
+        why += gluon_scan_violations(config, problem)   # (other archs: "not offered", Knob.needs)
     if config.state_walk:
         why += walk_violations(config, problem)
     elif config.walk_weights:
@@ -430,11 +336,11 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
         if base.launches == 5:
             # the whole dstate in one chunk-state tile: x is read once per chunk and head, not
             # once per dstate tile; the chunk state 9-16% and the forward 1.7-3.7% faster at every
-            # large shape in both dtypes (BENCHMARKS.md §60, §61). Not at depth 3, whose hand-off
-            # would then hold a 64x128 fp32 carry in 2 warps (its registers are its bound, §24).
+            # large shape in both dtypes on the H100. Not at depth 3, whose hand-off
+            # would then hold a 64x128 fp32 carry in 2 warps (its registers are its bound).
             base = base.replace(state_block_n=128)
             # the state passing's loads six chunks deep: 0.282 -> 0.155 ms at 130m 1x131072 (its
-            # bytes at 87% of the copy rate), no change at 8 chunks per sequence (§134, §135)
+            # bytes at 87% of the copy rate), no change at 8 chunks per sequence (H100)
             base = base.replace(pass_stages=6)
         if base.launches == 1:
             # the single launch's best in sweep 3: 128-token chunks, 64-token k blocks, 4 warps;
@@ -448,6 +354,6 @@ def default_config(arch: Arch | str, problem=None, launches: int | None = None) 
         if problem.chunk_size is not None:
             base = base.replace(chunk_size=problem.chunk_size)
         base = fit(base, problem)
-        if arch.name == "sm90" and base.launches == 1 and base.state_block_m < 64:
+        if arch.wgmma_fused_tile_bug and base.launches == 1 and base.state_block_m < 64:
             base = base.replace(scan_block_m=32)   # headdim < 64: see violations (a Triton 3.6 bug)
     return base
