@@ -35,7 +35,7 @@ def _knob_value(kind: type, raw: str):
 
 
 def _fixed(ctx, param, values) -> dict:
-    from .space import KNOB_BY_NAME, Config, ConfigError
+    from .ops.ssd.fwd_knobs import KNOB_BY_NAME, Config, ConfigError
     out = {}
     for item in values:
         for part in filter(None, (s.strip() for s in item.split(","))):
@@ -86,6 +86,28 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def _ms(v) -> str:
     return "-" if v is None else f"{v:.4f}"
+
+
+class _sigterm_unwinds:
+    """`kill -TERM` unwinds the tune as Ctrl-C does (exit status 143), so the runners' `finally`
+    blocks shut their worker pools down; SIGTERM's default action would end this process on the
+    spot and leave the workers to notice it by themselves (autossd/lifeline.py)."""
+
+    def __enter__(self):
+        import signal
+        import threading
+        self.prev = None
+        if threading.current_thread() is threading.main_thread():   # signals go to the main thread
+
+            def unwind(signum, frame):
+                raise SystemExit(128 + signum)
+            self.prev = signal.signal(signal.SIGTERM, unwind)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.prev is not None:
+            import signal
+            signal.signal(signal.SIGTERM, self.prev)
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -171,7 +193,8 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
         runner_kw["timeout"] = eval_timeout
         runner_kw["objective"] = objective
     try:
-        results = run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
+        with _sigterm_unwinds():
+            results = run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
     except (ValueError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     unit = "predicted ms" if mode == "static" else "ms"
@@ -215,7 +238,7 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
 def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
     """Records of a store as dicts: a .jsonl file, else the tuning database (default: the user
     database the runtime reads), plus the shipped per-arch databases when asked."""
-    from .tuner.records import DbSink, JsonlSink, db_layer, db_record_dict, default_records_path
+    from .tuner.sinks import DbSink, JsonlSink, db_layer, db_record_dict, default_records_path
     layer = db_layer()
     if db is not None and db.endswith(".jsonl"):
         try:
@@ -249,7 +272,7 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def show(db, arch, show_all, shipped, as_json) -> None:
     """Stored tuning records, with provenance (measured / static = predicted)."""
-    from .tuner.records import best_records, mode_of
+    from .tuner.sinks import best_records, mode_of
     recs = _load_records(db, shipped)
     if arch:
         recs = [r for r in recs if r["arch"] == arch]
@@ -262,7 +285,7 @@ def show(db, arch, show_all, shipped, as_json) -> None:
         click.echo("no records")
         return
     from .problem import Problem
-    from .space import Config
+    from .ops.ssd.fwd_knobs import Config
     rows = [[r["arch"], r["device"], _shape_str(Problem(**r["problem"])), r["provenance"],
              mode_of(r),
              _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
@@ -280,12 +303,12 @@ def show(db, arch, show_all, shipped, as_json) -> None:
 def bench(ctx, shapes, preset, dtype, db) -> None:
     """autossd vs mamba_ssm (if importable) vs the floor, on the local GPU."""
     from .bench import NoGPU, bench as run_bench, measure_ceilings
-    from .space import Config
+    from .ops.ssd.fwd_knobs import Config
     probs = _problems(ctx, shapes, preset, dtype)
     arch = local_arch()
     if arch is None:
         raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
-    from .tuner.records import best_records, mode_of
+    from .tuner.sinks import best_records, mode_of
     # bench times eager calls (do_bench): the best record of each problem timed that way
     recs = {json.dumps(r["problem"], sort_keys=True): r
             for r in best_records(r for r in _load_records(db) if r["arch"] == arch and mode_of(r) != "graph")
@@ -313,7 +336,7 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
 @click.option("--overwrite", is_flag=True, help="replace --out if it exists")
 def export(db, out_path, arch, overwrite) -> None:
     """Export records (e.g. one arch's, for a shipped database)."""
-    from .tuner.records import best_records, db_layer
+    from .tuner.sinks import best_records, db_layer
     layer = db_layer()
     if layer is not None and not out_path.endswith(".jsonl") and not (db or "").endswith(".jsonl"):
         if os.path.exists(out_path) and not overwrite:
@@ -346,7 +369,7 @@ def export(db, out_path, arch, overwrite) -> None:
 def merge(sources, into) -> None:
     """Merge record stores into one: per problem, measured beats static, then the faster record;
     measured records are kept one per launch mode (eager / CUDA graph)."""
-    from .tuner.records import DbSink, JsonlSink, RecordStoreError, best_records, db_layer
+    from .tuner.sinks import DbSink, JsonlSink, RecordStoreError, best_records, db_layer
     try:   # every .jsonl involved must be a record store before anything is written
         for s in [*sources, into]:
             if s.endswith(".jsonl"):
@@ -418,7 +441,7 @@ def doctor() -> None:
     import triton
 
     from .render import cache_dir, template_hash
-    from .tuner.records import db_layer, default_records_path
+    from .tuner.sinks import db_layer, default_records_path
     from .tuner.storage import default_journal_path
     layer = db_layer()
     arch = local_arch()

@@ -20,7 +20,7 @@ import torch
 from .arch import Arch, get_arch
 from .problem import TORCH_DTYPES, Problem
 from .render import load
-from .space import Config, violations
+from .ops.ssd.fwd_knobs import Config, violations
 
 _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
         torch.int32: "*i32", torch.int64: "*i64"}
@@ -219,7 +219,8 @@ def _compile_pool():
         old = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "0"
         try:
-            _pool = mp.get_context("spawn").Pool(1)
+            from .lifeline import die_with_parent, initargs   # it dies with this process
+            _pool = mp.get_context("spawn").Pool(1, initializer=die_with_parent, initargs=initargs())
             import atexit   # closed before interpreter teardown, not by Pool.__del__ after it
             atexit.register(_pool.terminate)
         finally:

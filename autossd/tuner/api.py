@@ -9,7 +9,7 @@ from typing import Any
 
 from ..arch import get_arch, local_arch
 from ..problem import Problem
-from .records import Sink
+from .sinks import Sink
 from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best, seed,
                     summarize)
 
@@ -43,6 +43,8 @@ def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2
 def _worker(index: int, gpu: str | None, arch: str, problem: dict, mode: str, settings: dict,
             runner_kw: dict) -> None:
     """One worker process: its own GPU, the shared study, the shared budget."""
+    from ..lifeline import die_with_parent
+    die_with_parent()   # a killed tuner takes this worker (and so its compile workers) with it
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before anything touches CUDA in this process
     prob = Problem(**problem)
