@@ -427,7 +427,11 @@ def merge(sources, into) -> None:
 def plot(db, storage, arch, out_dir) -> None:
     """Tuning-history plots of the studies and a roofline of the records (PNG files)."""
     from .plots import plot_all
-    paths = plot_all(storage, _load_records(db), out_dir, arch)
+    from .tuner.storage import JournalError
+    try:
+        paths = plot_all(storage, _load_records(db), out_dir, arch)
+    except JournalError as e:   # names the journal and says what to do
+        raise click.ClickException(str(e)) from None
     for p in paths:
         click.echo(f"plot: {p}")
     if not paths:

@@ -242,3 +242,13 @@ def test_merging_a_jsonl_store_into_a_database_keeps_dates_and_staleness_and_add
         "merge", src, "--into", env / "fresh.sqlite").exit_code == 0 else (None,)
     assert not fresh.stale_reasons(fresh.triton_version, now) and fresh.created_at == rec["date"]
 
+
+
+def test_plot_of_a_corrupt_journal_names_the_file(env):
+    journal = env / "studies.journal"
+    journal.write_bytes(b'{"op_code":0,"worker_id":"0-1","study_name":"s","directions":[1]}\n'
+                        b'{"op_code":5,"worker_id"{"op_code":0}\n'
+                        b'{"op_code":0,"worker_id":"0-1","study_name":"t","directions":[1]}\n')
+    r = CliRunner().invoke(main, ["plot", "--storage", str(journal), "--out-dir", str(env / "p")])
+    assert r.exit_code != 0 and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    assert f"Error: {journal}: " in r.output and "line 2" in r.output and "Traceback" not in r.output

@@ -610,3 +610,42 @@ def test_compile_workers_die_when_the_tuning_process_is_killed(tmp_path):
         except ProcessLookupError:
             pass
     assert not left, f"processes {left} outlived their killed parent"
+
+
+# --- a torn journal ------------------------------------------------------------------------------
+
+def test_a_torn_line_at_the_end_of_the_journal_is_cut_off_and_every_study_goes_on(tmp_path, caplog):
+    # a process killed mid-append leaves half a line; the next append used to glue onto it, and
+    # from then on no study in that journal could be opened
+    journal = tmp_path / "studies.journal"
+    other = SMALL.replace(batch=2)
+    st = lambda n: Settings(trials=n, sampler="random", seed=0, storage=str(journal), progress=False)  # noqa: E731
+    first = tune_problem("sm90", SMALL, FakeRunner(), st(3))
+    size = journal.stat().st_size
+    torn = b'{"op_code":5,"worker_id":"0-1","trial_id":2,"user_attr":{"conf'
+    with open(journal, "ab") as f:
+        f.write(torn)
+    with caplog.at_level("WARNING", logger="autossd"):
+        second = tune_problem("sm90", other, FakeRunner(), st(3))
+    said = [r.getMessage() for r in caplog.records if "torn" in r.getMessage()]
+    assert len(said) == 1 and str(journal) in said[0] and f"{len(torn)} bytes" in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="autossd"):
+        again = tune_problem("sm90", SMALL, FakeRunner(), st(5))   # the first study, resumed
+    assert not [r for r in caplog.records if "torn" in r.getMessage()]
+    assert journal.stat().st_size > size
+    storage = open_storage(str(journal))
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    assert {first.study_name, second.study_name} <= names and first.study_name == again.study_name
+    assert again.complete + again.failed >= 5 and second.complete + second.failed >= 3
+
+
+def test_a_journal_corrupt_before_its_end_is_refused_naming_the_file(tmp_path):
+    journal = tmp_path / "studies.journal"
+    tune_problem("sm90", SMALL, FakeRunner(), Settings(trials=2, sampler="random", seed=0,
+                                                       storage=str(journal), progress=False))
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b'{"op_code":5,"worker_id":"0-1"{"op_code":0}\n')   # glued onto a torn line
+    journal.write_bytes(b"".join(lines))
+    with pytest.raises(ValueError, match=rf"^{journal}: .* line 3 .*Move it aside"):
+        open_storage(str(journal))
