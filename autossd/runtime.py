@@ -35,7 +35,7 @@ from .grad import DIFFERENTIABLE, NO_BACKWARD, any_requires_grad, forward_only
 from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
 from .problem import Problem, from_args
 from .render import interpreting, load
-from .space import Config, default_config
+from .ops.ssd.fwd_knobs import Config, default_config
 
 log = logging.getLogger("autossd")
 
@@ -122,6 +122,7 @@ class Kernel:
         chunk = self.problem.chunk_size or self.config.chunk_size
         dt_softplus, dt_limit, return_final_states, return_varlen_states = _scalars(
             dt_softplus, dt_limit, return_final_states, return_varlen_states)
+        x, z, B, C = _unit_stride(x), _unit_stride(z), _unit_stride(B), _unit_stride(C)
         tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                        seq_idx=seq_idx)
         # as the drop-in does (_forward): a call with the metadata of one checked before skips
@@ -333,7 +334,7 @@ _Tensor = torch.Tensor
 # checks only what the signature holds (types, dtypes, shapes, strides, devices) and the scalars
 # beside it, so an equal key is a call that validated before; the key also carries what the
 # launch cache keys on, so the check and the replay share one signature. Key and lookup take
-# 9.6 µs where from_args and the old launch signature took 24.4 (BENCHMARKS.md §52). Forgotten
+# 9.6 µs where from_args and the old launch signature took 24.4 (H100 host). Forgotten
 # by clear_cache.
 _calls: dict[tuple, tuple[Problem, Kernel]] = {}
 _CALLS_MAX = 4096   # distinct call shapes kept (varying sequence lengths); then start over
@@ -365,6 +366,16 @@ def _scalars(dt_softplus, dt_limit, return_final_states, return_varlen_states):
     return bool(dt_softplus), (lo, hi), bool(return_final_states), bool(return_varlen_states)
 
 
+def _unit_stride(t):
+    """t, or a contiguous copy of it where its last dimension is strided (e.g. a transposed or
+    channels-last-like tensor). The kernels vectorize along the last dimension of x, z, B and C,
+    and mamba_ssm copies such inputs too, so the drop-in takes them; other strided layouts are
+    read in place. Anything that is no tensor goes on to from_args, which names it."""
+    if isinstance(t, torch.Tensor) and t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+        return t.contiguous()
+    return t
+
+
 def _cached(cache: dict, key):
     """(cache[key] or None, key), or (None, None) for an unhashable key (no cache for that call).
     The key is hashed once, by this lookup."""
@@ -379,6 +390,7 @@ def _cached(cache: dict, key):
 def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
              dt_limit, return_final_states, return_varlen_states, state_dtype, keep=False):
     """Validate, look up, run: y, or a tuple with what was asked (mamba_ssm's returns)."""
+    x, z, B, C = _unit_stride(x), _unit_stride(z), _unit_stride(B), _unit_stride(C)
     tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                    seq_idx=seq_idx)
     mode = launch_mode_of(x) if isinstance(x, torch.Tensor) else "eager"   # else from_args refuses x
@@ -464,6 +476,7 @@ def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     # the same validation as the real kernel, so a bad call fails at trace time too; with
     # dynamic (symbolic) sizes the real kernel validates at run time instead
     if all(type(s) is int for s in (*x.shape, *B.shape)):
+        x, z, B, C = _unit_stride(x), _unit_stride(z), _unit_stride(B), _unit_stride(C)   # as _forward
         from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                   dt_softplus, (dt_lo, dt_hi), return_final_states, return_varlen_states, state_dtype)
     b, _, h, p = x.shape
@@ -481,7 +494,12 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                               dt_limit=(0.0, float("inf")), return_final_states=False,
                               return_varlen_states=False, state_dtype=None):
     """Drop-in for mamba_ssm's mamba_chunk_scan_combined (forward): same arguments, same
-    returns: y; or (y, final_states); or (y, varlen_states); or (y, final_states, varlen_states)."""
+    returns: y; or (y, final_states); or (y, varlen_states); or (y, final_states, varlen_states).
+
+    Takes the layouts mamba_ssm takes: an x, z, B or C whose last dimension is strided (e.g.
+    `torch.randn(b, l, p, h).transpose(-1, -2)`) is copied to a contiguous tensor first, as
+    mamba_ssm copies it (the kernels vectorize along that dimension); every other strided layout,
+    and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place."""
     dt_softplus, (lo, hi), return_final_states, return_varlen_states = _scalars(
         dt_softplus, dt_limit, return_final_states, return_varlen_states)
     # Eager calls skip torch's custom-op dispatcher (~250 us per call measured on the H100 host,
