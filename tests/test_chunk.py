@@ -807,18 +807,19 @@ def test_a_call_that_stops_part_way_never_leaves_its_words_for_the_next(workspac
     cfg = fit(SMALL.replace(launches=depth), prob)
     _call(prob, cfg, 1)
     (kept,) = [w[1] for w in workspaces._workspaces.values()]
-    real = workspaces._execute
+    from autossd.ops.ssd import chunk
+    real = chunk._execute
 
     def stop_part_way(prob, config, t, buf, *a, **k):
         buf.sync[0] += 3                       # as if 3 programs had taken their tickets
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(workspaces, "_execute", stop_part_way)
+    monkeypatch.setattr(chunk, "_execute", stop_part_way)
     with pytest.raises(KeyboardInterrupt):
         _call(prob, cfg, 2)
     # checked before the next call: with the words left in place, that call would wait for ever
     assert all(w[1] is not kept for w in workspaces._workspaces.values())
-    monkeypatch.setattr(workspaces, "_execute", real)
+    monkeypatch.setattr(chunk, "_execute", real)
     (y, f), ref = _call(prob, cfg, 3)
     assert rel_err(y, ref[0]) < tolerance("fp32") and rel_err(f, ref[1]) < tolerance("fp32")
     (fresh,) = [w[1] for w in workspaces._workspaces.values()]

@@ -1,0 +1,1 @@
+"""Pieces shared by the ops: the launch cache, which records and replays launches."""

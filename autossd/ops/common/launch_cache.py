@@ -1,0 +1,377 @@
+"""The launch cache's use of Triton internals: recording a call's compiled launches and replaying them
+on new tensors, behind one feature check that falls back to triton's ordinary launches.
+
+A call's launches depend only on the problem, the config and the inputs' dtypes, strides and
+16-byte alignment (what triton specializes on). The first call of such a key goes through triton's
+JIT and is recorded here: per launch, the compiled kernel and where each argument comes from.
+Later calls fill in the new tensors and launch the compiled kernels directly, skipping the plan and
+triton's per-launch binding. That reaches into triton's internals (compiled kernels' launchers,
+their calling convention, the TMA descriptor encoder), which change between releases: `missing()`
+checks, once per process, that every internal used here is there in the shape this code was
+written against (triton 3.6). Where one is not, `enabled()` is False, one warning names what is
+missing, and the op launches through `kernel[grid](...)` on every call: slower, still correct.
+AUTOSSD_LAUNCH_CACHE=0 (or the older AUTOSSD_FAST_LAUNCH=0) forces that plain path.
+Nothing else in autossd touches these internals for launching.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import sys
+import threading
+
+import torch
+
+try:   # each guarded: an upgrade that drops one must not break importing autossd
+    from triton.runtime.driver import driver as _driver
+except ImportError:
+    _driver = None
+try:
+    from triton import knobs as _knobs
+except ImportError:
+    _knobs = None
+
+_SWITCHES = ("AUTOSSD_LAUNCH_CACHE", "AUTOSSD_FAST_LAUNCH")   # "0" turns the launch cache off
+
+
+# --- the feature check ------------------------------------------------------------------------
+def _assigned_in(cls, method: str, names) -> list[str]:
+    """The attributes of `names` that `cls.method` never stores: instance attributes exist only
+    after a compile (or on a GPU), so their presence is read from the code that sets them."""
+    code = getattr(getattr(cls, method, None), "__code__", None)
+    have = set(code.co_names) if code is not None else set()
+    return [f"{cls.__module__}.{cls.__name__}.{n} (set in {method})" for n in names if n not in have]
+
+
+def _params(fn) -> list[str] | None:
+    try:
+        return [p.name if p.kind is not p.VAR_POSITIONAL else "*" + p.name
+                for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError):
+        return None
+
+
+def _check() -> list[str]:
+    gone = []
+    # the current stream, looked up once per call (GPUDriver sets both in its __init__)
+    if _driver is None or not isinstance(getattr(type(_driver), "active", None), property):
+        gone.append("triton.runtime.driver.driver.active")
+    try:
+        from triton.backends.driver import GPUDriver
+        gone += _assigned_in(GPUDriver, "__init__", ("get_current_stream", "get_current_device"))
+    except ImportError:
+        gone.append("triton.backends.driver.GPUDriver")
+    # the profiler hooks: with one set, a replay goes through triton's runner, which calls them
+    rt = getattr(_knobs, "runtime", None)
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        if not hasattr(rt, name):
+            gone.append(f"triton.knobs.runtime.{name}")
+    # a kernel's parameter order (record) and its compile without a launch (warm_up)
+    try:
+        from triton.runtime.jit import JITFunction
+        gone += _assigned_in(JITFunction, "__init__", ("arg_names",))
+        if "grid" not in (_params(getattr(JITFunction, "warmup", None)) or ()):
+            gone.append("triton.runtime.jit.JITFunction.warmup(*args, grid, **kwargs)")
+    except ImportError:
+        gone.append("triton.runtime.jit.JITFunction")
+    # the compiled kernel: its loaded handles, its launcher and what a replay passes that launcher
+    try:
+        from triton.compiler.compiler import CompiledKernel
+        if not callable(getattr(CompiledKernel, "_init_handles", None)):
+            gone.append("triton.compiler.compiler.CompiledKernel._init_handles()")
+        if not isinstance(CompiledKernel.__dict__.get("run"), property):
+            gone.append("triton.compiler.compiler.CompiledKernel.run (the launcher)")
+        gone += _assigned_in(CompiledKernel, "__init__", ("function", "packed_metadata"))
+    except ImportError:
+        gone.append("triton.compiler.compiler.CompiledKernel")
+    # the CUDA launcher, called as run(gx, gy, gz, stream, function, packed_metadata,
+    # launch_metadata, enter_hook, exit_hook, *args); DirectLaunch calls its compiled entry point
+    # with the 13 leading arguments it parses, and encodes descriptors with its encoder
+    launcher = ["self", "gridX", "gridY", "gridZ", "stream", "function", "*args"]
+    try:
+        from triton.backends.nvidia import driver as nv
+        cls = getattr(nv, "CudaLauncher", None)
+        if cls is None or _params(cls.__call__) != launcher:
+            gone.append("triton.backends.nvidia.driver.CudaLauncher.__call__(gridX, gridY, gridZ, "
+                        "stream, function, *args)")
+        else:
+            gone += _assigned_in(cls, "__init__", ("launch", "global_scratch_size", "profile_scratch_size",
+                                                   "launch_cooperative_grid", "launch_pdl"))
+        if getattr(nv, "_BASE_ARGS_FORMAT_LEN", None) != 13:
+            gone.append("triton.backends.nvidia.driver._BASE_ARGS_FORMAT_LEN == 13 (the launch entry "
+                        "point's leading arguments)")
+        if _params(getattr(nv, "make_tensordesc_arg", None)) != ["arg", "metadata"]:
+            gone.append("triton.backends.nvidia.driver.make_tensordesc_arg(arg, metadata)")
+        wrap = getattr(nv, "wrap_handle_tensordesc", None)
+        free = ()
+        if _params(wrap) == ["launcher", "signature", "tensordesc_meta"]:
+            inner = wrap(lambda *a: None, {0: "tensordesc<fp16[64, 64]>"}, None)
+            free = getattr(getattr(inner, "__code__", None), "co_freevars", ())
+        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= set(free):
+            gone.append("triton.backends.nvidia.driver.wrap_handle_tensordesc(launcher, signature, "
+                        "tensordesc_meta) closing over launcher, tensordesc_indices, tensordesc_meta")
+    except ImportError:
+        gone.append("triton.backends.nvidia.driver")
+    # the ROCm launcher, called the same way by a replay (it has no DirectLaunch)
+    try:
+        from triton.backends.amd import driver as amd
+    except ImportError:   # a triton built without the AMD backend: nothing of it is launched
+        amd = None
+    hip = getattr(amd, "HIPLauncher", None)
+    if amd is not None and (hip is None or _params(hip.__call__) != launcher):
+        gone.append("triton.backends.amd.driver.HIPLauncher.__call__(gridX, gridY, gridZ, stream, "
+                    "function, *args)")
+    return gone
+
+
+@functools.lru_cache(maxsize=None)
+def missing() -> tuple[str, ...]:
+    """The Triton internals the launch cache uses that this Triton lacks or has in another shape;
+    empty on the triton this was written against. Checked once per process, without a GPU."""
+    try:
+        return tuple(_check())
+    except Exception as e:   # a check that cannot even run is a failed check
+        return (f"the feature check itself ({type(e).__name__}: {e})",)
+
+
+def supported() -> bool:
+    """Whether every Triton internal the launch cache (and warm_up's compile) uses is there."""
+    return not missing()
+
+
+_enabled: bool | None = None
+_enabled_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    """Whether calls record and replay their launches: no switch turns it off and `supported()`.
+    Decided once per process; where the check fails, one warning names what is missing."""
+    global _enabled
+    if _enabled is None:
+        with _enabled_lock:
+            if _enabled is None:
+                _enabled = _decide()
+    return _enabled
+
+
+def _decide() -> bool:
+    if any(os.environ.get(k, "1") == "0" for k in _SWITCHES):
+        return False
+    gone = missing()
+    if gone:
+        import triton
+        logging.getLogger("autossd").warning(
+            "autossd: the launch cache is off: triton %s lacks %s. Every call launches through "
+            "triton's JIT instead (correct, with more host time per call).",
+            getattr(triton, "__version__", "?"), "; ".join(gone))
+        return False
+    return True
+
+
+def current_stream():
+    """The current device's current stream, as triton's launchers take it."""
+    if supported():
+        d = _driver.active
+        return d.get_current_stream(d.get_current_device())
+    return torch.cuda.current_stream().cuda_stream
+
+
+def never_compiled(fn, device: int) -> bool:
+    """Whether this process has compiled nothing of `fn` for `device` (triton 3.6's JIT keeps
+    its compiled kernels per device in device_caches; False where that is not so)."""
+    caches = getattr(fn, "device_caches", None)
+    if not supported() or caches is None or not hasattr(caches, "get"):
+        return False
+    entry = caches.get(device)
+    return entry is None or not entry[0]
+
+
+def load_handles(ck) -> None:
+    """Load a compiled kernel's module now (its launcher is built on the first load)."""
+    ck._init_handles()
+
+
+# --- recording ----------------------------------------------------------------------------------
+def remember(cache: dict, key, value, limit: int) -> None:
+    """cache[key] = value, starting the cache over once it holds `limit` entries (a server sees
+    every prompt length: the per-call caches must not grow without bound)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+
+
+def input_sig(t: dict, names) -> tuple:
+    """What a launch specializes on, per input of `names`: dtype, shape, strides, device, 16-byte
+    alignment, and the aliasing pattern (a record made when B is C must not serve a call where
+    they differ). Raises AttributeError for a non-tensor input."""
+    out = []
+    seen = {}
+    for k in names:
+        v = t.get(k)
+        if v is None:
+            out.append(None)
+            continue
+        out.append((v.dtype, v.shape, v.stride(), v.device, v.data_ptr() % 16 == 0,
+                    seen.setdefault(id(v), len(out))))
+    return tuple(out)
+
+
+def tma_descriptor_types() -> tuple:
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except ImportError:   # a triton without Gluon: no descriptor is ever planned
+        return ()
+    return (TensorDescriptor,)
+
+
+TMA_DESCRIPTORS = tma_descriptor_types()
+
+
+def record(launches: list, compiled: list, t: dict, buf, module, inputs, buffers) -> list:
+    """Per launch: (compiled kernel, grid, argument sources in the kernel's parameter order,
+    the argument list with every constant in place and None for each pointer, and the pointers'
+    (position, from an input?, name, TMA descriptor or None)), and its DirectLaunch where one can
+    be made: a replay copies the list and fills in only the pointers. A pointer comes from
+    t[name] for a name of `inputs`, else from buf.<name> for a name of `buffers`."""
+    ids = {id(v): ("in", k) for k in inputs if (v := t.get(k)) is not None}
+    ids.update({id(v): ("buf", k) for k in buffers if (v := getattr(buf, k)) is not None})
+    out = []
+    for ln, ck in zip(launches, compiled):
+        values = {**ln.args, **ln.constexprs}
+        srcs = []
+        descs = {}   # position -> the TMA descriptor recorded there (its base is replaced per call)
+        for name in getattr(module, ln.kernel).arg_names:
+            v = values[name]
+            if isinstance(v, torch.Tensor):
+                srcs.append(ids[id(v)])
+            elif isinstance(v, TMA_DESCRIPTORS):
+                descs[len(srcs)] = v
+                srcs.append(ids[id(v.base)])
+            else:
+                srcs.append(("const", v))
+        load_handles(ck)  # loads the module once, so the replay can take ck.function directly
+        template = [k if kind == "const" else None for kind, k in srcs]
+        slots = tuple((i, kind == "in", k, descs.get(i)) for i, (kind, k) in enumerate(srcs) if kind != "const")
+        direct = DirectLaunch.of(ck, template, slots)
+        out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots, direct))  # 3-D grid
+    return out
+
+
+# --- replay ---------------------------------------------------------------------------------------
+class DescArg:
+    """A recorded TMA descriptor on a new call's tensor: what triton's launcher reads of a
+    descriptor argument (base, shape, strides, padding) to encode it at launch. The shapes and
+    strides are the recorded call's: the launch-cache key (problem, input strides) fixes them."""
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, desc):
+        self.base, self.shape, self.strides, self.padding = base, desc.shape, desc.strides, desc.padding
+
+
+class DirectLaunch:
+    """A recorded kernel launched by the launcher's compiled entry point itself. triton's
+    launcher (CudaLauncher) wraps that entry point in Python at every launch: the scratch
+    allocations' closures (0.6 us a launch on a CPU here), and for a kernel that takes TMA
+    descriptors an encoding of each one on the host (a driver call, cuTensorMapEncodeTiled):
+    four per Gluon chunk scan, 13 us per eager call at 2.7b 1x2048 on the H100. A recorded
+    descriptor's shape, strides and block are fixed by the launch-cache key, so only its base
+    address varies: each is encoded once per address (by triton's own encoder). `of` returns
+    None where the launcher is not the one this was written against (HIP, another triton,
+    scratch memory): the replay then goes through triton's launcher."""
+    __slots__ = ("raw", "head", "template", "slots", "encode")
+    KEEP = 8   # encodings kept per descriptor argument: a few caller buffers take turns
+
+    def __init__(self, raw, head, template, slots, encode):
+        self.raw, self.head, self.template, self.slots, self.encode = raw, head, template, slots, encode
+
+    @classmethod
+    def of(cls, ck, template: list, slots: tuple) -> DirectLaunch | None:
+        run = ck.run
+        if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) \
+                or getattr(run, "profile_scratch_size", 1):
+            return None
+        descs = {i: d for i, _, _, d in slots if d is not None}
+        encode = getattr(sys.modules.get(type(run).__module__), "make_tensordesc_arg", None)
+        wrapper = run.launch   # the entry point, or triton's wrap_handle_tensordesc closure around it
+        code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None) or ()
+        free = dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code else {}
+        if not descs:
+            raw = wrapper   # what CudaLauncher.__call__ calls, less its scratch allocations (none)
+        elif encode is None or "launcher" not in free or set(free.get("tensordesc_indices", ())) != set(descs):
+            raw = None
+        else:
+            raw = free["launcher"]
+        if raw is None:
+            return None
+        metas = iter(free.get("tensordesc_meta") or [None] * len(descs))
+        xtemplate, at = [], {}
+        for i, v in enumerate(template):   # descriptor i expands to [encoded, *its constant sizes]
+            if i in descs:
+                meta = next(metas)
+                width = len(encode(DescArg(descs[i].base, descs[i]), meta))   # the recorded call's
+                at[i] = (len(xtemplate), width, meta)
+                xtemplate.extend([None] * width)
+            else:
+                at[i] = (len(xtemplate), 1, None)
+                xtemplate.append(v)
+        # pointers, then descriptors (each with its encodings by address)
+        xslots = (tuple((at[i][0], from_input, k) for i, from_input, k, d in slots if d is None),
+                  tuple((at[i][0], at[i][1], from_input, k, d, at[i][2], {})
+                        for i, from_input, k, d in slots if d is not None))
+        head = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, ck.packed_metadata,
+                None, None, None)   # scratch buffers (none), launch metadata and hooks (none)
+        return cls(raw, head, xtemplate, xslots, encode)
+
+    def __call__(self, grid: tuple, stream, t: dict, buf) -> None:
+        args = self.template.copy()
+        ptrs, descs = self.slots
+        for at, from_input, k in ptrs:
+            args[at] = (t[k] if from_input else getattr(buf, k)).data_ptr()
+        for at, width, from_input, k, desc, meta, enc in descs:
+            v = t[k] if from_input else getattr(buf, k)
+            ptr = v.data_ptr()
+            e = enc.get(ptr) if meta is not None else None
+            if e is None:
+                e = self.encode(DescArg(v, desc), meta)
+                if meta is not None:   # an encoding holds the address only (without meta: the tensor)
+                    if len(enc) >= self.KEEP:
+                        enc.pop(next(iter(enc)), None)
+                    enc[ptr] = e
+            args[at:at + width] = e
+        self.raw(grid[0], grid[1], grid[2], stream, *self.head, *args)
+
+
+def _active(hook) -> bool:
+    # triton 3.6 keeps an (empty) HookChain there, never None; earlier versions keep None
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def replay(cached: list, t: dict, buf, stream=None) -> None:
+    """Launch recorded kernels on new inputs and buffers. Each launch calls the compiled kernel's
+    launcher directly: the device and stream are looked up once per call instead of per launch,
+    and pointers go as integers, which the launcher takes as they are (a tensor costs it a
+    data_ptr() call and a driver query per pointer). The inputs were validated to be on one GPU
+    (problem.from_args), which is the check that query would make. With a launch hook set (a
+    profiler), the launch goes through triton's runner, which calls the hooks; without one, the
+    launcher gets None for them and no per-launch metadata is built."""
+    hooked = _active(_knobs.runtime.launch_enter_hook) or _active(_knobs.runtime.launch_exit_hook)
+    if stream is None and not hooked:
+        stream = current_stream()
+    for ck, grid, srcs, template, slots, direct in cached:
+        if direct is not None and not hooked:
+            direct(grid, stream, t, buf)
+            continue
+        if hooked:
+            args = [t[k] if kind == "in" else getattr(buf, k) if kind == "buf" else k for kind, k in srcs]
+            for i, _, _, desc in slots:
+                if desc is not None:
+                    args[i] = DescArg(args[i], desc)
+            ck[grid](*args)
+            continue
+        args = template.copy()
+        for i, from_input, k, desc in slots:
+            v = t[k] if from_input else getattr(buf, k)
+            args[i] = v.data_ptr() if desc is None else DescArg(v, desc)
+        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
