@@ -110,6 +110,9 @@ class _sigterm_unwinds:
             signal.signal(signal.SIGTERM, self.prev)
 
 
+DB_EXTENSIONS = (".sqlite", ".sqlite3", ".db")   # what export writes as an SQLite database
+
+
 # --- commands ---------------------------------------------------------------------------------
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -214,13 +217,16 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
         elif r.best_config is not None:
             click.echo(f"best {_shape_str(r.problem)}: {r.best_config!r}")
         if r.failures:
-            reasons, example = {}, {}
-            for _, why in r.failures:
-                kind = why.split(":")[0]
-                reasons[kind] = reasons.get(kind, 0) + 1
-                example.setdefault(kind, why)
-            for kind, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
-                click.echo(f"  failed {n}x: {example[kind][:160]}")
+            # one line per cause; the full texts (compiler dumps included) are in the log
+            from .tuner import failures
+            causes = r.failure_causes or [failures.classify(why) for _, why in r.failures]
+            texts = r.failure_reasons or [why for _, why in r.failures]
+            for cause, n, line in failures.summary(list(zip(causes, texts))):
+                click.echo(f"  failed {n}x: {cause}: {line}")
+            if r.failure_log:
+                click.echo(f"  full failure texts: {r.failure_log}")
+            if "compiler crash" in causes and failures.compiler_log().exists():
+                click.echo(f"  compiler output: {failures.compiler_log()}")
     if mode == "measured" and objective == "graph" and any(r.objective == "eager" for r in results):
         click.echo("note: this device could not capture a CUDA/HIP graph, so the studies minimized "
                    "eager time (records are stored for the eager launch mode only)")
@@ -240,6 +246,9 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
     database the runtime reads), plus the shipped per-arch databases when asked."""
     from .tuner.sinks import DbSink, JsonlSink, db_layer, db_record_dict, default_records_path
     layer = db_layer()
+    if db is not None and "://" not in db and not os.path.exists(db):
+        # a store named on the command line that is not there is a mistake, not an empty store
+        raise click.BadParameter(f"{db}: no such file", param_hint="'--db'")
     if db is not None and db.endswith(".jsonl"):
         try:
             recs = JsonlSink(db).load()
@@ -249,7 +258,12 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
         try:
             recs = DbSink(db).load()
         except Exception as e:  # noqa: BLE001 - TuningDBError, RecordError: say which store
-            raise click.BadParameter(f"{db or 'user database'}: {e}", param_hint="'--db'") from None
+            why = str(getattr(e, "orig", None) or e).splitlines()[0]
+            env = os.environ.get("AUTOSSD_DB")
+            if db is None and not env:
+                raise click.ClickException(f"the user database {layer.user_db_url(None)}: {why}") from None
+            # blame where the store came from: the option, or the environment variable
+            raise click.BadParameter(f"{db or env}: {why}", param_hint="'--db'" if db else "AUTOSSD_DB") from None
     elif db is None:
         recs = JsonlSink(default_records_path()).load()
     else:
@@ -337,6 +351,12 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
 def export(db, out_path, arch, overwrite) -> None:
     """Export records (e.g. one arch's, for a shipped database)."""
     from .tuner.sinks import best_records, db_layer
+    ext = os.path.splitext(out_path)[1].lower()
+    if ext not in (".jsonl", *DB_EXTENSIONS):
+        # any other name used to get an SQLite file that nothing would read by its name
+        raise click.BadParameter(f"{out_path}: unknown format {ext or '(no extension)'!r}; expected "
+                                 f"{' / '.join(DB_EXTENSIONS)} (an SQLite tuning database) or .jsonl "
+                                 f"(JSON lines, one record a line)", param_hint="'--out'")
     layer = db_layer()
     if layer is not None and not out_path.endswith(".jsonl") and not (db or "").endswith(".jsonl"):
         if os.path.exists(out_path) and not overwrite:
@@ -402,7 +422,9 @@ def merge(sources, into) -> None:
                     dispose_engines(to_url(os.path.join(tmp, "jsonl.sqlite")))
         except Exception as e:  # noqa: BLE001
             raise click.ClickException(f"merge: {e}") from None
-        click.echo(f"merged {len(sources)} sources into {into}: {res}")
+        click.echo(f"merged {len(sources)} sources into {into}: {res.kept} record{'s' * (res.kept != 1)} "
+                   f"kept, {res.dropped} dropped (lost to a better record of the same problem and "
+                   f"launch mode; {res.conflicts} problem{'s' * (res.conflicts != 1)} had several)")
         return
     if not into.endswith(".jsonl"):
         raise click.BadParameter("without the database layer, merge writes a .jsonl store",

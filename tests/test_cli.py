@@ -252,3 +252,75 @@ def test_plot_of_a_corrupt_journal_names_the_file(env):
     r = CliRunner().invoke(main, ["plot", "--storage", str(journal), "--out-dir", str(env / "p")])
     assert r.exit_code != 0 and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
     assert f"Error: {journal}: " in r.output and "line 2" in r.output and "Traceback" not in r.output
+
+
+def test_tune_summary_names_each_failure_cause_once_and_keeps_dumps_in_a_log(env, monkeypatch):
+    from autossd.tuner import api
+    from autossd.tuner.runners.base import Outcome
+    dump = "\n".join(f"  %{i} = tt.load %ptr{i} : tensor<64x64x!tt.ptr<f16>, #shared>" for i in range(600))
+    crash = (f"chunk_state: compile error: // -----// IR Dump Before ConvertTritonGPUToLLVM //----- //\n"
+             f"{dump}\nLLVM ERROR: operation destroyed but still has uses\nRuntimeError: PassManager::run failed")
+    smem = "chunk_state: shared memory 300000 B exceeds gfx90a's 65536 B per block"
+
+    class Fake:
+        mode, provenance, device = "static", "static", "fake"
+
+        def __init__(self):
+            self.n = 0
+
+        def prepare(self, configs):
+            return [None] * len(configs)
+
+        def evaluate(self, config, prepared):
+            self.n += 1
+            return [Outcome(False, why=crash), Outcome(False, why=smem), Outcome(True, 1.0 + self.n)][self.n % 3]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(api, "make_runner", lambda *a, **k: Fake())
+    r = invoke("tune", "--arch", "gfx90a", "--mode", "static", "--shapes", SHAPE, "--trials", 9,
+               "--seed", 0, "--db", env / "t.sqlite", "--storage", env / "s.journal", "--no-progress")
+    assert r.exit_code == 0, r.output[-3000:]
+    out = r.output
+    assert "tt.load" not in out and len(out.splitlines()) < 30, out
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("failed ")]
+    assert any(ln.endswith("compiler crash: RuntimeError: PassManager::run failed") for ln in lines), lines
+    assert any("out of shared memory: chunk_state: shared memory 300000 B" in ln for ln in lines), lines
+    assert len(lines) == 2
+    log = next(ln.split(": ", 1)[1] for ln in out.splitlines() if "full failure texts:" in ln)
+    text = open(log).read()
+    assert dump in text and "[compiler crash]" in text and "[out of shared memory]" in text
+
+
+def test_show_of_a_missing_store_is_an_error_naming_it(env):
+    for path in (env / "nonexistent.sqlite", env / "nonexistent.jsonl"):
+        r = CliRunner().invoke(main, ["show", "--db", str(path)])
+        assert r.exit_code != 0 and str(path) in r.output and "no records" not in r.output, r.output
+
+
+def test_errors_of_a_store_from_autossd_db_name_autossd_db(env, monkeypatch):
+    bad = env / "garbage.sqlite"
+    bad.write_text("this is no database\n" * 100)
+    monkeypatch.setenv("AUTOSSD_DB", str(bad))
+    r = CliRunner().invoke(main, ["show"])
+    assert r.exit_code != 0 and "AUTOSSD_DB" in r.output and "--db" not in r.output, r.output
+    assert str(bad) in r.output
+
+
+def test_export_refuses_an_unknown_extension_and_names_the_formats(env):
+    r = CliRunner().invoke(main, ["export", "--out", str(env / "e.txt")])
+    assert r.exit_code != 0 and not (env / "e.txt").exists()
+    assert "e.txt" in r.output and ".sqlite" in r.output and ".jsonl" in r.output, r.output
+
+
+def test_merge_prints_a_summary_in_words(env):
+    from autossd.db import add_records, make_record
+    p = parse_shape(SHAPE, "fp16")
+    from autossd.ops.ssd.fwd_knobs import default_config
+    a, b = env / "a.sqlite", env / "b.sqlite"
+    add_records(str(a), [make_record(p, default_config("sm90", p), "sm90", provenance="static", predicted_ms=0.2)])
+    add_records(str(b), [make_record(p, default_config("sm90", p), "sm90", provenance="static", predicted_ms=0.1)])
+    r = invoke("merge", a, b, "--into", env / "m.sqlite")
+    assert r.exit_code == 0 and "MergeResult" not in r.output, r.output
+    assert "1 record kept" in r.output and "1 dropped" in r.output, r.output

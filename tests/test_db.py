@@ -702,3 +702,16 @@ def test_shipped_records_never_store_states_narrower_than_their_inputs():
     bad = [(r.problem.dtype, r.config.state_dtype) for r in recs
            if r.config.state_dtype in NARROWER_STATES.get(r.problem.dtype, ())]
     assert not bad, bad
+
+
+def test_an_invalid_knob_value_is_reported_without_a_repeated_prefix(tmp_path):
+    prob = PROB.replace(chunk_size=64)
+    path = tmp_path / "user.sqlite"
+    add_records(str(path), [rec(prob, default_config("sm90", prob))])
+    dbengine.dispose_engines()
+    col = next(c for c in sqlite3.connect(str(path)).execute("SELECT * FROM tuned_records").description
+               if "warps" in c[0])[0]
+    _tamper(path, col, 3)
+    with pytest.raises(RecordError) as e:
+        read_records(str(path))
+    assert "=3 is not allowed" in str(e.value) and "config: config:" not in str(e.value), str(e.value)

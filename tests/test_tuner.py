@@ -17,7 +17,8 @@ from optuna.trial import TrialState
 from autossd.problem import Problem
 from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, Config, default_config, violations
 from autossd.tuner import Settings, build_space, parse_shape, seed_configs, tune_problem
-from autossd.tuner.model import floor_ms, predict, stage_costs
+from autossd.ops.ssd.fwd_cost import stage_costs
+from autossd.tuner.model import floor_ms, predict
 from autossd.tuner.runners.base import Outcome
 from autossd.tuner.runners.simulated import SimulatedRunner
 from autossd.tuner.shapes import ShapeError, parse_shapes, preset
@@ -649,3 +650,21 @@ def test_a_journal_corrupt_before_its_end_is_refused_naming_the_file(tmp_path):
     journal.write_bytes(b"".join(lines))
     with pytest.raises(ValueError, match=rf"^{journal}: .* line 3 .*Move it aside"):
         open_storage(str(journal))
+
+
+def test_failure_texts_of_the_runners_are_classified_by_cause():
+    from autossd.tuner.failures import classify
+    cases = {
+        "compile timed out after 300s": "timeout",
+        "hang: no result within 60s; worker killed": "timeout",
+        "compile crashed: BrokenProcessPool: A process in the process pool was terminated abruptly": "compiler crash",
+        "chunk_scan: compile error: PassManager::run failed": "compiler crash",
+        "chunk_state: shared memory 300000 B exceeds sm90's 232448 B per block": "out of shared memory",
+        "gate: OutOfResources: out of resource: shared memory, Required: 300000, Hardware limit: 232448":
+            "out of shared memory",
+        "bmm: occupancy 0: 255 registers x 256 threads": "registers / spills",
+        "gate: max error 3.1e-01 > 1e-02; relative L2 error 2.0e-01 > 3e-03": "correctness gate failed",
+        "timing: RuntimeError: CUDA error: an illegal memory access was encountered": "runtime error",
+        "crash: evaluation process died (exit code -11)": "runtime error",
+    }
+    assert {t: classify(t) for t in cases} == cases

@@ -174,7 +174,8 @@ def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
 def _fail(row: Mapping, name: str, why: str) -> RecordError:
     rid = row.get("id")
     where = f"record id={rid!r}" if rid is not None else "record"
-    return RecordError(f"tuning db {where}: {name}: {why}")
+    # an error raised by the field's own check (ConfigError, ...) already names the field
+    return RecordError(f"tuning db {where}: {name}: {why.removeprefix(f'{name}: ')}")
 
 
 def _text(row: Mapping, name: str) -> str:

@@ -33,6 +33,7 @@ from ..ops.ssd.fwd_knobs import Config, default_config, violations
 from .model import floor_ms
 from .sinks import OP, Sink, make_record
 from .search_space import SearchSpace, build_space, seed_configs
+from . import failures
 from .storage import open_storage
 from .strategies import make_sampler
 
@@ -69,6 +70,9 @@ class TuneResult:
     failed: int
     pruned: int
     failures: list[tuple[dict, str]]
+    failure_causes: list[str] = field(default_factory=list)   # failures.classify of each failure
+    failure_reasons: list[str] = field(default_factory=list)  # failures.reason_line of each
+    failure_log: str | None = None    # the failures' full texts (failures.append)
     record: dict | None = None        # the saved record of the study's objective
     # launch mode -> (best config, its ms) when the runner timed both modes; {} for static
     best_by_mode: dict = field(default_factory=dict)
@@ -248,6 +252,12 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
                     study.tell(trial, out.time_ms)
                 else:
                     trial.set_user_attr("why", out.why[:500])
+                    # classified on the whole text (a dump's verdict may come after 500
+                    # characters of IR), which goes to the study's failure log
+                    cause = failures.classify(out.why)
+                    trial.set_user_attr("cause", cause)
+                    trial.set_user_attr("reason", failures.reason_line(out.why, cause))
+                    failures.append(study.study_name, cfg.as_dict(), out.why)
                     study.tell(trial, state=TrialState.FAIL)
                 known[cfg.key()] = out.time_ms if out.ok else None
                 done += 1
@@ -300,7 +310,11 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
         best_ms=best.value if best else None, default_ms=default_ms,
         floor_ms=floor_ms(arch, problem), complete=len(complete), failed=len(failed),
         pruned=len(pruned),
-        failures=[(t.user_attrs.get("config", {}), t.user_attrs.get("why", "")) for t in failed])
+        failures=[(t.user_attrs.get("config", {}), t.user_attrs.get("why", "")) for t in failed],
+        failure_causes=[t.user_attrs.get("cause") or failures.classify(t.user_attrs.get("why", ""))
+                        for t in failed],
+        failure_reasons=[t.user_attrs.get("reason") or t.user_attrs.get("why", "") for t in failed],
+        failure_log=str(failures.log_path(study.study_name)) if failed else None)
 
 
 CONFIRM_ROUNDS = 2   # re-timings of each finalist, besides its sample from the study

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +53,17 @@ def report_from(job: dict, arch: str, config: Config) -> CompileReport:
     return CompileReport(arch, config, [StageReport(**s) for s in job["stages"]], list(job["reasons"]))
 
 
+def _init_worker(parent: int, death_signal: bool, log: str) -> None:
+    die_with_parent(parent, death_signal)
+    try:   # fd 2 itself: the compiler's C++ code writes there, past Python's sys.stderr
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        return   # no log directory: the output stays on the console
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 class CompilePool:
     """`compile_job` over a spawn-context process pool (workers=0: in this process). A compile
     that crashes the pool or exceeds `timeout` fails that config; the pool is rebuilt."""
@@ -63,9 +75,12 @@ class CompilePool:
 
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
-            # a killed tuner must not leave its compile workers behind (lifeline.py)
+            # a killed tuner must not leave its compile workers behind (lifeline.py), and what
+            # the compiler prints (MLIR dumps of a failing pass) goes to a log, not the console
+            from ..failures import compiler_log
             self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
-                                                initializer=die_with_parent, initargs=initargs())
+                                                initializer=_init_worker,
+                                                initargs=(*initargs(), str(compiler_log())))
         return self._pool
 
     def _reset(self) -> None:
