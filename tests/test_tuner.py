@@ -668,3 +668,17 @@ def test_failure_texts_of_the_runners_are_classified_by_cause():
         "crash: evaluation process died (exit code -11)": "runtime error",
     }
     assert {t: classify(t) for t in cases} == cases
+
+
+def test_a_rerun_tune_says_it_resumes_and_stores_no_duplicate_record(tmp_path, capsys):
+    from autossd.tuner.sinks import JsonlSink
+    sink = JsonlSink(tmp_path / "records.jsonl")
+    st = Settings(trials=3, sampler="random", seed=0, storage=str(tmp_path / "s.journal"), progress=False)
+    first = tune_problem("sm90", SMALL, FakeRunner(), st, sink)
+    assert len(sink.load()) == 1
+    assert "resuming" not in capsys.readouterr().err
+    again = tune_problem("sm90", SMALL, FakeRunner(), st, sink)
+    err = capsys.readouterr().err
+    assert f"resuming study {first.study_name}: 3 trials done" in err
+    assert again.best_config == first.best_config and len(sink.load()) == 1
+    assert "already stored" in err

@@ -10,8 +10,8 @@ from typing import Any
 from ..arch import get_arch, local_arch
 from ..problem import Problem
 from .sinks import Sink
-from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best, seed,
-                    summarize)
+from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best,
+                    say_resumed, seed, summarize)
 
 MODES = ("auto", "measured", "static")
 
@@ -76,6 +76,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
             study, space = open_study(arch, prob, mode, runner.device, settings, None,
                                       getattr(runner, "objective", None))
             reap_stale(study)
+            say_resumed(study)
             seed(study, arch, prob, space, settings.extra_seeds)
             if workers <= 1:
                 run_trials(study, space, arch, prob, runner, settings)

@@ -18,6 +18,7 @@ import math
 import os
 import statistics
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
@@ -31,7 +32,7 @@ from ..problem import Problem
 from ..render import template_hash
 from ..ops.ssd.fwd_knobs import Config, default_config, violations
 from .model import floor_ms
-from .sinks import OP, Sink, make_record
+from .sinks import _UNSAFE, OP, DbSink, Sink, make_record, mode_of
 from .search_space import SearchSpace, build_space, seed_configs
 from . import failures
 from .storage import open_storage
@@ -144,6 +145,40 @@ def reap_stale(study: optuna.Study, grace_s: float = 120.0) -> int:
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
         n += 1
     return n
+
+
+def _say(msg: str) -> None:
+    """A line for the person running the tune (stderr: stdout carries the results)."""
+    print(f"autossd: {msg}", file=sys.stderr, flush=True)
+
+
+def say_resumed(study: optuna.Study) -> None:
+    """Say that a study picks up where an earlier run left it, and how far that run got."""
+    done = _evaluated(study)
+    if done:
+        _say(f"resuming study {study.study_name}: {done} trials done")
+
+
+def _record_identity(rec: dict) -> str:
+    device = _UNSAFE.sub("-", rec.get("device") or "")[:128]   # as DbSink stores it
+    return json.dumps([rec["op"], rec["arch"], device, rec["problem"], mode_of(rec), rec["provenance"],
+                       Config(rec["config"]).key()], sort_keys=True, default=str)
+
+
+def _already_stored(sink: Sink, rec: dict) -> bool:
+    """Whether `sink` holds a record identical to `rec` in what it answers (op, arch, device,
+    problem, launch mode, provenance) and in its config. A store that cannot be read back says
+    no (the save then reports whatever is wrong with it). Two tunes saving at the same instant
+    can still both store theirs."""
+    load = getattr(sink, "load", None)
+    if load is None:
+        return False
+    try:
+        held = load(rec["arch"]) if isinstance(sink, DbSink) else load()
+    except Exception:  # noqa: BLE001 - the save itself reports an unusable store
+        return False
+    me = _record_identity(rec)
+    return any(_record_identity(r) == me for r in held)
 
 
 def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
@@ -387,7 +422,12 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
                           default_ms=result.default_by_mode.get(mode, result.default_ms),
                           study=result.study_name, sampler=sampler,
                           trials=result.complete + result.failed)
-        sink.save(rec)
+        if _already_stored(sink, rec):
+            # a re-run of a finished tune, or an identical tune beside it, found this same best
+            _say(f"{result.study_name} ({mode or 'any'} time): the same record is already stored in "
+                 f"{sink!r}; not stored again")
+        else:
+            sink.save(rec)
         if mode == result.objective:
             result.record = rec
     return result.record
@@ -401,6 +441,7 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     study, space = open_study(arch, problem, runner.mode, runner.device, settings, space,
                               getattr(runner, "objective", None))
     reap_stale(study)
+    say_resumed(study)
     seed(study, arch, problem, space, settings.extra_seeds)
     run_trials(study, space, arch, problem, runner, settings)
     result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
