@@ -1,14 +1,36 @@
 """Fixes to Triton 3.6's CPU interpreter, applied only when autossd runs kernels interpreted.
 
-The interpreter stores bfloat16 as uint16 and (a) multiplies those integers in `tl.dot`, (b) casts
-bf16 to/from any float other than fp32 by integer conversion. Both give garbage, silently. We
-route bf16 through fp32, which is what the hardware's bf16 MMA computes in exactly.
+The interpreter stores bfloat16 as its uint16 bit pattern and then treats those integers as numbers
+wherever it hands the array to numpy: (a) `tl.dot` multiplies the integers, (b) casts to/from any
+float other than fp32 convert the integers, (c) elementwise arithmetic, comparisons, min/max, fma
+and reductions on bf16 operands (e.g. `x_bf16 * v_bf16`) multiply, compare or sum bit patterns; the
+wrapped-around products decode to arbitrary bf16 values, NaN and Inf among them, which a later dot
+then spreads over whole rows. All of this is silent (and a Python float meeting a bf16 tensor fails:
+there is no bf16 constant). We route bf16 through fp32: decode the bit
+pattern exactly, compute in fp32 and round the result back to bf16 to nearest-even, which is what
+the hardware does (its bf16 MMA accumulates bf16 products exactly in fp32; its bf16 arithmetic
+rounds each result to nearest-even).
 """
 from __future__ import annotations
 
 import numpy as np
 
 _applied = False
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> the same values as float32; exact, NaN and Inf included."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounded to nearest-even like the hardware's
+    conversion (the interpreter's own fp32 -> bf16 cast truncates). NaN must stay NaN: rounding
+    its payload could carry into the exponent and turn it into Inf."""
+    x = np.asarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0) | (u >> 16).astype(np.uint16), rounded)
 
 
 def apply() -> None:
@@ -21,28 +43,81 @@ def apply() -> None:
     builder = it.InterpreterBuilder
     orig_dot = builder.create_dot
     orig_cast = builder.cast_impl
+    bf16 = tl.bfloat16
+
+    def _is_bf16(h):
+        # A comparison's result may carry its operands' dtype on bool data: check the storage too.
+        return h.dtype.scalar == bf16 and h.data.dtype == np.uint16
 
     def _f32(h):
-        if h.dtype.scalar == tl.bfloat16:
-            return it._convert_float(h.data, tl.bfloat16, tl.float32, None).view(np.float32)
-        return h.data
+        return bf16_to_f32(h.data) if _is_bf16(h) else h.data
+
+    def _as_f32(h):
+        return it.TensorHandle(bf16_to_f32(h.data), tl.float32) if _is_bf16(h) else h
+
+    def _as_bf16(h):
+        # A float result of a bf16 computation goes back to bf16; bool (comparisons) stays bool.
+        if h.data.dtype == np.bool_:
+            return it.TensorHandle(h.data, tl.int1)
+        return it.TensorHandle(f32_to_bf16(h.data), bf16)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if tl.bfloat16 in (a.dtype.scalar, b.dtype.scalar):
-            out = np.matmul(_f32(a).astype(np.float32), _f32(b).astype(np.float32)).astype(d.data.dtype)
-            return it.TensorHandle(out + d.data, d.dtype.scalar)
+        if _is_bf16(a) or _is_bf16(b):
+            # bf16 products are exact in fp32, so this is the MMA's result up to summation order
+            out = np.matmul(_f32(a).astype(np.float32), _f32(b).astype(np.float32))
+            if _is_bf16(d):
+                return it.TensorHandle(f32_to_bf16(out + _f32(d)), bf16)
+            return it.TensorHandle(out.astype(d.data.dtype) + d.data, d.dtype.scalar)
         return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     def cast_impl(self, src, dst_type):
         s, t = src.dtype.scalar, dst_type.scalar
-        if s == tl.bfloat16 and t != tl.float32 and t.is_floating():
+        if s == t:
+            return orig_cast(self, src, dst_type)
+        if _is_bf16(src):                  # to fp16/fp32/fp64 or an integer: from the value
+            return orig_cast(self, _as_f32(src), dst_type)
+        if t == bf16:                      # from any float or integer: via its fp32 value
             mid = orig_cast(self, src, tl.float32)
-            return orig_cast(self, mid, dst_type)
-        if t == tl.bfloat16 and s != tl.float32 and s.is_floating():
-            mid = orig_cast(self, src, tl.float32)
-            return orig_cast(self, mid, dst_type)
+            return it.TensorHandle(f32_to_bf16(mid.data), bf16)
         return orig_cast(self, src, dst_type)
 
+    def _via_f32(orig):
+        """Wrap a builder op whose leading arguments are operand handles: bf16 operands are
+        computed on as fp32 values and a float result rounded back to bf16."""
+        def op(self, *args):
+            n = next((i for i, a in enumerate(args) if not isinstance(a, it.TensorHandle)), len(args))
+            if not any(_is_bf16(a) for a in args[:n]):
+                return orig(self, *args)
+            out = orig(self, *(_as_f32(a) for a in args[:n]), *args[n:])
+            return _as_bf16(out)
+        return op
+
+    # Every float arithmetic, comparison, min/max, select and clamp goes through binary_op or
+    # ternary_op; fma and the reductions below compute on .data directly. (Triton's math functions
+    # refuse bf16 before they reach the builder; fabs and bitcast act on the bits and are right.)
+    for name in ("binary_op", "ternary_op", "create_fma"):
+        setattr(builder, name, _via_f32(getattr(builder, name)))
+
+    def _reduce_via_f32(orig):
+        """Wrap a reduction/scan fast path (numpy sum, min/max, cumsum on .data) the same way."""
+        def op(self, input, *args, **kwargs):
+            if not _is_bf16(input.handle):
+                return orig(self, input, *args, **kwargs)
+            out = orig(self, tl.core.tensor(_as_f32(input.handle), input.type.with_element_ty(tl.float32)),
+                       *args, **kwargs)
+            single = not isinstance(out, (list, tuple))
+            res = [tl.core.tensor(_as_bf16(r.handle), r.type.with_element_ty(bf16)) if r.dtype == tl.float32 else r
+                   for r in ([out] if single else out)]     # min_max's int32 indices stay as they are
+            return res[0] if single else type(out)(res)
+        return op
+
+    for cls, names in ((it.ReduceOps, ("sum", "min_max")), (it.ScanOps, ("cumsum", "cumprod"))):
+        for name in names:
+            setattr(cls, name, _reduce_via_f32(getattr(cls, name)))
+
+    # a Python float meeting a bf16 tensor (x * 3.0) becomes a bf16 constant, which the
+    # interpreter has no builder method for
+    builder.get_bf16 = lambda self, value: it.TensorHandle(f32_to_bf16(np.array([value], np.float32)), bf16)
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
     for name in ("create_fp_ext", "create_fp_trunc"):
