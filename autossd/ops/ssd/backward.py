@@ -1,0 +1,309 @@
+"""The SSD backward's entry: `plan()` (which kernels one backward launches, with which grids and
+arguments), `execute()` (allocate, launch, reduce the partial sums in a fixed order) and the
+float64 reference gradients.
+
+The stages, in order (templates/ssd_bwd; the op's declaration is ops/ssd/bwd.py):
+  gate            (with z) dy' = dout·silu(z) and dz, from the ungated output y' recomputed by the forward
+  cumsum          dt' and its within-chunk cumsum dA per (batch, head, chunk)       [recompute]
+  chunk_state     each chunk's local state                                           [recompute]
+  state_passing   the entering state of every chunk (and the final state)           [recompute]
+  bmm             C·Bᵀ per (chunk, group)                                           [cb = "stage"]
+  dstates         per chunk, the gradient wrt its entering state from its own outputs
+  state_passing_rev  that gradient carried backwards over the chunks (with the final state's
+                  gradient): the gradient wrt the state leaving each chunk, the initial state's
+                  gradient, and the state's part of each chunk's last dA gradient
+  dx              dx, and per token the x·dx part of d dt' and dD's partial sums
+  db, dc          dB and dC per group (heads looped in a fixed order), the C·dC part of d dA
+  ddt             d dA summed to the chunk's end -> d dt', dA, d dt_bias, d dt
+Nothing is accumulated with atomics: every cross-program sum is written as partials and added in
+a fixed order, so the gradients are bitwise reproducible run to run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ... import problem as _problem
+from ...render import launch_options, load
+from .bwd_knobs import STATE_DTYPES, BwdConfig
+from .plan import Launch
+
+_TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
+GRAD_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+
+
+def _named(prefix, names, t):
+    st = tuple(t.stride()) if t is not None else (0,) * len(names)
+    return {f"{prefix}_{k}": s for k, s in zip(names, st)}
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(int(n)))
+
+
+@dataclass
+class Saved:
+    """What the forward kept for the backward (save_states = 1): the entering state of every
+    chunk (b, c, h, p, n), dt' and dA (b, h, c, q) fp32, and the final state (b, h, p, n) fp32
+    where the forward returned it."""
+    states: torch.Tensor
+    dt: torch.Tensor
+    dA: torch.Tensor
+    final: torch.Tensor | None = None
+
+
+@dataclass
+class BwdBuffers:
+    dy: torch.Tensor          # gradient wrt the ungated output
+    dz: torch.Tensor | None
+    dt: torch.Tensor          # (b, h, c, q) fp32
+    dA: torch.Tensor
+    states: torch.Tensor      # (b, c, h, p, n) entering states
+    final: torch.Tensor | None
+    cb: torch.Tensor | None   # (b, c, g, q, q) fp32
+    dst: torch.Tensor         # (b, c, h, p, n) fp32
+    dlast: torch.Tensor       # (b, h, c, pass blocks) fp32
+    dinit: torch.Tensor | None
+    dx: torch.Tensor
+    ddir: torch.Tensor        # (b, h, c, headdim tiles, q) fp32
+    dDp: torch.Tensor | None  # (b, c, row tiles, h, p) fp32
+    dBp: torch.Tensor | None  # (b, l, group_split, g, n) fp32
+    dCp: torch.Tensor         # (b, l, group_split, g, n) fp32
+    dap: torch.Tensor         # (b, h, c, dstate tiles, q) fp32
+    ddt: torch.Tensor         # (b, l, h) in dt's dtype
+    dAp: torch.Tensor         # (b, h, c) fp32
+    dbp: torch.Tensor         # (b, h, c) fp32
+
+
+def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: Saved | None) -> BwdBuffers:
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc = triton.cdiv(l, q)
+    x, z, dt = t["x"], t.get("z"), t["dt"]
+    dev = x.device
+    f32 = torch.float32
+    e = lambda *s, dtype=f32: torch.empty(*s, dtype=dtype, device=dev)  # noqa: E731
+    npb = triton.cdiv(p * n, config.pass_block)
+    if saved is None:
+        states = e(b, nc, h, p, n, dtype=_TORCH_STATE[config.state_dtype])
+        final = e(b, h, p, n) if dfinal is not None else None
+        dtb, dAb = e(b, h, nc, q), e(b, h, nc, q)
+    else:
+        states, final, dtb, dAb = saved.states, saved.final, saved.dt, saved.dA
+    return BwdBuffers(
+        dy=e(b, l, h, p, dtype=x.dtype) if z is not None else dout,
+        dz=torch.empty_like(z, memory_format=torch.contiguous_format) if z is not None and "z" in need else None,
+        dt=dtb, dA=dAb, states=states, final=final,
+        cb=e(b, nc, g, q, q) if config.cb == "stage" else None,
+        dst=e(b, nc, h, p, n), dlast=e(b, h, nc, npb),
+        dinit=e(b, h, p, n) if "initial_states" in need else None,
+        dx=e(b, l, h, p, dtype=x.dtype),
+        ddir=e(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+        dDp=e(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
+        dBp=e(b, l, config.group_split, g, n) if "B" in need else None,
+        dCp=e(b, l, config.group_split, g, n),
+        dap=e(b, h, nc, triton.cdiv(n, config.dbc_block_n), q),
+        ddt=e(b, l, h, dtype=dt.dtype), dAp=e(b, h, nc), dbp=e(b, h, nc))
+
+
+def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda",
+         dt_limit=(0.0, float("inf")), dout=None, dfinal=None, saved: bool = False) -> list[Launch]:
+    """The launches of one backward. `t` maps input names to tensors (or None); t["y_pre"] is the
+    ungated output where z's gradient is needed."""
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc = triton.cdiv(l, q)
+    hpg = h // g
+    opts = launch_options(config, backend)
+    x, dt, A, B, C = t["x"], t["dt"], t["A"], t["B"], t["C"]
+    D, z, bias, init, seq = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx")
+    lo, hi = (float(v) for v in dt_limit)
+    P2, N2 = _pow2(p), _pow2(n)
+    has_seq = seq is not None
+    dtb = dict(s_dt_b=buf.dt.stride(0), s_dt_h=buf.dt.stride(1), s_dt_c=buf.dt.stride(2))
+    seq_s = _named("s_seq", ("b", "l"), seq)
+    dt_in = dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, L=l, H=h, dt_lo=lo, dt_hi=hi,
+                 s_dt_b=dt.stride(0), s_dt_l=dt.stride(1), s_dt_h=dt.stride(2), s_A_h=A.stride(0),
+                 s_bias_h=bias.stride(0) if bias is not None else 0)
+    dt_flags = dict(HAS_BIAS=bias is not None, SOFTPLUS=prob.dt_softplus, HAS_LIMIT=prob.has_dt_limit)
+    st5 = _named("s_st", ("b", "c", "h", "p", "n"), buf.states)
+    dy = buf.dy
+    out = []
+    if z is not None:
+        yp = t.get("y_pre")
+        out.append(Launch("gate", "ssd_bwd_gate", (triton.cdiv(l, 32), h, b),
+                          dict(dout_ptr=dout, z_ptr=z, yp_ptr=yp, dy_ptr=dy, dz_ptr=buf.dz, L=l, P=p,
+                               **_named("s_o", "blhp", dout), **_named("s_z", "blhp", z),
+                               **_named("s_y", "blhp", yp), **_named("s_dy", "blhp", dy),
+                               **_named("s_dz", "blhp", buf.dz)),
+                          dict(NEED_DZ=buf.dz is not None, P2=P2), opts["gate"]))
+    if not saved:
+        out.append(Launch("cumsum", "ssd_bwd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
+                          dict(dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, **{k: v for k, v in dt_in.items()},
+                               s_o_b=buf.dt.stride(0), s_o_h=buf.dt.stride(1), s_o_c=buf.dt.stride(2)),
+                          dt_flags, opts["cumsum"]))
+        # reorder to the kernel's argument order
+        a = out[-1].args
+        out[-1].args = {k: a[k] for k in ("dt_ptr", "A_ptr", "bias_ptr", "dt_out_ptr", "dA_out_ptr", "L", "H",
+                                          "dt_lo", "dt_hi", "s_dt_b", "s_dt_l", "s_dt_h", "s_A_h", "s_bias_h",
+                                          "s_o_b", "s_o_h", "s_o_c")}
+        grid_st = (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b)
+        out.append(Launch("chunk_state", "ssd_bwd_chunk_state", grid_st,
+                          dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
+                               L=l, H=h, P=p, N=n, heads_per_group=hpg, **_named("s_x", "blhp", x),
+                               **_named("s_B", "blgn", B), **dtb, **seq_s, **st5),
+                          dict(HAS_SEQ=has_seq), opts["chunk_state"]))
+        out.append(Launch("state_passing", "ssd_bwd_state_passing",
+                          (triton.cdiv(p * n, config.pass_block), b * h),
+                          dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final, seq_ptr=seq,
+                               L=l, H=h, N=n, PN=p * n, nchunks=nc,
+                               s_st_b=st5["s_st_b"], s_st_c=st5["s_st_c"], s_st_h=st5["s_st_h"],
+                               s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2),
+                               **_named("s_init", ("b", "h", "p", "n"), init),
+                               **_named("s_fin", ("b", "h"), buf.final), **seq_s),
+                          dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=has_seq),
+                          opts["state_passing"]))
+    cb5 = _named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)
+    if config.cb == "stage":
+        out.append(Launch("bmm", "ssd_bwd_bmm",
+                          (triton.cdiv(q, config.bmm_block_m) * triton.cdiv(q, config.bmm_block_n) * g, nc, b),
+                          dict(C_ptr=C, B_ptr=B, cb_ptr=buf.cb, L=l, G=g, N=n, **_named("s_C", "blgn", C),
+                               **_named("s_B", "blgn", B), **cb5),
+                          dict(N2=N2), opts["bmm"]))
+    d5 = _named("s_d", ("b", "c", "h", "p", "n"), buf.dst)
+    out.append(Launch("dstates", "ssd_bwd_dstates",
+                      (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b),
+                      dict(dy_ptr=dy, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, dst_ptr=buf.dst,
+                           L=l, H=h, P=p, N=n, heads_per_group=hpg, **_named("s_dy", "blhp", dy),
+                           **_named("s_C", "blgn", C), **dtb, **seq_s, **d5),
+                      dict(HAS_SEQ=has_seq), opts["dstates"]))
+    out.append(Launch("state_passing_rev", "ssd_bwd_state_passing_rev",
+                      (triton.cdiv(p * n, config.pass_block), b * h),
+                      dict(dst_ptr=buf.dst, st_ptr=buf.states, final_ptr=buf.final, dfin_ptr=dfinal,
+                           dinit_ptr=buf.dinit, dlast_ptr=buf.dlast, dA_ptr=buf.dA, seq_ptr=seq,
+                           L=l, H=h, N=n, PN=p * n, nchunks=nc,
+                           s_d_b=d5["s_d_b"], s_d_c=d5["s_d_c"], s_d_h=d5["s_d_h"],
+                           s_st_b=st5["s_st_b"], s_st_c=st5["s_st_c"], s_st_h=st5["s_st_h"],
+                           **_named("s_fin", ("b", "h"), buf.final),
+                           **_named("s_df", ("b", "h", "p", "n"), dfinal),
+                           **_named("s_di", ("b", "h"), buf.dinit),
+                           **_named("s_dl", ("b", "h", "c"), buf.dlast),
+                           s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2), **seq_s),
+                      dict(HAS_DFINAL=dfinal is not None, HAS_DINIT=buf.dinit is not None, HAS_SEQ=has_seq),
+                      opts["state_passing_rev"]))
+    if D is None:
+        s_D = (0, 0)
+    else:
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+    g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
+    out.append(Launch("dx", "ssd_bwd_dx",
+                      (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
+                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
+                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, ddir_ptr=buf.ddir, dD_ptr=buf.dDp,
+                           L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                           **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
+                           s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
+                           **_named("s_dd", ("b", "h", "c", "j"), buf.ddir),
+                           **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
+                      dict(HAS_SEQ=has_seq, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
+                      opts["dx"]))
+    grid_bc = (triton.cdiv(q, config.dbc_block_m) * triton.cdiv(n, config.dbc_block_n) * config.group_split * g,
+               nc, b)
+    if buf.dBp is not None:
+        out.append(Launch("db", "ssd_bwd_db", grid_bc,
+                          dict(x_ptr=x, dy_ptr=dy, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                               gst_ptr=buf.dst, dB_ptr=buf.dBp, L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                               **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                               **_named("s_C", "blgn", C), **dtb, **seq_s, **g5,
+                               **_named("s_o", ("b", "l", "s", "g", "n"), buf.dBp)),
+                          dict(HAS_SEQ=has_seq, P2=P2), opts["db"]))
+    out.append(Launch("dc", "ssd_bwd_dc", grid_bc,
+                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                           st_ptr=buf.states, dC_ptr=buf.dCp, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
+                           heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **st5,
+                           **_named("s_o", ("b", "l", "s", "g", "n"), buf.dCp),
+                           **_named("s_da", ("b", "h", "c", "j"), buf.dap)),
+                      dict(HAS_SEQ=has_seq, P2=P2), opts["dc"]))
+    dt_args = {k: v for k, v in dt_in.items()}
+    out.append(Launch("ddt", "ssd_bwd_ddt", (nc, triton.cdiv(h, config.cumsum_block_h), b),
+                      dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, ddir_ptr=buf.ddir, dap_ptr=buf.dap,
+                           dlast_ptr=buf.dlast, ddt_ptr=buf.ddt, dAp_ptr=buf.dAp, dbp_ptr=buf.dbp,
+                           L=l, H=h, dt_lo=lo, dt_hi=hi, NPT=buf.ddir.shape[3], NNT=buf.dap.shape[3],
+                           NPB=buf.dlast.shape[3],
+                           s_dt_b=dt_args["s_dt_b"], s_dt_l=dt_args["s_dt_l"], s_dt_h=dt_args["s_dt_h"],
+                           s_A_h=dt_args["s_A_h"], s_bias_h=dt_args["s_bias_h"],
+                           **_named("s_dd", ("b", "h", "c", "j"), buf.ddir),
+                           **_named("s_da", ("b", "h", "c", "j"), buf.dap),
+                           **_named("s_dl", ("b", "h", "c"), buf.dlast),
+                           **_named("s_g", ("b", "l", "h"), buf.ddt),
+                           s_p_b=buf.dAp.stride(0), s_p_h=buf.dAp.stride(1)),
+                      dt_flags, opts["ddt"]))
+    return out
+
+
+def run(launches: list[Launch], module) -> None:
+    for ln in launches:
+        getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+
+
+def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(GRAD_NAMES),
+            dt_limit=(0.0, float("inf")), saved: Saved | None = None, backend: str = "cuda",
+            module=None) -> dict:
+    """The gradients named in `need` (a dict name -> tensor, in each input's dtype) from the
+    gradient wrt y (`dout`) and wrt the final states (`dfinal`, or None). t: the forward's inputs
+    by name, and "y_pre", the ungated output, where z is given and its gradient needed."""
+    need = set(need)
+    if saved is not None and (saved.states.shape[1] != triton.cdiv(prob.seqlen, config.chunk_size)
+                              or saved.dt.shape[-1] != config.chunk_size):
+        saved = None   # kept at another chunk size: recompute
+    if dfinal is not None and saved is not None and saved.final is None:
+        saved = None
+    buf = allocate(prob, config, t, dout, dfinal, need, saved)
+    module = module or load(config, backend)
+    run(plan(prob, config, t, buf, backend, dt_limit, dout, dfinal, saved is not None), module)
+    out = {}
+    if "x" in need:
+        out["x"] = buf.dx
+    if "dt" in need:
+        out["dt"] = buf.ddt
+    if "A" in need:
+        out["A"] = buf.dAp.sum((0, 2)).to(t["A"].dtype)
+    if "B" in need:
+        out["B"] = buf.dBp.sum(2).to(t["B"].dtype)
+    if "C" in need:
+        out["C"] = buf.dCp.sum(2).to(t["C"].dtype)
+    if "D" in need and t.get("D") is not None:
+        dD = buf.dDp.sum((0, 1, 2))
+        out["D"] = (dD if t["D"].dim() == 2 else dD.sum(-1)).to(t["D"].dtype)
+    if "z" in need and buf.dz is not None:
+        out["z"] = buf.dz
+    if "dt_bias" in need and t.get("dt_bias") is not None:
+        out["dt_bias"] = buf.dbp.sum((0, 2)).to(t["dt_bias"].dtype)
+    if "initial_states" in need and buf.dinit is not None:
+        out["initial_states"] = buf.dinit.to(t["initial_states"].dtype)
+    return out
+
+
+def reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+              dt_softplus=False, dt_limit=(0.0, float("inf")), dout=None, dfinal=None, recurrent=False) -> dict:
+    """Float64 gradients of <dout, y> + <dfinal, final_states> wrt every input given, by autograd
+    through the float64 reference forward (`naive.ssd_chunked`, or `ssd_recurrent`)."""
+    from .naive import ssd_chunked, ssd_recurrent
+    f64 = torch.float64
+    given = {k: v for k, v in dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                   initial_states=initial_states).items() if v is not None}
+    leaves = {k: v.detach().to(f64).requires_grad_() for k, v in given.items()}
+    kw = dict(D=leaves.get("D"), z=leaves.get("z"), dt_bias=leaves.get("dt_bias"),
+              initial_states=leaves.get("initial_states"), seq_idx=seq_idx, dt_softplus=dt_softplus,
+              dt_limit=dt_limit)
+    args = (leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"])
+    y, final, _ = (ssd_recurrent(*args, **kw) if recurrent else ssd_chunked(*args, chunk_size, **kw))
+    loss = (y * dout.to(f64)).sum()
+    if dfinal is not None:
+        loss = loss + (final * dfinal.to(f64)).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    return {k: (g if g is not None else torch.zeros_like(leaves[k])) for k, g in zip(leaves, grads)}

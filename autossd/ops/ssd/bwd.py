@@ -1,0 +1,169 @@
+"""The SSD backward (`ssd_bwd`), declared once: its stages, knob space, templates, plan, float64
+reference, cost model, defaults and constraints. The kernels are templates/ssd_bwd; the entry
+(allocation, launches, the fixed-order sums of partials) is ops/ssd/backward.py."""
+from __future__ import annotations
+
+from ...problem import DTYPE_BYTES, Problem
+from ..registry import Op, Stage, register
+from .bwd_knobs import SPACE, STATE_DTYPES, BwdConfig
+
+# Every launch, in the order of a module's LAUNCH table. The gate runs only with z; cumsum,
+# chunk_state and state_passing only where the states are recomputed (save_states = 0, or a
+# call whose forward kept none); bmm only at cb = "stage".
+STAGES = (
+    Stage("gate"),
+    Stage("cumsum"),
+    Stage("chunk_state", "state_warps", "state_stages"),
+    Stage("state_passing", "pass_warps"),
+    Stage("bmm", "bmm_warps"),
+    Stage("dstates", "state_warps", "state_stages"),
+    Stage("state_passing_rev", "pass_warps"),
+    Stage("dx", "dx_warps", "dx_stages"),
+    Stage("db", "dbc_warps", "dbc_stages"),
+    Stage("dc", "dbc_warps", "dbc_stages"),
+    Stage("ddt"),
+)
+_ALL = tuple(s.name for s in STAGES)
+SEQUENCES = {"stage": _ALL, "inline": tuple(s for s in _ALL if s != "bmm")}
+
+
+def includes(cfg: BwdConfig, backend: str) -> list[str]:
+    """The template files a config's module holds, in order (helpers before their callers)."""
+    out = ["cumsum.jinja", "chunk_state.jinja", "state_passing.jinja"]
+    if not cfg.save_states:
+        out.append("recompute_states.jinja")
+    if cfg.cb == "stage":
+        out.append("bmm.jinja")
+    return out + ["dx.jinja", "dbc.jinja", "gate.jinja"]
+
+
+def render_context(cfg: BwdConfig, backend: str) -> dict:
+    return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype]}
+
+
+def stage_costs(problem: Problem, config: BwdConfig) -> list:
+    """Bytes and FLOPs of each stage, for the static model: each stage's main operands read once
+    (re-reads of shared B / C tiles ignored), its matmuls' causal FLOPs."""
+    from ...tuner.model import StageCost, _cdiv
+    b, l, h, p, n, g = (problem.batch, problem.seqlen, problem.nheads, problem.headdim,
+                        problem.dstate, problem.ngroups)
+    q = config.chunk_size
+    nc = _cdiv(l, q)
+    e = DTYPE_BYTES[problem.dtype]
+    s = DTYPE_BYTES[config.state_dtype]
+    x = b * l * h * p * e
+    bc = b * l * g * n * e
+    st = b * nc * h * p * n
+    ddA = 2 * b * h * nc * q * 4
+    mm = lambda m, k, nn: 2.0 * m * k * nn  # noqa: E731
+    out = []
+    if problem.has_z:
+        out.append(StageCost("gate", _cdiv(l, 32) * h * b, 5 * x, 0.0, 0.0))
+    if not config.save_states:
+        out.append(StageCost("cumsum", nc * _cdiv(h, config.cumsum_block_h) * b, b * l * h * 4 + ddA, 0.0, 0.0))
+        out.append(StageCost("chunk_state", nc * b * h * _cdiv(p, config.state_block_m) * _cdiv(n, config.state_block_n),
+                             x + bc + st * s, 0.0, b * nc * h * mm(p, q, n),
+                             (config.state_block_m, config.state_block_n, config.state_block_k), config.state_stages))
+        out.append(StageCost("state_passing", b * h * _cdiv(p * n, config.pass_block), 2 * st * s, 0.0, 0.0,
+                             chain=nc))
+    if config.cb == "stage":
+        out.append(StageCost("bmm", nc * b * g * _cdiv(q, config.bmm_block_m) * _cdiv(q, config.bmm_block_n),
+                             2 * bc + b * nc * g * q * q * 4, 0.0, b * nc * g * mm(q, n, q) / 2))
+    out.append(StageCost("dstates", nc * b * h * _cdiv(p, config.state_block_m) * _cdiv(n, config.state_block_n),
+                         x + bc + st * 4, 0.0, b * nc * h * mm(p, q, n),
+                         (config.state_block_m, config.state_block_n, config.state_block_k), config.state_stages))
+    out.append(StageCost("state_passing_rev", b * h * _cdiv(p * n, config.pass_block), 2 * st * 4 + st * s, 0.0, 0.0,
+                         chain=nc))
+    inline = b * nc * h * mm(q, n, q) / 2 if config.cb == "inline" else 0.0
+    out.append(StageCost("dx", nc * b * h * _cdiv(q, config.dx_block_m) * _cdiv(p, config.dx_block_n),
+                         3 * x + bc + st * 4, 0.0, b * nc * h * (mm(q, n, p) + mm(q, q, p) / 2) + inline,
+                         (config.dx_block_m, config.dx_block_n, config.dx_block_k), config.dx_stages))
+    grid = nc * b * g * config.group_split * _cdiv(q, config.dbc_block_m) * _cdiv(n, config.dbc_block_n)
+    for name in ("db", "dc"):
+        out.append(StageCost(name, grid, 2 * x + bc + st * 4 + b * l * g * n * 4 * config.group_split, 0.0,
+                             b * nc * h * (mm(q, p, n) + mm(q, p, q) / 2 + mm(q, q, n) / 2),
+                             (config.dbc_block_m, config.dbc_block_n, config.dbc_block_k), config.dbc_stages))
+    out.append(StageCost("ddt", nc * _cdiv(h, config.cumsum_block_h) * b, b * l * h * 4 * 4, 0.0, 0.0))
+    return out
+
+
+def tune_inputs(problem: Problem, device="cpu", seed: int = 0) -> dict:
+    """The forward's inputs (testing.make_inputs), the incoming gradients dout (like y) and
+    dfinal (where final states are returned), and the ungated output y' where z is given."""
+    import torch
+
+    from ...testing import call_kwargs, make_inputs
+    from .naive import ssd_chunked
+    t = make_inputs(problem, device, seed)
+    g = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    t["dout"] = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).to(device)
+    t["dfinal"] = (torch.randn(problem.batch, problem.nheads, problem.headdim, problem.dstate, generator=g).to(device)
+                   if problem.return_final_states else None)
+    if t["z"] is not None:
+        kw = call_kwargs(problem, t)
+        t["y_pre"] = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"],
+                                 initial_states=t["initial_states"], seq_idx=t["seq_idx"],
+                                 dt_softplus=problem.dt_softplus,
+                                 dt_limit=kw.get("dt_limit", (0.0, float("inf"))))[0].to(t["x"].dtype)
+    return t
+
+
+def tune_reference(problem: Problem, t: dict):
+    """float64 (dx, dB): the gradients the tuner's gate checks (every stage feeds one of them)."""
+    from ...testing import call_kwargs
+    from .backward import reference
+    kw = call_kwargs(problem, t)
+    ref = reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+                    initial_states=t["initial_states"], seq_idx=t["seq_idx"], dt_softplus=problem.dt_softplus,
+                    dt_limit=kw.get("dt_limit", (0.0, float("inf"))), dout=t["dout"], dfinal=t["dfinal"])
+    return ref["x"], ref["B"]
+
+
+def tune_run(problem: Problem, config: BwdConfig, t: dict, backend: str = "cuda"):
+    """The generated backward of `config` on `t`: (dx, dB), as tune_reference."""
+    from ...testing import call_kwargs
+    from .backward import execute
+    kw = call_kwargs(problem, t)
+    out = execute(problem, config, t, t["dout"], t["dfinal"], need={"x", "B"},
+                  dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend)
+    return out["x"], out["B"]
+
+
+def meta_launches(problem: Problem, config: BwdConfig, backend: str) -> list:
+    """The plan's launches at `problem`'s shapes on meta tensors (the cross-compile report)."""
+    import torch
+
+    from ...compile import meta_inputs
+    from .backward import GRAD_NAMES, allocate, plan
+    t = meta_inputs(problem)
+    dout = torch.empty_like(t["x"])
+    dfinal = (torch.empty(problem.batch, problem.nheads, problem.headdim, problem.dstate, device="meta")
+              if problem.return_final_states else None)
+    if t["z"] is not None:
+        t["y_pre"] = torch.empty_like(t["x"])
+    buf = allocate(problem, config, t, dout, dfinal, set(GRAD_NAMES), None)
+    return plan(problem, config, t, buf, backend,
+                (0.001, 0.1) if problem.has_dt_limit else (0.0, float("inf")), dout, dfinal, False)
+
+
+OP = register(Op(
+    name="ssd_bwd",
+    space=SPACE,
+    config_type=BwdConfig,
+    stages=STAGES,
+    sequences=SEQUENCES,
+    template_dir="ssd_bwd",
+    problem_type=Problem,
+    includes="autossd.ops.ssd.bwd:includes",
+    render_context="autossd.ops.ssd.bwd:render_context",
+    plan="autossd.ops.ssd.backward:plan",
+    meta_launches="autossd.ops.ssd.bwd:meta_launches",
+    tune_inputs="autossd.ops.ssd.bwd:tune_inputs",
+    tune_reference="autossd.ops.ssd.bwd:tune_reference",
+    tune_run="autossd.ops.ssd.bwd:tune_run",
+    reference="autossd.ops.ssd.backward:reference",
+    cost_model="autossd.ops.ssd.bwd:stage_costs",
+    default_config="autossd.ops.ssd.bwd_knobs:default_config",
+    violations="autossd.ops.ssd.bwd_knobs:violations",
+    doc="Mamba-2 SSD backward: gradients of x, dt, A, B, C, D, z, dt_bias, initial_states",
+))

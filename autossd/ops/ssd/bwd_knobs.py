@@ -1,0 +1,132 @@
+"""The SSD backward's knobs (`ssd_bwd`), declared once, and the rules that tie them to an arch and a
+problem. The mode knob is `cb`: whether C·Bᵀ is computed once per (chunk, group) by a stage of
+its own and read by the dx kernel ("stage"), or recomputed by the dx kernel from B and C tiles
+("inline": one launch and one (b, c, g, Q, Q) fp32 buffer fewer, more matmul work per head).
+"""
+from __future__ import annotations
+
+from ...arch import Arch, get_arch
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace  # noqa: F401 (ConfigError: re-exported)
+
+TILES = (16, 32, 64, 128)
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("cb", ("stage", "inline"), "stage",
+         "C·Bᵀ for the dx kernel: a stage of its own (stored once per chunk and group) or recomputed inline"),
+    Knob("chunk_size", (64, 128, 256), 128, "tokens per chunk"),
+    # the entering state of every chunk: recomputed by the backward (two launches, nothing kept
+    # between forward and backward) or kept from the forward's own state passing (memory held from
+    # forward to backward: b x chunks x h x p x n in state_dtype)
+    Knob("save_states", (0, 1), 0, "1: the forward keeps its chunk states for the backward; 0: recompute them"),
+    Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
+         "storage dtype of the chunk states the backward reads (recomputed or saved)"),
+    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 4, "heads per program (dt cumsum and the ddt reduction)", "cumsum"),
+    Knob("state_block_m", TILES, 64, "headdim per program (chunk states and their gradients)", "chunk_state"),
+    Knob("state_block_n", TILES, 64, "dstate per program (chunk states and their gradients)", "chunk_state"),
+    Knob("state_block_k", TILES, 64, "time step (chunk states and their gradients)", "chunk_state"),
+    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
+    Knob("state_stages", (1, 2, 3), 2, "num_stages", "chunk_state"),
+    Knob("pass_block", (64, 128, 256, 512, 1024), 256, "state elements per program (both state passings)",
+         "state_passing"),
+    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
+    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=("stage",)),
+    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=("stage",)),
+    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=("stage",)),
+    Knob("dx_block_m", TILES, 64, "rows (time) per dx program", "dx"),
+    Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx"),
+    Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx"),
+    Knob("dx_warps", (2, 4, 8), 4, "num_warps", "dx"),
+    Knob("dx_stages", (1, 2, 3), 2, "num_stages", "dx"),
+    Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
+    Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
+    Knob("dbc_block_k", TILES, 32, "time step of the dB / dC programs' causal products", "dbc"),
+    Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
+    Knob("dbc_stages", (1, 2, 3), 2, "num_stages", "dbc"),
+    # dB and dC sum over the heads of a group: each program loops over heads / group_split of
+    # them in a fixed order and writes its partial sum; the partials are summed in a fixed order
+    # after (deterministic, no atomics). More splits: more programs, more partial traffic.
+    Knob("group_split", (1, 2, 4, 8, 16), 1, "programs sharing the heads of a group in dB / dC", "dbc"),
+)
+SPACE = KnobSpace("ssd_bwd", KNOBS, mode_knob="cb")
+KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
+STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_CHUNK_TILES = ("state_block_k", "bmm_block_m", "bmm_block_n", "dx_block_m", "dx_block_k",
+                "dbc_block_m", "dbc_block_k")
+
+
+class BwdConfig(BaseConfig):
+    """A validated SSD-backward config: every knob of `KNOBS`, each from its declared set."""
+    space = SPACE
+    __slots__ = ()
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def caps(problem) -> dict[str, int]:
+    """Largest useful tile per knob for a problem: a tile beyond the padded dimension is waste."""
+    p = max(16, _pow2_at_least(problem.headdim))
+    n = max(16, _pow2_at_least(problem.dstate))
+    return {"state_block_m": p, "state_block_n": n, "dx_block_n": p, "dbc_block_n": n,
+            "cumsum_block_h": _pow2_at_least(problem.nheads),
+            "pass_block": max(64, _pow2_at_least(problem.headdim * problem.dstate))}
+
+
+def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
+    """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    why = []
+    for knob in KNOBS:
+        if config[knob.name] not in knob.values_on(arch):
+            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    q = config.chunk_size
+    for name in _CHUNK_TILES:
+        if config[name] > q:
+            why.append(f"{name}={config[name]} exceeds chunk_size={q}")
+    for stage in ("state", "pass", "bmm", "dx", "dbc"):
+        if config[f"{stage}_warps"] * arch.warp_size > 1024:
+            why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
+    if problem is not None:
+        for name, cap in caps(problem).items():
+            if config[name] > cap:
+                why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
+        r = problem.nheads // problem.ngroups
+        if config.group_split > r:
+            why.append(f"group_split={config.group_split} exceeds the heads per group ({r})")
+    return why
+
+
+def fit(config: BwdConfig, problem) -> BwdConfig:
+    """Shrink tiles that exceed the problem's padded dims or the chunk (used for defaults)."""
+    changes = {}
+    for name, cap in caps(problem).items():
+        if config[name] > cap:
+            changes[name] = max(v for v in KNOB_BY_NAME[name].values if v <= cap)
+    q = config.chunk_size
+    for name in _CHUNK_TILES:
+        if config[name] > q:
+            changes[name] = max(v for v in KNOB_BY_NAME[name].values if v <= q)
+    r = problem.nheads // problem.ngroups
+    if config.group_split > r:
+        changes["group_split"] = max(v for v in KNOB_BY_NAME["group_split"].values if v <= r)
+    return config.replace(**changes) if changes else config
+
+
+def default_config(arch: Arch | str, problem=None) -> BwdConfig:
+    """The per-arch default, used where no tuned record applies: untuned starting points (64-wide
+    tiles suit headdim 64 / dstate 128), the caller's chunk size, states in fp32 (the backward's
+    gradients through the state chain are the most sensitive to rounding)."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    base = BwdConfig()
+    if arch.is_amd:   # 64 KB of LDS: keep pipelining shallow
+        base = base.replace(state_stages=1, dx_stages=1, dbc_stages=1)
+    if problem is not None:
+        if problem.chunk_size is not None:
+            base = base.replace(chunk_size=problem.chunk_size)
+        r = problem.nheads // problem.ngroups
+        # heads of a group split so that a dB / dC program loops over at most ~8 heads
+        split = max((v for v in KNOB_BY_NAME["group_split"].values if v <= max(1, r // 8)), default=1)
+        base = base.replace(group_split=split)
+        base = fit(base, problem)
+    return base
