@@ -98,6 +98,19 @@ def _fmt(shape) -> str:
     return f"({inner},)" if len(shape) == 1 else f"({inner})"
 
 
+def as_flag(name: str, v) -> bool:
+    """A flag argument as a bool: True/False, a numpy bool, or the ints 0 and 1. Anything else
+    (the string "False" above all, which bool() makes True) is a TypeError naming the argument."""
+    if v is True or v is False:
+        return v
+    if type(v).__module__ == "numpy" and type(v).__name__ in ("bool_", "bool"):
+        return bool(v)
+    if isinstance(v, int) or (type(v).__module__ == "numpy" and hasattr(v, "__index__")):
+        if v in (0, 1):
+            return bool(v)
+    raise TypeError(f"{name}: expected a bool, got {type(v).__name__} {v!r}")
+
+
 def _check_float(name: str, t) -> None:
     if t.dtype not in DTYPES:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.dtype}")
@@ -115,6 +128,9 @@ def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
               return_final_states=False, return_varlen_states=False, state_dtype=None) -> Problem:
     """Validate a mamba_chunk_scan_combined call and describe it."""
+    dt_softplus = as_flag("dt_softplus", dt_softplus)
+    return_final_states = as_flag("return_final_states", return_final_states)
+    return_varlen_states = as_flag("return_varlen_states", return_varlen_states)
     _check_tensor("x", x, 4)
     b, l, h, p = x.shape
     if l == 0:

@@ -19,24 +19,13 @@ from types import ModuleType
 
 import jinja2
 
-from .ops.ssd.fwd_knobs import STATE_DTYPES, Config
+from .knobs import BaseConfig
+from .ops.registry import get_op
 
 BACKENDS = ("cuda", "hip")
-# stage -> (warps knob, stages knob, register-cap knob); None means a fixed value (a stage with
-# no matmul loop) or no cap
-STAGE_LAUNCH = {
-    "cumsum": (None, None, None),
-    "bmm": ("bmm_warps", "bmm_stages", None),
-    "chunk_state": ("state_warps", "state_stages", "state_maxnreg"),
-    "state_passing": ("pass_warps", None, None),
-    "chunk_scan": ("scan_warps", "scan_stages", "scan_maxnreg"),
-    "state_fused": ("state_warps", "state_stages", "state_maxnreg"),
-    "fused": ("scan_warps", "scan_stages", "scan_maxnreg"),
-}
-AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 _lock = threading.Lock()
 _modules: dict[tuple[str, bool], ModuleType] = {}
-_by_config: dict[tuple[Config, str, bool], ModuleType] = {}
+_by_config: dict[tuple[BaseConfig, str, bool], ModuleType] = {}
 
 
 def templates_dir() -> Path:
@@ -47,8 +36,8 @@ def templates_dir() -> Path:
 
 
 @lru_cache(maxsize=None)
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir() / "ssd_fwd")),
+def _env(template_dir: str = "ssd_fwd") -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir() / template_dir)),
                               undefined=jinja2.StrictUndefined, autoescape=False,
                               keep_trailing_newline=True)
 
@@ -77,7 +66,7 @@ def _code_tokens(source: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def kernel_hash(config: Config, backend: str) -> str:
+def kernel_hash(config: BaseConfig, backend: str) -> str:
     """Hash of the code a config launches: its rendering, which holds only the kernels its
     mode (the forward's fusion depth) runs and the shared helpers they call, reduced to its
     tokens (`_code_tokens`). A tuned record stores it; an edit to a kernel a config does not
@@ -87,7 +76,7 @@ def kernel_hash(config: Config, backend: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def legacy_kernel_hash(config: Config, backend: str) -> str:
+def legacy_kernel_hash(config: BaseConfig, backend: str) -> str:
     """The hash records stored before `kernel_hash` ignored comments: the rendered text less its
     header line. Such a record is fresh while its rendering is unchanged to the letter."""
     text = "\n".join(ln for ln in render(config, backend).splitlines()
@@ -95,33 +84,26 @@ def legacy_kernel_hash(config: Config, backend: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def launch_options(config: Config, backend: str) -> dict[str, dict[str, int]]:
-    out = {}
-    for stage, (warps, stages, maxnreg) in STAGE_LAUNCH.items():
-        opts = {"num_warps": config[warps] if warps else 4,
-                "num_stages": config[stages] if stages else 1}
-        if backend == "hip":
-            opts.update({k: config[k] for k in AMD_OPTIONS})
-        elif maxnreg and config[maxnreg]:  # a CUDA option only; 0 leaves ptxas its choice
-            opts["maxnreg"] = config[maxnreg]
-        if config.pdl:   # only then: the table is rendered into every module (kernel_hash)
-            opts["launch_pdl"] = True
-        out[stage] = opts
-    return out
+def launch_options(config: BaseConfig, backend: str) -> dict[str, dict[str, int]]:
+    """The launch options of each stage of the config's op (its module's LAUNCH table)."""
+    return get_op(config.op).launch_options(config, backend)
 
 
-def render(config: Config, backend: str = "cuda") -> str:
-    if not isinstance(config, Config):
-        raise TypeError(f"config: expected an autossd Config, got {type(config).__name__}")
+def render(config: BaseConfig, backend: str = "cuda") -> str:
+    """The Triton source of a config: its op's module.py.jinja with the templates the op
+    says the config includes (the kernels of its mode and the helpers they call)."""
+    if not isinstance(config, BaseConfig):
+        raise TypeError(f"config: expected an autossd config, got {type(config).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if config.pdl and backend != "cuda":   # griddepcontrol is PTX (space.py offers it on sm90 only)
+    if config.get("pdl") and backend != "cuda":   # griddepcontrol is PTX (offered where Arch.pdl)
         raise ValueError(f"config: pdl={config.pdl} is programmatic dependent launch, a CUDA (sm90) feature; "
                          f"backend {backend!r} has none")
-    return _env().get_template("module.py.jinja").render(
+    op = get_op(config.op)
+    return _env(op.template_dir).get_template("module.py.jinja").render(
         cfg=config, backend=backend, config_json=config.key(),
-        state_tl_dtype=STATE_DTYPES[config.state_dtype],
-        launch=launch_options(config, backend))
+        includes=op.fn("includes")(config, backend), launch=op.launch_options(config, backend),
+        warp_size=64 if backend == "hip" else 32, **op.fn("render_context")(config, backend))
 
 
 def cache_dir() -> Path:
@@ -132,15 +114,45 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("autossd")) / "kernels"
 
 
+# Where this process writes rendered kernels once the cache directory refused a write (a
+# read-only mount, a full disk): the kernels still run, from a temporary directory, with one
+# warning. Triton's JIT needs each kernel's source in a file, so there is no file-less way.
+_fallback_dir: Path | None = None
+
+
 def source_path(source: str) -> Path:
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    path = cache_dir() / f"ssd_{digest}.py"
+    path = (_fallback_dir or cache_dir()) / f"ssd_{digest}.py"
     if not path.exists() or path.read_text() != source:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)  # atomic: concurrent writers leave one whole file
+        try:
+            _write(path, source)
+        except OSError as e:
+            if _fallback_dir is not None:
+                raise
+            path = _fall_back(path.parent, e) / path.name
+            _write(path, source)
     return path
+
+
+def _write(path: Path, source: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(source)
+    os.replace(tmp, path)  # atomic: concurrent writers leave one whole file
+
+
+def _fall_back(wanted: Path, err: OSError) -> Path:
+    global _fallback_dir
+    import logging
+    import tempfile
+    env = os.environ.get("AUTOSSD_CACHE_DIR")
+    origin = f"AUTOSSD_CACHE_DIR={env}" if env else "the user cache directory"
+    _fallback_dir = Path(tempfile.mkdtemp(prefix="autossd-kernels-"))
+    logging.getLogger("autossd").warning(
+        "autossd: cannot write rendered kernels to %s (from %s): %s; this process renders them into "
+        "%s instead. Set AUTOSSD_CACHE_DIR to a writable directory to keep them between runs",
+        wanted, origin, err.strerror or err, _fallback_dir)
+    return _fallback_dir
 
 
 @contextlib.contextmanager
@@ -182,7 +194,7 @@ def _check_interpreter_from_import() -> None:
                            "importing triton (or autossd, or anything that imports them)")
 
 
-def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -> ModuleType:
+def load(config: BaseConfig, backend: str = "cuda", interpret: bool | None = None) -> ModuleType:
     """Import the rendered module for a config. `interpret` picks triton's interpreter
     (default: TRITON_INTERPRET); the two flavours are cached apart because @triton.jit decides
     at import time."""
@@ -190,7 +202,7 @@ def load(config: Config, backend: str = "cuda", interpret: bool | None = None) -
     hit = _by_config.get((config, backend, interpret))
     if hit is not None:  # the hot path: no rendering, no file access
         return hit
-    if interpret and config.smem_pad:
+    if interpret and config.get("smem_pad"):
         # Triton 3.6's gluon.jit ignores TRITON_INTERPRET and compiles for the active GPU
         raise RuntimeError(f"autossd: smem_pad={config.smem_pad} selects the Gluon chunk-state "
                            "kernel, which Triton's CPU interpreter cannot run; it needs a GPU "

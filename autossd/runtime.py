@@ -17,6 +17,7 @@ what mamba_ssm returns.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -31,9 +32,9 @@ from .arch import ARCHS, get_arch
 from .db.lookup import Match, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, on_write
-from .grad import DIFFERENTIABLE, NO_BACKWARD, any_requires_grad, forward_only
+from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
 from .ops.ssd.chunk import clear_workspaces, execute, input_sig, remember
-from .problem import Problem, from_args
+from .problem import Problem, as_flag, from_args
 from .render import interpreting, load
 from .ops.ssd.fwd_knobs import Config, default_config
 
@@ -132,13 +133,16 @@ class Kernel:
         if prob is None:
             prob = from_args(x, dt, A, B, C, chunk, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                              dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+            _check_new_call(x, A, launch_mode_of(x) == "graph")
             if prob != self.problem.replace(chunk_size=chunk):
                 raise ValueError(f"kernel: built for {self.problem}, called with {prob}; "
                                  f"use autossd.get_kernel for the new problem")
             if key is not None:
                 remember(self._checked, key, prob, _CALLS_MAX)
         return forward_only(lambda: self.run(prob, tensors, cu_seqlens, dt_limit, state_dtype,
-                                              sig=key[0] if key is not None else None), tensors)
+                                              sig=key[0] if key is not None else None), tensors,
+                            _grad_call(chunk, dt_softplus, dt_limit, return_final_states, return_varlen_states,
+                                       state_dtype, cu_seqlens))
 
     def run(self, prob: Problem, tensors: dict, cu_seqlens=None, dt_limit=(0.0, float("inf")),
             state_dtype=None, keep: bool = True, sig=None, capturing=None):
@@ -231,11 +235,22 @@ def clear_cache() -> None:
 on_write(lambda url: clear_cache())  # a write in this process may change what the lookup picks
 
 
+@functools.lru_cache(maxsize=KERNELS_MAX)
+def _problem_from_items(items: frozenset) -> Problem:
+    """A dict's Problem, built once per distinct dict: get_kernel cannot key its cache on a dict,
+    and building and validating a Problem costs ~20 µs of each such call."""
+    return Problem(**{k: v for k, _, v in items})
+
+
 def _as_problem(p: Problem | Mapping | tuple) -> Problem:
     if isinstance(p, Problem):
         return p
     if isinstance(p, Mapping):
-        return Problem(**p)
+        try:   # each value's type too: Problem refuses batch=2.0, which equals and hashes as 2
+            items = frozenset((k, type(v), v) for k, v in p.items())
+        except TypeError:   # an unhashable value: Problem says what is wrong with it
+            return Problem(**p)
+        return _problem_from_items(items)
     if isinstance(p, (tuple, list)) and len(p) == 7:
         return Problem(*p)
     raise TypeError("get_kernel: expected a Problem, a dict of Problem fields, or a tuple "
@@ -305,7 +320,8 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
     with _kernels_lock:
         kernel = _kernels.get(norm)
     if kernel is None:
-        match = pick(problem, load_records(arch_name, OP, url), arch_name, launch_mode=launch_mode)
+        match = _with_rejections(pick(problem, load_records(arch_name, OP, url), arch_name,
+                                      launch_mode=launch_mode), url, arch_name)
         kernel = Kernel(problem, arch_name, match, launch_mode)
         log.debug("autossd: %s (%s) -> %s", problem, launch_mode, match.reason)
     with _kernels_lock:
@@ -317,6 +333,21 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
         except TypeError:
             pass
     return kernel
+
+
+def _with_rejections(match: Match, url: str, arch: str) -> Match:
+    """`match`, its reason also saying how many records of the user and shipped databases were
+    refused by validation (and so never searched), with the first one's reason."""
+    from dataclasses import replace
+
+    from .db import lookup
+    from .db.records import rejected_rows
+    shipped = lookup.shipped_db_path(arch)
+    bad = rejected_rows(url, arch, OP) + (rejected_rows(str(shipped), arch, OP) if shipped else [])
+    if not bad:
+        return match
+    return replace(match, reason=f"{match.reason}; {len(bad)} record{'s' * (len(bad) != 1)} rejected "
+                                 f"({bad[0]}{'; ...' if len(bad) > 1 else ''})")
 
 
 def launch_mode_of(x: torch.Tensor) -> str:
@@ -363,7 +394,25 @@ def _scalars(dt_softplus, dt_limit, return_final_states, return_varlen_states):
         lo, hi = (float(v) for v in dt_limit)
     except (TypeError, ValueError):
         raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
-    return bool(dt_softplus), (lo, hi), bool(return_final_states), bool(return_varlen_states)
+    return (as_flag("dt_softplus", dt_softplus), (lo, hi), as_flag("return_final_states", return_final_states),
+            as_flag("return_varlen_states", return_varlen_states))
+
+
+def _check_new_call(x, A, capturing: bool) -> None:
+    """Checks beyond from_args, made once per call signature (the validated-call caches skip
+    them after): the device, and the sign of A. A is the state's log-decay per step (mamba_ssm's
+    A = -exp(A_log)); a positive A makes the state grow exponentially, to inf. Looking at A's
+    values synchronizes a GPU, so it is done here, on a signature's first call, and never while a
+    CUDA graph is being captured (where it cannot be); a later call with the same shapes and a
+    positive A is not checked, as mamba_ssm checks none."""
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"x: on device {x.device.type}; autossd runs on CUDA/ROCm GPUs or the CPU "
+                         "interpreter (CPU tensors with TRITON_INTERPRET=1)")
+    if not capturing and A.numel() and bool((A > 0).any()):
+        raise ValueError(f"A: {int((A > 0).sum())} of {A.numel()} entries are positive (max "
+                         f"{float(A.max()):g}); A is the log-decay of the state per step (mamba_ssm "
+                         f"passes A = -exp(A_log)), and a positive A makes the state grow "
+                         f"exponentially, to inf")
 
 
 def _unit_stride(t):
@@ -402,6 +451,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     else:
         prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
+        _check_new_call(x, A, capturing)
         kernel = get_kernel(prob, arch_of_device(x.device), None, mode)
         if key is not None:
             remember(_calls, key, (prob, kernel), _CALLS_MAX)
@@ -430,39 +480,43 @@ def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, 
 ssd_fwd = torch.library.custom_op("autossd::ssd_fwd", mutates_args=())(_ssd_fwd_eager)
 
 
-# The op's backward refuses, as the eager path's does (grad.py), but at run time: torch.compile
-# traces a backward whenever an input requires grad, so without a formula a compiled model that
-# runs inference with grad mode on would fail to compile. The refusing op's fake returns
-# gradients of the right shapes for the trace; its real kernel raises. It takes an incoming
-# gradient so that no partitioner can move it into the forward graph.
-@torch.library.custom_op("autossd::refuse_backward", mutates_args=())
-def _refuse_backward(grad: torch.Tensor, inputs: list[torch.Tensor], names: str) -> list[torch.Tensor]:
-    raise RuntimeError(NO_BACKWARD.format(names=names))
-
-
-@_refuse_backward.register_fake
-def _refuse_backward_fake(grad, inputs, names):
-    return [torch.empty_like(t) for t in inputs]
-
-
 _OP_ARGS = list(inspect.signature(_ssd_fwd_eager).parameters)
-_OP_GRAD_ARGS = {k: _OP_ARGS.index(k) for k in DIFFERENTIABLE}   # name -> ssd_fwd argument position
+_OP_GRAD_ARGS = [_OP_ARGS.index(k) for k in DIFFERENTIABLE]   # ssd_fwd argument positions, grad.py's order
+_OP_SAVED = DIFFERENTIABLE + ("seq_idx",)
+
+
+def _grad_call(chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype,
+               cu_seqlens) -> dict:
+    """What the backward needs of a call beyond its tensors (grad.forward_only's `call`)."""
+    return dict(chunk_size=chunk_size, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                return_final_states=return_final_states, return_varlen_states=return_varlen_states,
+                state_dtype=state_dtype, cu_seqlens=cu_seqlens)
 
 
 def _ssd_fwd_setup(ctx, inputs, output):
-    ctx.pos = [(k, i) for k, i in _OP_GRAD_ARGS.items() if isinstance(inputs[i], torch.Tensor)]
-    ctx.save_for_backward(*(inputs[i] for _, i in ctx.pos))
+    a = dict(zip(_OP_ARGS, inputs))
+    ctx.save_for_backward(*(a[k] for k in _OP_SAVED))
+    ctx.scalars = (a["chunk_size"], a["dt_softplus"], a["dt_lo"], a["dt_hi"], a["state_dtype"],
+                   a["return_final_states"])
     ctx.n_args = len(inputs)
 
 
-def _ssd_fwd_backward(ctx, *grads):
-    need = [(k, i, t) for (k, i), t in zip(ctx.pos, ctx.saved_tensors) if ctx.needs_input_grad[i]]
+def _ssd_fwd_backward(ctx, dy, dfinal, dvarlen):
+    # the generated backward as its own custom op (grad.ssd_bwd): torch.compile traces it with a
+    # fake kernel, so forward and backward compile with no graph break. varlen_states carry no
+    # gradient (as mamba_ssm).
+    need = [ctx.needs_input_grad[i] for i in _OP_GRAD_ARGS]
     out = [None] * ctx.n_args
-    grad = next((g for g in grads if g is not None), None)
-    if need and grad is not None:
-        refused = torch.ops.autossd.refuse_backward(grad, [t for _, _, t in need],
-                                                    ", ".join(k for k, _, _ in need))
-        for (_, i, _), g in zip(need, refused):
+    if not any(need):
+        return tuple(out)
+    t = dict(zip(_OP_SAVED, ctx.saved_tensors))
+    chunk, softplus, lo, hi, state_dtype, final = ctx.scalars
+    if dy is None:
+        dy = torch.zeros_like(t["x"])
+    grads = torch.ops.autossd.ssd_bwd(dy, dfinal if final else None, *(t[k] for k in _OP_SAVED), chunk, softplus,
+                                      lo, hi, state_dtype, need)
+    for i, w, g in zip(_OP_GRAD_ARGS, need, grads):
+        if w:
             out[i] = g
     return tuple(out)
 
@@ -512,7 +566,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         if not (torch.is_grad_enabled() and any_requires_grad(x, dt, A, B, C, D, z, dt_bias, initial_states)):
             return run()   # inference: nothing for autograd to record (no dict built per call)
         return forward_only(run, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                                       initial_states=initial_states))
+                                       initial_states=initial_states, seq_idx=seq_idx),
+                            _grad_call(chunk_size, dt_softplus, (lo, hi), return_final_states,
+                                       return_varlen_states, state_dtype, cu_seqlens))
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         dt_softplus, lo, hi, return_final_states, return_varlen_states, state_dtype)

@@ -20,8 +20,8 @@ from autossd.db import (HEAD, RecordError, TuningDBError, add_records, export_db
                         make_record, merge_dbs, migrate, read_records, to_url, validate_row)
 from autossd.db import engine as dbengine
 from autossd.db import lookup as dblookup
-from autossd.db.models import KNOB_COLUMNS, PROBLEM_COLUMNS, Base, tuned_records
-from autossd.db.records import row_count
+from autossd.db.models import Base, tuned_records
+from autossd.db.records import read_rows, row_count
 from autossd.problem import Problem
 from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, default_config, fit
 
@@ -40,12 +40,16 @@ pytestmark = pytest.mark.usefixtures("isolated_db")  # conftest: a fresh user DB
 
 
 # --- schema --------------------------------------------------------------------------------
-def test_columns_are_derived_from_problem_fields_and_knobs():
+def test_the_schema_names_no_knob_and_no_problem_field():
+    """The problem and the config are JSON validated by the op's own types: a new knob or a new
+    op needs no column. dtype alone is repeated, for the lookup index."""
     cols = set(tuned_records.c.keys())
-    assert set(Problem.field_names()) <= cols
-    assert {f"cfg_{k.name}" for k in KNOBS} <= cols
-    assert list(PROBLEM_COLUMNS) == Problem.field_names()
-    assert list(KNOB_COLUMNS.values()) == [k.name for k in KNOBS]
+    assert not {c for c in cols if c.startswith("cfg_")}
+    assert set(Problem.field_names()) & cols == {"dtype"}
+    assert {"problem_json", "config_json", "op", "arch", "device", "launch_mode", "provenance"} <= cols
+    row = rec(config=TUNED).to_row()
+    assert row["config_json"] == TUNED.key() and json.loads(row["problem_json"]) == PROB.key()
+    assert row["problem_json"] == json.dumps(PROB.key(), sort_keys=True) and row["dtype"] == "bf16"
 
 
 def test_record_roundtrip_keeps_every_field(tmp_path):
@@ -124,17 +128,89 @@ def test_migrated_schema_matches_the_model(tmp_path):
     assert diff == []
 
 
+# --- older schemas -------------------------------------------------------------------------
+# what a row of every schema holds beside the problem and the config (the later ones only where
+# the schema had them)
+RECORD_COLUMNS = ("op", "arch", "device", "time_ms", "provenance", "triton_version", "autossd_version",
+                  "template_hash", "created_at", "host", "tflops", "gbps", "pct_of_floor", "predicted_ms",
+                  "notes", "launch_mode")
+
+
+def _columns(url) -> set[str]:
+    with dbengine.get_engine(url).connect() as conn:
+        return {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+
+
+def _old_row(r, cols) -> dict:
+    """Record r as the writer of an older schema, whose columns are `cols`, stored it: a column per
+    problem field and per knob it knew (cfg_<knob>), and config_json holding those knobs only."""
+    knobs = sorted(c[4:] for c in cols if c.startswith("cfg_"))
+    row = {k: getattr(r, k) for k in RECORD_COLUMNS if k in cols}
+    row.update(r.problem.key())
+    row.update({f"cfg_{k}": r.config[k] for k in knobs})
+    row["config_json"] = json.dumps({k: r.config[k] for k in knobs}, sort_keys=True)
+    return row
+
+
+def _insert_old(url, rows) -> None:
+    """Plain SQL, as an older autossd's writer issued it: nothing of today's model in the way."""
+    con = sqlite3.connect(str(dbengine.sqlite_path(url)))
+    for row in rows:
+        names = list(row)
+        quoted = ", ".join(f'"{n}"' for n in names)
+        con.execute(f"INSERT INTO tuned_records ({quoted}) VALUES ({', '.join('?' * len(names))})",
+                    [row[n] for n in names])
+    con.commit()
+    con.close()
+
+
+def _at_schema(cfg, cols):
+    """What a schema with columns `cols` could hold of cfg: the knobs it had not yet at their
+    defaults (every knob's schema gave the older rows its default)."""
+    known = {c[4:] for c in cols if c.startswith("cfg_")}
+    return cfg.replace(**{k.name: k.default for k in KNOBS if k.name not in known})
+
+
+@pytest.mark.parametrize("rev", dbengine.REVISIONS[:dbengine.REVISIONS.index("0014") + 1])
+def test_every_record_of_an_older_schema_survives_the_upgrade(tmp_path, rev):
+    """A database at each schema before the JSON one, written as that schema's writer wrote it
+    (its own columns, config_json with the knobs of its time), keeps every record through the
+    upgrade: the same problem, the same config as the current Config reads it (knobs it lacked
+    at their defaults), times, hash and dates."""
+    url = to_url(tmp_path / f"v{rev}.sqlite")
+    assert migrate(url, rev) == rev
+    cols = _columns(url)
+    assert "problem_json" not in cols
+    p2 = PROB.replace(seqlen=8192, chunk_size=None, has_z=True)
+    p3 = PROB.replace(dtype="fp16", nheads=16, ngroups=2, return_final_states=True)
+    recs = [rec(config=_at_schema(TUNED, cols), time_ms=0.42, device="NVIDIA H100 80GB HBM3", notes="run 1"),
+            rec(p2, config=_at_schema(TUNED.replace(scan_warps=8), cols), provenance="static",
+                predicted_ms=0.7),
+            rec(p3, config=_at_schema(default_config("sm90", p3), cols), provenance="default"),
+            rec(config=_at_schema(TUNED.replace(bmm_warps=4), cols), time_ms=0.5, arch="sm80")]
+    _insert_old(url, [_old_row(r, cols) for r in recs])
+    assert migrate(url) == HEAD
+    back = read_records(url)
+    assert len(back) == len(recs)
+    for r, b in zip(recs, back):
+        if "notes" not in cols:   # schema 1 had no figures, prediction or notes
+            r = replace(r, tflops=None, gbps=None, pct_of_floor=None, predicted_ms=None, notes="")
+        assert b == r and b.problem == r.problem and b.config == r.config
+        assert (b.time_ms, b.template_hash, b.created_at) == (r.time_ms, r.template_hash, r.created_at)
+    with dbengine.get_engine(url).connect() as conn:
+        texts = conn.execute(sa.text("SELECT problem_json, config_json FROM tuned_records ORDER BY id")).all()
+    # the config text is kept as the older writer (and the knob schemas after it) left it
+    assert [c for _, c in texts] == [r.config.key() for r in recs]
+    assert [json.loads(p) for p, _ in texts] == [r.problem.key() for r in recs]
+
+
 def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     path = tmp_path / "user.sqlite"
     url = to_url(path)
     assert migrate(url, "0001") == "0001"
-    with dbengine.get_engine(url).connect() as conn:
-        v1_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    v1_cols = _columns(url)
     assert "notes" not in v1_cols and "tflops" not in v1_cols
-    # write a row the way schema 1 could: only its columns
-    row = {k: v for k, v in rec(config=TUNED).to_row().items() if k in v1_cols}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
+    _insert_old(url, [_old_row(rec(config=TUNED), v1_cols)])   # only schema 1's columns
     with caplog.at_level(logging.INFO, logger="autossd.db"):
         (r,) = [r for r in load_records("sm90") if r.origin == "user"]  # migrated on open
     assert r.config == TUNED and r.notes == "" and r.tflops is None
@@ -143,29 +219,51 @@ def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     assert dblookup.choose(PROB, "sm90").kind == "exact"
 
 
+def test_a_knob_added_to_a_space_reads_older_records_without_a_migration(tmp_path, monkeypatch):
+    """A knob declared after records were stored is no column: their config JSON lacks it, and
+    reading gives it its default. Records of its other values are stored beside them in the same
+    schema; a reader that does not know the knob refuses those (an unknown knob is no config)."""
+    from autossd.knobs import Knob, KnobSpace
+    path = tmp_path / "a.sqlite"
+    add_records(str(path), [rec(config=TUNED)])
+    space = Config.space
+    wider = KnobSpace(space.op, space.knobs + (Knob("extra_knob", (0, 2), 0, "a knob added later"),),
+                      space.mode_knob)
+    monkeypatch.setattr(Config, "space", wider)
+    (r,) = read_records(str(path))
+    assert r.config.as_dict() == {**TUNED.as_dict(), "extra_knob": 0}
+    add_records(str(path), [replace(r, config=r.config.replace(extra_knob=2), time_ms=0.4)])
+    assert sorted(x.config["extra_knob"] for x in read_records(str(path))) == [0, 2]
+    with dbengine.get_engine(to_url(path)).connect() as conn:
+        assert dbengine.current_revision(conn) == HEAD
+    monkeypatch.undo()
+    with pytest.raises(RecordError, match="unknown knob"):
+        read_records(str(path))
+    assert [x.config for x in read_records(str(path), strict=False)] == [TUNED]
+
+
 def test_one_damaged_row_never_costs_an_older_database_its_other_records(tmp_path):
-    # the migrations rewrite every row's config_json: a row that is not JSON (or not an object)
-    # once failed the whole migration, and the lookup then ignored the whole user database
+    # the migrations rewrite every row's config_json (and the JSON schema every row's problem):
+    # a row that is not JSON (or not an object) once failed the whole migration, and the lookup
+    # then ignored the whole user database
     url = to_url(tmp_path / "v2.sqlite")
     assert migrate(url, "0002") == "0002"
-    with dbengine.get_engine(url).connect() as conn:
-        v2_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    v2_cols = _columns(url)
     # a config schema 2 could hold: the later knobs at the values their migrations give old rows
-    old = TUNED.replace(smem_pad=0, decay_split=False, state_maxnreg=0, scan_maxnreg=0, fold_prep=0)
-    good = {k: v for k, v in rec(config=old).to_row().items() if k in v2_cols}
-    v2_cfg = json.loads(old.key())
-    for knob in ("smem_pad", "decay_split", "state_maxnreg", "scan_maxnreg", "fold_prep"):
-        v2_cfg.pop(knob)   # knobs schema 2 did not have
-    good["config_json"] = json.dumps(v2_cfg, sort_keys=True)
+    old = _at_schema(TUNED, v2_cols)
+    good = _old_row(rec(config=old), v2_cols)
+    v2_cfg = json.loads(good["config_json"])
     bad = [{**good, "config_json": "{not json"}, {**good, "config_json": "[1, 2]"},
            {**good, "seqlen": 4096, "config_json": json.dumps({**v2_cfg, "fold_prep": "x"})},
            {**good, "seqlen": 8192, "config_json": json.dumps({**v2_cfg, "fold_prep": float("inf")})},
-           {**good, "seqlen": 16384, "config_json": json.dumps({**v2_cfg, "scan_maxnreg": float("inf")})}]
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert(), [good] + bad)
+           {**good, "seqlen": 16384, "config_json": json.dumps({**v2_cfg, "scan_maxnreg": float("inf")})},
+           {**good, "seqlen": 32768, "batch": "one"}, {**good, "seqlen": 65536, "has_z": 7},
+           {**good, "seqlen": 1024, "time_ms": "fast"}]
+    _insert_old(url, [good] + bad)
     assert migrate(url) == HEAD
     recs = read_records(url, strict=False)
     assert [r.config for r in recs] == [old]        # the good row, migrated; the others skipped
+    assert len(read_rows(url)) == 1 + len(bad)      # ... but kept, for the reader to refuse
 
 
 def _downgrade(url, rev):
@@ -182,14 +280,11 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
     would otherwise read as an eager one."""
     url = to_url(tmp_path / "v5.sqlite")
     assert migrate(url, "0005") == "0005"
-    with dbengine.get_engine(url).connect() as conn:
-        v5_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    v5_cols = _columns(url)
     assert "launch_mode" not in v5_cols
-    rows = [{k: v for k, v in r.to_row().items() if k in v5_cols}
-            for r in (rec(config=TUNED), rec(provenance="static", config=TUNED),
-                      rec(PROB.replace(seqlen=8192), provenance="default", config=TUNED))]   # (knobs a v5 row can hold)
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert(), rows)
+    _insert_old(url, [_old_row(r, v5_cols)
+                      for r in (rec(config=TUNED), rec(provenance="static", config=TUNED),
+                                rec(PROB.replace(seqlen=8192), provenance="default", config=TUNED))])
     assert migrate(url) == HEAD
     assert sorted((r.provenance, r.launch_mode) for r in read_records(url)) == [
         ("default", "any"), ("measured", "eager"), ("static", "any")]
@@ -199,6 +294,23 @@ def test_schema_6_labels_older_rows_by_how_they_were_timed(tmp_path):
         assert dbengine.current_revision(conn) == "0005"
         assert conn.execute(sa.text("SELECT count(*) FROM tuned_records")).scalar_one() == 3
         assert "launch_mode" not in {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+
+
+def test_the_json_schema_downgrades_to_columns_where_it_can(tmp_path):
+    """Back to schema 14: a row's problem and knobs return to their columns; a row with a knob
+    schema 14 had no column for cannot be said there and is dropped."""
+    url = to_url(tmp_path / "d.sqlite")
+    add_records(url, [rec(config=TUNED), rec(PROB.replace(seqlen=8192), config=TUNED, time_ms=0.3)])
+    with dbengine.get_engine(url).begin() as conn:
+        conn.execute(sa.text("UPDATE tuned_records SET config_json = :j WHERE id = 2"),
+                     {"j": json.dumps({**json.loads(TUNED.key()), "later_knob": 1}, sort_keys=True)})
+    _downgrade(url, "0014")
+    with dbengine.get_engine(url).connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM tuned_records"))]
+    assert len(rows) == 1 and rows[0]["seqlen"] == PROB.seqlen and rows[0]["cfg_bmm_warps"] == TUNED.bmm_warps
+    assert rows[0]["config_json"] == TUNED.key() and rows[0]["has_D"] == 1
+    assert migrate(url) == HEAD
+    assert [r.config for r in read_records(url)] == [TUNED]
 
 
 # Knobs each added by a schema whose older rows all ran the knob's default: (revision that adds
@@ -219,27 +331,26 @@ KNOB_SCHEMAS = [
 @pytest.mark.parametrize("rev,knob,other,meaning", KNOB_SCHEMAS, ids=[k[1] for k in KNOB_SCHEMAS])
 def test_a_knob_schema_gives_older_rows_the_knob_default(tmp_path, rev, knob, other, meaning):
     """Before the knob every record ran its default (`meaning`): an older row gains the default
-    in its canonical config_json and in its cfg_ column; a downgrade drops the rows of any other
-    value, whose time would otherwise read as the default's, and the key."""
+    in its canonical config_json and in its cfg_ column (the JSON schema then keeps that text); a
+    downgrade drops the rows of any other value, whose time would otherwise read as the
+    default's, and the key."""
     before = f"{int(rev) - 1:04d}"
     url = to_url(tmp_path / f"v{before}.sqlite")
     assert migrate(url, before) == before
-    with dbengine.get_engine(url).connect() as conn:
-        old_cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
+    old_cols = _columns(url)
     assert f"cfg_{knob}" not in old_cols
-    old_cfg = json.loads(TUNED.key())
-    for r, k, *_ in KNOB_SCHEMAS:   # as the older schema wrote it: no such knob, nor any later one
-        if r >= rev:
-            old_cfg.pop(k)
-    row = {**{k: v for k, v in rec(config=TUNED).to_row().items() if k in old_cols},
-           "config_json": json.dumps(old_cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
-    assert migrate(url) == HEAD
+    row = _old_row(rec(config=TUNED), old_cols)   # as the older schema wrote it: no such knob
+    old_cfg = json.loads(row["config_json"])
+    assert knob not in old_cfg
+    _insert_old(url, [row])
+    assert migrate(url, rev) == rev
     default = KNOB_BY_NAME[knob].default
     with dbengine.get_engine(url).connect() as conn:
         (text, col), = conn.execute(sa.text(f"SELECT config_json, cfg_{knob} FROM tuned_records")).fetchall()
     assert json.loads(text)[knob] == default and col == default
+    assert migrate(url) == HEAD
+    with dbengine.get_engine(url).connect() as conn:
+        (text,) = conn.execute(sa.text("SELECT config_json FROM tuned_records")).scalars().all()
     assert text == TUNED.key()   # canonical, as Config.key() writes it
     (r,) = read_records(url)
     assert r.config == TUNED and r.config[knob] == default
@@ -375,16 +486,37 @@ def test_with_retries_retries_only_lock_errors():
 
 
 # --- tampering and corruption --------------------------------------------------------------
+_PROBLEM_TEXT = json.dumps(PROB.replace(chunk_size=64).key(), sort_keys=True)
+# (column, or "column:key" for one key of a JSON column rewritten in canonical form; value; what
+# the error names)
 TAMPER = [
-    ("cfg_bmm_block_m", 48, "config"),                          # not in the knob's set
-    ("cfg_scan_block_m", 128, "config"),                        # in the set, exceeds chunk 64
-    ("cfg_state_dtype", "fp32'); import os; os.system('x", "config"),
-    # wrong types (SQLite's column affinity already turns "4" into 4, so these stay text / real)
-    ("cfg_bmm_warps", "four", "config"),
-    ("batch", "one", "batch"),
-    ("batch", 2.5, "batch"),
-    ("has_D", 7, "has_D"),
-    ("dtype", "__import__('os')", "problem"),
+    ("config_json:bmm_block_m", 48, "config"),                  # not in the knob's set
+    ("config_json:scan_block_m", 128, "config"),                # in the set, exceeds chunk 64
+    ("config_json:state_dtype", "fp32'); import os; os.system('x", "config"),
+    ("config_json:bmm_warps", "four", "config"),                # wrong types: text, float, bool
+    ("config_json:bmm_warps", 4.0, "config"),
+    ("config_json:decay_split", 0, "config"),
+    ("config_json:no_such_knob", 1, "unknown knob"),
+    ("config_json:launches", None, "config"),
+    ("problem_json:batch", "one", "batch"),
+    ("problem_json:batch", 2.5, "batch"),
+    ("problem_json:batch", True, "batch"),
+    ("problem_json:has_D", 7, "has_D"),
+    ("problem_json:has_D", 1, "has_D"),
+    ("problem_json:dtype", "__import__('os')", "problem"),
+    ("problem_json:evil", "x", "unknown field"),
+    ("problem_json", '{"batch": 1}', "problem"),                # required fields missing
+    ("problem_json", _PROBLEM_TEXT.replace('"batch": 1', '"batch": NaN'), "problem_json"),
+    ("problem_json", _PROBLEM_TEXT.replace(": ", ":"), "canonical"),   # parses, but edited
+    ("problem_json", 42, "problem_json"),
+    ("dtype", "fp32", "dtype"),                                 # not the problem's dtype
+    ("config_json", '{"chunk_size": 64}', "config_json"),       # not the canonical text of a config
+    ("config_json", '{"chunk_size": 64, "chunk_size": 64}', "twice"),
+    ("config_json", '{"chunk_size": Infinity}', "config_json"),
+    ("config_json", "[64]", "JSON object"),
+    ("config_json", "{not json", "config_json"),
+    ("config_json", "{}" + " " * 9000, "config_json"),
+    ("op", "ssd_nope", "op"),
     ("device", "H100\"); __import__('os').system('rm -rf ~'); (\"", "device"),
     ("host", "h$(reboot)", "host"),
     ("notes", "{{ cycler.__init__.__globals__.os.popen('id') }}", "notes"),
@@ -395,7 +527,6 @@ TAMPER = [
     ("time_ms", -1.0, "time_ms"),
     ("time_ms", float("nan"), "time_ms"),
     ("time_ms", "fast", "time_ms"),
-    ("config_json", '{"chunk_size": 64}', "config_json"),
     ("created_at", "yesterday", "created_at"),
     ("launch_mode", "fastest", "launch_mode"),
 ]
@@ -403,7 +534,13 @@ TAMPER = [
 
 def _tamper(path: Path, column: str, value) -> None:
     con = sqlite3.connect(str(path))
-    con.execute(f'UPDATE tuned_records SET "{column}" = ?', (value,))
+    column, _, key = column.partition(":")
+    if key:   # one key of a JSON column, the text rewritten as the writer would have
+        for rid, text in con.execute(f'SELECT id, "{column}" FROM tuned_records').fetchall():
+            con.execute(f'UPDATE tuned_records SET "{column}" = ? WHERE id = ?',
+                        (json.dumps({**json.loads(text), key: value}, sort_keys=True), rid))
+    else:
+        con.execute(f'UPDATE tuned_records SET "{column}" = ?', (value,))
     con.commit()
     con.close()
 
@@ -424,7 +561,7 @@ def test_tampered_record_is_rejected_and_lookup_falls_back(tmp_path, monkeypatch
     with caplog.at_level(logging.WARNING, logger="autossd.db"):
         m = dblookup.choose(prob, "sm90")
     assert m.kind == "default" and m.config == default_config("sm90", prob)
-    if column != "arch":  # a row moved to another arch is not even read for sm90
+    if column not in ("arch", "op"):  # a row moved to another arch or op is not even read for sm90's forward
         assert any(field in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
 
 
@@ -663,22 +800,13 @@ def test_merge_reads_an_older_source_without_changing_it(tmp_path):
     """A source with an older schema is migrated in a temporary copy: the file itself (which an
     older autossd may still use) is left byte for byte, with no -wal/-shm beside it."""
     import hashlib
-    import json as _json
-
-    from autossd.db.models import tuned_records as tr
     old = tmp_path / "old.sqlite"
     url = to_url(old)
     assert migrate(url, "0004") == "0004"
-    with dbengine.get_engine(url).connect() as conn:
-        cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
-    base = default_config("sm90", PROB).replace(scan_maxnreg=0)   # what schema 4 could express
-    row = rec(config=base).to_row()
-    cfg = _json.loads(row["config_json"])
-    for k in ("scan_maxnreg", "state_maxnreg"):   # as schema 4 wrote it
-        cfg.pop(k)
-    row = {**{k: v for k, v in row.items() if k in cols}, "config_json": _json.dumps(cfg, sort_keys=True)}
-    with dbengine.get_engine(url).begin() as conn:
-        conn.execute(tr.insert().values({tr.c[k]: v for k, v in row.items()}))
+    cols = _columns(url)
+    base = _at_schema(default_config("sm90", PROB), cols)   # what schema 4 could express
+    _insert_old(url, [_old_row(rec(config=base), cols)])
+    dbengine.dispose_engines(url)
     dbengine.finalize_sqlite(old)
     before = hashlib.sha256(old.read_bytes()).hexdigest()
     out = tmp_path / "out.sqlite"
@@ -692,9 +820,9 @@ def test_merge_reads_an_older_source_without_changing_it(tmp_path):
 
 
 def test_shipped_records_never_store_states_narrower_than_their_inputs():
-    # fp16 states overflow where bf16/fp32 inputs would not (tuner/space.NARROWER_STATES); a
+    # fp16 states overflow where bf16/fp32 inputs would not (fwd_seeds.NARROWER_STATES); a
     # tune no longer offers them, and no shipped record may carry one from before
-    from autossd.tuner.search_space import NARROWER_STATES
+    from autossd.ops.ssd.fwd_seeds import NARROWER_STATES
     path = dblookup.shipped_db_path("sm90")
     assert path is not None
     recs = read_records(to_url(path), readonly=True)
@@ -704,14 +832,27 @@ def test_shipped_records_never_store_states_narrower_than_their_inputs():
     assert not bad, bad
 
 
+def _set_bmm_warps(path: Path, value) -> None:
+    """Store a bmm_warps the knob does not offer, in a knob column or in the config's JSON."""
+    con = sqlite3.connect(str(path))
+    cols = [c[0] for c in con.execute("SELECT * FROM tuned_records").description]
+    col = next((c for c in cols if c.endswith("bmm_warps")), None)
+    if col is not None:
+        con.execute(f'UPDATE tuned_records SET "{col}" = ?', (value,))
+    else:
+        for rid, cfg in con.execute("SELECT id, config_json FROM tuned_records").fetchall():
+            con.execute("UPDATE tuned_records SET config_json = ? WHERE id = ?",
+                        (json.dumps({**json.loads(cfg), "bmm_warps": value}, sort_keys=True), rid))
+    con.commit()
+    con.close()
+
+
 def test_an_invalid_knob_value_is_reported_without_a_repeated_prefix(tmp_path):
     prob = PROB.replace(chunk_size=64)
     path = tmp_path / "user.sqlite"
     add_records(str(path), [rec(prob, default_config("sm90", prob))])
     dbengine.dispose_engines()
-    col = next(c for c in sqlite3.connect(str(path)).execute("SELECT * FROM tuned_records").description
-               if "warps" in c[0])[0]
-    _tamper(path, col, 3)
+    _set_bmm_warps(path, 3)
     with pytest.raises(RecordError) as e:
         read_records(str(path))
     assert "=3 is not allowed" in str(e.value) and "config: config:" not in str(e.value), str(e.value)

@@ -109,3 +109,15 @@ def test_strides_past_the_kernels_32_bit_offsets_are_refused_by_name():
     with pytest.raises(ValueError, match=r"^B: strides .*B\.contiguous\(\)"):
         from_args(**{**ok, "B": meta((b, l, g, n), (4 * big, n, 2 * big, 1))})
     assert from_args(**{**ok, "x": meta((b, l, h, p), (4 * big, p, big // 4, 1))}).nheads == h
+
+
+def test_flags_take_bools_numpy_bools_and_0_1_only():
+    import numpy as np
+    t = {k: torch.randn(*s) for k, s in dict(x=(1, 8, 2, 4), dt=(1, 8, 2), A=(2,), B=(1, 8, 1, 4),
+                                               C=(1, 8, 1, 4)).items()}
+    for ok, want in ((True, True), (np.bool_(True), True), (1, True), (0, False), (np.bool_(False), False)):
+        assert from_args(*t.values(), 64, dt_softplus=ok).dt_softplus is want
+    with pytest.raises(TypeError, match=r"^dt_softplus: expected a bool"):
+        from_args(*t.values(), 64, dt_softplus="False")
+    with pytest.raises(TypeError, match=r"^return_final_states: expected a bool"):
+        from_args(*t.values(), 64, return_final_states="yes")

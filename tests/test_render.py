@@ -51,7 +51,7 @@ def test_template_hash_is_stable_and_short():
 
 
 def test_a_module_holds_only_its_depths_kernels():
-    from autossd.ops.ssd.fwd_knobs import STAGES_BY_DEPTH
+    from autossd.ops.ssd.fwd import SEQUENCES as STAGES_BY_DEPTH
     kernels = {"cumsum": "ssd_cumsum", "bmm": "ssd_bmm", "chunk_state": "ssd_chunk_state",
                "state_passing": "ssd_state_passing", "chunk_scan": "ssd_chunk_scan",
                "state_fused": "ssd_state_fused", "fused": "ssd_fused"}
@@ -214,3 +214,18 @@ def test_scan_gluon_3_stores_y_by_tma_where_the_row_tile_is_whole():
     assert body.index("if whole:") < tma_store < body.index("tma.store_wait(0)") < body.rindex("_gsc_next(")
     assert "mask=mask)" in body[tma_store:]   # the ragged end's masked store
     assert "y_desc" not in render.render(Config(scan_gluon=2))
+
+
+def test_an_unwritable_cache_dir_falls_back_to_a_temporary_one_and_says_so(tmp_path, monkeypatch, caplog):
+    # a file where the cache directory should be: as unwritable as a read-only mount, for root too
+    blocker = tmp_path / "ro"
+    blocker.write_text("")
+    monkeypatch.setenv("AUTOSSD_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(render, "_fallback_dir", None)
+    src = render.render(Config(scan_warps=4))
+    with caplog.at_level("WARNING", logger="autossd"):
+        path = render.source_path(src)
+        again = render.source_path(src)
+    assert path == again and path.read_text() == src and not str(path).startswith(str(blocker))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "AUTOSSD_CACHE_DIR" in said[0] and str(blocker) in said[0] and str(path.parent) in said[0]

@@ -526,3 +526,59 @@ def test_inputs_with_a_strided_last_dimension_give_the_same_result():
     # a Kernel called directly takes them too
     k = autossd.get_kernel(p, "sm90")
     assert torch.allclose(k(strided["x"], dt, A, B, strided["C"], **kw), want, rtol=1e-5, atol=1e-5)
+
+
+def test_get_kernel_converts_a_dict_once():
+    p = tiny(has_D=True)
+    runtime._problem_from_items.cache_clear()
+    k = autossd.get_kernel(p.key(), "sm90")
+    assert autossd.get_kernel(dict(p.key()), "sm90") is k
+    info = runtime._problem_from_items.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    with pytest.raises(ValueError, match="batch"):   # a float is no batch, however equal to an int
+        autossd.get_kernel({**p.key(), "batch": 1.0}, "sm90")
+
+
+def test_meta_tensors_are_refused_by_name():
+    args, kw = _args(tiny())
+    meta = [t.to("meta") for t in args]
+    with pytest.raises(ValueError, match=r"^x: on device meta; autossd runs on CUDA/ROCm GPUs or the CPU"):
+        autossd.mamba_chunk_scan_combined(*meta, 64)
+    k = autossd.get_kernel(tiny(), "sm90")
+    with pytest.raises(ValueError, match=r"^x: on device meta"):
+        k(*meta)
+
+
+def test_a_positive_A_is_refused_by_name():
+    args, kw = _args(tiny())
+    x, dt, A, B, C = args
+    with pytest.raises(ValueError, match=r"^A: .*positive.*grow"):
+        autossd.mamba_chunk_scan_combined(x, dt, A.abs(), B, C, 64)
+
+
+@pytest.mark.parametrize("value", ["False", "true", 2, None, 0.0])
+def test_dt_softplus_takes_bools_only(value):
+    args, kw = _args(tiny())
+    with pytest.raises(TypeError, match=r"^dt_softplus: expected a bool"):
+        autossd.mamba_chunk_scan_combined(*args, 64, dt_softplus=value)
+
+
+def test_a_default_pick_says_how_many_records_were_rejected(tmp_path):
+    import sqlite3
+    p = tiny()
+    path = tmp_path / "user.sqlite"
+    add_records(str(path), [make_record(p, tuned_for(p), "sm90", provenance="measured", time_ms=0.02)])
+    dbengine.dispose_engines()
+    con = sqlite3.connect(str(path))
+    cols = [c[0] for c in con.execute("SELECT * FROM tuned_records").description]
+    col = next((c for c in cols if c.endswith("bmm_warps")), None)
+    if col is not None:   # a knob column, or the config's JSON
+        con.execute(f'UPDATE tuned_records SET "{col}" = 3')
+    else:
+        (cfg,) = con.execute("SELECT config_json FROM tuned_records").fetchone()
+        con.execute("UPDATE tuned_records SET config_json = ?", (json.dumps({**json.loads(cfg), "bmm_warps": 3}),))
+    con.commit()
+    con.close()
+    runtime.clear_cache()
+    k = autossd.get_kernel(p, "sm90")
+    assert k.source == "default" and "1 record rejected (" in k.reason and "=3 is not allowed" in k.reason, k.reason

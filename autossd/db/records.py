@@ -1,20 +1,34 @@
 """Tuned records: build, validate, write and read them.
 
-Every row read from any database goes through `validate_row` before it can be used: the problem
-through `Problem(...)`, the config through `Config(...)` (which rejects any value outside a knob's
-declared set), the config must be feasible on its arch (`space.violations`), the canonical JSON
-must agree with the knob columns, numbers must be finite and non-negative, and every text field
-must match a narrow pattern (no quotes, brackets, parentheses, backslashes, newlines...), so
-neither an out-of-range value nor a string with code in it survives. Rows are read raw (no type
-coercion by SQLAlchemy), so a string in an integer column is seen as a string and rejected.
+A row holds its problem and its config as canonical JSON (`problem_json`, `config_json`); both
+are validated on read against the space and problem type of the row's own op, taken from the op
+registry (`autossd.ops.registry.get_op`). Every row read from any database goes through
+`validate_row` before it can be used:
+  - each JSON text must parse strictly (no NaN or Infinity, no repeated key), be an object, and
+    be exactly the canonical text of what it holds (sorted keys, as `key()` writes it), so an
+    edited text that merely parses is still refused;
+  - the problem through the op's problem type, every field checked for its exact type first
+    (true is no 1, "4" is no 4); an unknown field is refused;
+  - the config through the op's config type, which rejects an unknown knob and any value outside
+    a knob's declared set; a knob the stored JSON lacks (one added after the record was written)
+    takes its default, which is why a new knob needs no migration;
+  - the config must be feasible for its arch and problem (the op's `violations`);
+  - numbers must be finite and non-negative, and every text field must match a narrow pattern
+    (no quotes, brackets, parentheses, backslashes, newlines...),
+so neither an out-of-range value nor a string with code in it survives. Rows are read raw (no type
+coercion by SQLAlchemy), so a string in a number column is seen as a string and rejected.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import functools
+import json
 import logging
 import math
 import re
 import socket
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -22,12 +36,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..arch import ARCHS, get_arch
-from ..problem import Problem
-from ..ops.ssd.fwd_knobs import KNOB_BY_NAME, Config, ConfigError, violations
+from ..knobs import BaseConfig, ConfigError
+from ..ops.registry import Op, get_op
 from .engine import (TuningDBError, checkpoint, current_revision, get_engine, migrate, to_url, with_retries,
                      write_transaction)
-from .models import (FIGURE_COLUMNS, KNOB_COLUMNS, LAUNCH_MODES, OPS, PROBLEM_COLUMNS, PROVENANCES,
-                     TEXT_COLUMNS, tuned_records)
+from .models import FIGURE_COLUMNS, LAUNCH_MODES, PROVENANCES, TEXT_COLUMNS, tuned_records
 
 log = logging.getLogger("autossd.db")
 
@@ -37,6 +50,8 @@ MEASURED_CEILINGS = {"sm90": (3000.0, 738.0)}  # GB/s, TFLOP/s
 
 _SAFE_TEXT = r"[A-Za-z0-9 ._:/+@%,=-]"
 TEXT_PATTERNS = {
+    "op": re.compile(r"[a-z][a-z0-9_]{0,15}"),
+    "dtype": re.compile(r"[A-Za-z0-9_]{0,16}"),
     "device": re.compile(rf"{_SAFE_TEXT}{{0,128}}"),
     "notes": re.compile(rf"{_SAFE_TEXT}{{0,256}}"),
     "host": re.compile(r"[A-Za-z0-9._-]{0,255}"),
@@ -45,22 +60,29 @@ TEXT_PATTERNS = {
     "template_hash": re.compile(r"[0-9a-f]{1,64}"),
     "created_at": re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]{2,15}(Z|[+-][0-9]{2}:[0-9]{2})?"),
 }
-CHOICES = {"op": OPS, "arch": tuple(ARCHS), "provenance": PROVENANCES, "launch_mode": LAUNCH_MODES}
+CHOICES = {"arch": tuple(ARCHS), "provenance": PROVENANCES, "launch_mode": LAUNCH_MODES}
+# a problem or config of any op fits well inside this; a longer text is no record of ours
+MAX_JSON_CHARS = 8192
 
 
 class RecordError(ValueError):
     """A tuned record is invalid (tampered, corrupt or from an incompatible writer)."""
 
 
+def canonical_json(data: Mapping[str, Any]) -> str:
+    """The one text a problem key or a config is stored as (what `BaseConfig.key()` writes)."""
+    return json.dumps(dict(data), sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Record:
-    """One validated tuned record. `origin` says where it was read from ("user", "shipped",
-    or a URL); it is not stored."""
+    """One validated tuned record: `problem` and `config` are of its op's problem and config
+    types. `origin` says where it was read from ("user", "shipped", or a URL); it is not stored."""
     op: str
     arch: str
     device: str
-    problem: Problem
-    config: Config
+    problem: Any
+    config: BaseConfig
     time_ms: float | None
     provenance: str
     triton_version: str
@@ -92,38 +114,51 @@ class Record:
         return why
 
     def to_row(self) -> dict[str, Any]:
+        """The row this record is stored as (every column but id)."""
         row = {f.name: getattr(self, f.name) for f in fields(self)
                if f.name not in ("problem", "config", "id", "origin")}
-        row.update(self.problem.key())
-        row.update({col: self.config[knob] for col, knob in KNOB_COLUMNS.items()})
+        key = self.problem.key()
+        row["dtype"] = _dtype_of(key)
+        row["problem_json"] = canonical_json(key)
         row["config_json"] = self.config.key()
         return row
 
 
+def _dtype_of(problem_key: Mapping[str, Any]) -> str:
+    """What the dtype column holds: the problem's dtype (empty for an op whose problem has none)."""
+    d = problem_key.get("dtype", "")
+    return d if isinstance(d, str) else ""
+
+
 # --- derived figures ----------------------------------------------------------------------
-def floor_ms(problem: Problem, arch: str, chunk_size: int = 256) -> float:
+def floor_ms(problem, arch: str, chunk_size: int = 256) -> float:
     """Speed-of-light time: max(min bytes / bandwidth, causal FLOPs / matmul rate)."""
     a = get_arch(arch)
     gbps, tflops = MEASURED_CEILINGS.get(arch, (a.hbm_gbps, a.matmul_tflops))
     return max(problem.min_bytes() / (gbps * 1e9), problem.flops(chunk_size) / (tflops * 1e12)) * 1e3
 
 
-def figures(problem: Problem, config: Config, arch: str, time_ms: float | None) -> dict[str, float | None]:
+def figures(problem, config: BaseConfig, arch: str, time_ms: float | None) -> dict[str, float | None]:
+    """TFLOP/s, GB/s and % of the floor of a time; None where the time is missing or the op's
+    problem has no FLOP and byte counts."""
     if type(time_ms) not in (int, float) or not time_ms > 0:  # validate_row rejects bad times
         return {"tflops": None, "gbps": None, "pct_of_floor": None}
+    if not (hasattr(problem, "flops") and hasattr(problem, "min_bytes")):
+        return {"tflops": None, "gbps": None, "pct_of_floor": None}
+    chunk = config.get("chunk_size", 256)
     s = time_ms * 1e-3
-    return {"tflops": problem.flops(config.chunk_size) / s / 1e12,
+    return {"tflops": problem.flops(chunk) / s / 1e12,
             "gbps": problem.min_bytes() / s / 1e9,
-            "pct_of_floor": 100.0 * floor_ms(problem, arch, config.chunk_size) / time_ms}
+            "pct_of_floor": 100.0 * floor_ms(problem, arch, chunk) / time_ms}
 
 
-def current_kernel_hash(config: Config, arch: str) -> str:
+def current_kernel_hash(config: BaseConfig, arch: str) -> str:
     """The hash a record of `config` on `arch` made by the code now running would store."""
     from ..render import kernel_hash
     return kernel_hash(config, get_arch(arch).backend)
 
 
-def legacy_kernel_hash(config: Config, arch: str) -> str:
+def legacy_kernel_hash(config: BaseConfig, arch: str) -> str:
     """The hash a record made before kernel hashes ignored comments would store now."""
     from ..render import legacy_kernel_hash as legacy
     return legacy(config, get_arch(arch).backend)
@@ -141,7 +176,7 @@ def _hostname() -> str:
     return host if TEXT_PATTERNS["host"].fullmatch(host) else re.sub(r"[^A-Za-z0-9._-]", "-", host)[:255]
 
 
-def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
+def make_record(problem, config: BaseConfig, arch: str, *, provenance: str,
                 time_ms: float | None = None, op: str = "ssd_fwd", device: str = "",
                 predicted_ms: float | None = None, notes: str = "",
                 launch_mode: str | None = None, made: Mapping[str, str] | None = None) -> Record:
@@ -156,8 +191,8 @@ def make_record(problem: Problem, config: Config, arch: str, *, provenance: str,
         launch_mode = "eager" if provenance == "measured" else "any"
     triton_v, autossd_v = _versions()
     th = current_kernel_hash(config, arch)
-    row = dict(op=op, arch=arch, device=device, **problem.key(),
-               **{col: config[knob] for col, knob in KNOB_COLUMNS.items()},
+    key = problem.key()
+    row = dict(op=op, arch=arch, device=device, dtype=_dtype_of(key), problem_json=canonical_json(key),
                config_json=config.key(), time_ms=time_ms, provenance=provenance,
                triton_version=triton_v, autossd_version=autossd_v, template_hash=th,
                created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -200,19 +235,78 @@ def _number(row: Mapping, name: str) -> float | None:
     return float(v)
 
 
-def _typed(row: Mapping, name: str, py: object) -> Any:
-    """A raw column value checked against a Python type (bool columns may come back as 0/1)."""
-    v = row.get(name)
-    if v is None and type(None) in getattr(py, "__args__", ()):
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k[:40]!r} appears twice")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_object(row: Mapping, name: str) -> dict[str, Any]:
+    """A JSON column's object, parsed strictly, whose text must be its canonical form."""
+    text = row.get(name)
+    if type(text) is not str:
+        raise _fail(row, name, f"expected JSON text, got {type(text).__name__}")
+    if len(text) > MAX_JSON_CHARS:
+        raise _fail(row, name, f"{len(text)} characters, more than a record holds ({MAX_JSON_CHARS})")
+    try:
+        data = json.loads(text, object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise _fail(row, name, f"not valid JSON ({str(e)[:80]})") from None
+    if type(data) is not dict:
+        raise _fail(row, name, f"expected a JSON object, got {type(data).__name__}")
+    if canonical_json(data) != text:
+        raise _fail(row, name, "not in canonical form (sorted keys, as key() writes it): the text was edited")
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(problem_type: type) -> dict[str, Any] | None:
+    """A dataclass problem type's field -> annotated type (None: not a dataclass; its
+    constructor alone validates)."""
+    if not dataclasses.is_dataclass(problem_type):
         return None
-    base = next((a for a in getattr(py, "__args__", (py,)) if a is not type(None)), py)
-    if base is bool:
-        if type(v) is bool or (type(v) is int and v in (0, 1)):
-            return bool(v)
-        raise _fail(row, name, f"expected a boolean (0/1), got {v!r}")
-    if type(v) is not base:
-        raise _fail(row, name, f"expected {base.__name__}, got {type(v).__name__} {str(v)[:40]!r}")
-    return v
+    hints = typing.get_type_hints(problem_type)
+    return {f.name: hints[f.name] for f in dataclasses.fields(problem_type)}
+
+
+def _exact(v: Any, py: Any) -> bool:
+    """v has exactly type py (bool is no int; an Optional takes None)."""
+    args = typing.get_args(py)
+    if args:
+        return any(_exact(v, a) for a in args)
+    if py is type(None):
+        return v is None
+    if py is float:
+        return type(v) is float and math.isfinite(v)
+    return type(v) is py
+
+
+def _problem(row: Mapping, op: Op) -> Any:
+    data = _json_object(row, "problem_json")
+    types = _field_types(op.problem_type)
+    if types is not None:
+        unknown = sorted(set(data) - set(types))
+        if unknown:
+            raise _fail(row, "problem", f"unknown field(s) {[u[:40] for u in unknown]} for {op.name}")
+        for name, v in data.items():
+            if not _exact(v, types[name]):
+                raise _fail(row, "problem", f"{name}: expected {types[name]}, got "
+                                            f"{type(v).__name__} {str(v)[:40]!r}")
+    try:
+        problem = op.problem_type(**data)
+    except (ValueError, TypeError) as e:
+        raise _fail(row, "problem", str(e)) from None
+    key = problem.key()
+    if any(key.get(k) != v for k, v in data.items()):
+        raise _fail(row, "problem", "does not read back as stored")
+    return problem
 
 
 def validate_row(row: Mapping[str, Any]) -> Record:
@@ -223,22 +317,18 @@ def validate_row(row: Mapping[str, Any]) -> Record:
         notes = ""
     text["notes"] = _text({**row, "notes": notes}, "notes")
     try:
-        problem = Problem(**{name: _typed(row, name, py) for name, py in PROBLEM_COLUMNS.items()})
-    except (ValueError, TypeError) as e:
-        raise _fail(row, "problem", str(e)) from None
-    knobs = {}
-    for col, knob in KNOB_COLUMNS.items():
-        v = row.get(col)
-        if isinstance(KNOB_BY_NAME[knob].default, bool) and type(v) is int and v in (0, 1):
-            v = bool(v)
-        knobs[knob] = v
+        op = get_op(text["op"])
+    except ValueError as e:
+        raise _fail(row, "op", str(e)) from None
+    problem = _problem(row, op)
+    if text.pop("dtype") != _dtype_of(problem.key()):
+        raise _fail(row, "dtype", "differs from the problem's dtype")
+    knobs = _json_object(row, "config_json")
     try:
-        config = Config(knobs)
+        config = op.config_type(knobs)   # a knob the text lacks takes its default
     except ConfigError as e:
         raise _fail(row, "config", str(e)) from None
-    if row.get("config_json") != config.key():
-        raise _fail(row, "config_json", "does not match the knob columns (expected the canonical Config.key())")
-    bad = violations(config, text["arch"], problem)
+    bad = op.fn("violations")(config, text["arch"], problem)
     if bad:
         raise _fail(row, "config", f"cannot run on {text['arch']}: {'; '.join(bad)}")
     nums = {name: _number(row, name) for name in FIGURE_COLUMNS}
@@ -290,6 +380,7 @@ def read_records(db: str, arch: str | None = None, op: str | None = None, *, str
     raises RecordError; otherwise bad rows are logged and skipped."""
     url = to_url(db)
     out = []
+    skipped = []
     for row in read_rows(url, arch, op, readonly=readonly):
         try:
             rec = validate_row(row)
@@ -297,9 +388,22 @@ def read_records(db: str, arch: str | None = None, op: str | None = None, *, str
             if strict:
                 raise
             log.warning("%s (in %s); record skipped", e, url)
+            skipped.append(str(e))
             continue
         out.append(replace(rec, origin=origin or url))
+    _rejected[(url, arch, op)] = skipped
     return out
+
+
+# (url, arch, op) -> why each row skipped by the last read_records of it failed validation: a
+# lookup that fell back to a default can say that records were there but refused
+_rejected: dict[tuple, list[str]] = {}
+
+
+def rejected_rows(url: str, arch: str | None = None, op: str | None = None) -> list[str]:
+    """Why the rows of `url` (for arch and op) that the last non-strict read skipped were
+    refused; [] when none were, or the database was not read."""
+    return list(_rejected.get((to_url(url), arch, op), ()))
 
 
 _listeners: list = []  # callables(url) run after a write, e.g. the runtime's lookup caches
