@@ -1,6 +1,8 @@
-"""autossd has forward kernels only: outputs that depend on inputs requiring grad (grad mode on)
-must refuse a backward, naming those inputs, instead of carrying no grad_fn (a training step
-would then silently drop every gradient through the SSD). Inference runs either way."""
+"""Outputs that depend on inputs requiring grad (grad mode on) carry a grad_fn: the drop-in and a
+Kernel run the generated backward; an entry point that does not describe its call (ssd_forward)
+refuses a backward, naming those inputs, instead of carrying no grad_fn (a training step would
+then silently drop every gradient through the SSD). Inference records nothing. The gradients'
+values are checked in test_backward.py."""
 from __future__ import annotations
 
 import pytest
@@ -36,8 +38,8 @@ def _calls(t):
     }
 
 
-@pytest.mark.parametrize("entry", ["drop-in", "ssd_forward", "kernel"])
-def test_backward_through_the_forward_refuses_and_names_the_inputs(t, entry):
+@pytest.mark.parametrize("entry", ["drop-in", "kernel"])
+def test_backward_through_the_public_entries_fills_grads(t, entry):
     call = _calls(t)[entry]
     with torch.no_grad():
         y0, f0 = call(t["x"], t["A"])
@@ -46,9 +48,19 @@ def test_backward_through_the_forward_refuses_and_names_the_inputs(t, entry):
     y, f = call(x, A)
     assert torch.equal(y, y0) and torch.equal(f, f0)        # the same kernels, the same values
     assert y.requires_grad and f.requires_grad
-    for out in (y, f):
-        with pytest.raises(RuntimeError, match=r"no backward.*x, A require grad"):
-            out.sum().backward(retain_graph=True)
+    (y.sum() + f.sum()).backward()
+    assert x.grad is not None and x.grad.shape == x.shape and torch.isfinite(x.grad).all()
+    assert A.grad is not None and A.grad.shape == A.shape and A.grad.abs().sum() > 0
+
+
+def test_ssd_forward_still_refuses_and_names_the_inputs(t):
+    call = _calls(t)["ssd_forward"]
+    x = t["x"].clone().requires_grad_()
+    A = t["A"].clone().requires_grad_()
+    y, f = call(x, A)
+    assert y.requires_grad and f.requires_grad
+    with pytest.raises(RuntimeError, match=r"no backward.*x, A require grad"):
+        y.sum().backward()
     assert x.grad is None and A.grad is None
 
 
@@ -74,22 +86,22 @@ def test_which_inputs_count():
         assert requiring_grad({"x": x}) == ()
 
 
-def test_varlen_states_under_grad_refuse_too():
+def test_varlen_states_carry_no_gradient():
+    """As mamba_ssm: varlen_states come back without gradient; y's backward still runs."""
     prob = Problem(1, 96, 2, 16, 16, 1, "fp32", has_seq_idx=True, return_varlen_states=True)
     t = make_inputs(prob, DEV, seed=12)
     B = t["B"].clone().requires_grad_()
     y, varlen = autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], B, t["C"], 64,
                                                   seq_idx=t["seq_idx"], cu_seqlens=t["cu_seqlens"],
                                                   return_varlen_states=True)
-    assert varlen.requires_grad
-    with pytest.raises(RuntimeError, match=r"no backward.*B require grad"):
-        varlen.sum().backward()
+    assert not varlen.requires_grad and y.requires_grad
+    y.sum().backward()
+    assert B.grad is not None and torch.isfinite(B.grad).all()
 
 
-def test_compiled_inference_with_grad_on_runs_and_its_backward_refuses(t):
-    """torch.compile traces a backward whenever an input requires grad: the custom op's
-    registered backward lets the trace through (a compiled model can run inference with grad
-    mode on) and refuses when it runs, with the same message."""
+def test_compiled_call_with_grad_on_runs_forward_and_backward(t):
+    """torch.compile traces the custom op's registered backward (autossd::ssd_bwd) with no graph
+    break; the compiled backward gives the eager backward's gradients."""
     lin = torch.nn.Linear(16, 16).to(DEV)
 
     def f(x):
@@ -101,6 +113,8 @@ def test_compiled_inference_with_grad_on_runs_and_its_backward_refuses(t):
         ref = f(t["x"])
     assert torch.isfinite(ref).all() and torch.equal(y.detach(), ref)
     assert y.requires_grad
-    with pytest.raises(RuntimeError, match=r"no backward.*x require grad"):
-        y.sum().backward()
-    assert lin.weight.grad is None
+    y.sum().backward()
+    g = lin.weight.grad.clone()
+    lin.weight.grad = None
+    f(t["x"]).sum().backward()
+    assert torch.equal(g, lin.weight.grad)

@@ -307,3 +307,91 @@ def reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
         loss = loss + (final * dfinal.to(f64)).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     return {k: (g if g is not None else torch.zeros_like(leaves[k])) for k, g in zip(leaves, grads)}
+
+
+# --- the entry the autograd wrappers call (grad.py) ------------------------------------------
+_configs: dict = {}
+
+
+def config_for(prob, arch: str) -> BwdConfig:
+    """The backward's config for a problem on an arch: a tuned ssd_bwd record where the lookup
+    finds one, else the arch default. Cached per process."""
+    key = (prob, arch)
+    hit = _configs.get(key)
+    if hit is None:
+        from ...db.lookup import load_records, pick
+        try:
+            hit = pick(prob, load_records(arch, "ssd_bwd"), arch, op="ssd_bwd").config
+        except Exception:   # no usable store: the default is always correct
+            from .bwd_knobs import default_config
+            hit = default_config(arch, prob)
+        if len(_configs) > 4096:
+            _configs.clear()
+        _configs[key] = hit
+    return hit
+
+
+def _problem_of(t: dict, call: dict, final: bool):
+    return _problem.from_args(t["x"], t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), t.get("z"),
+                              t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx"), None,
+                              call["dt_softplus"], call["dt_limit"], final, False, call.get("state_dtype"))
+
+
+def forward_saving(t: dict, call: dict):
+    """The forward run with buffers of its own, kept for the backward (save_states = 1): returns
+    (the forward's outputs as the drop-in returns them, Saved), or None where the backward's
+    config recomputes, or the forward's config does not leave every chunk's entering state in
+    its buffer (the fused depths and the Gluon walk keep them elsewhere): the caller then runs the
+    forward as usual and the backward recomputes."""
+    from ...runtime import _unit_stride, arch_of_device, get_kernel
+    from .chunk import _execute
+    from .workspace import allocate as fwd_allocate
+    if call.get("cu_seqlens") is not None or call.get("return_varlen_states"):
+        return None
+    x = t["x"]
+    final = bool(call.get("return_final_states"))
+    prob = _problem_of(t, call, final)
+    arch = arch_of_device(x.device)
+    cfg = config_for(prob, arch)
+    if not cfg.save_states:
+        return None
+    kern = get_kernel(prob, arch)
+    fcfg = kern.config
+    if fcfg.launches != 5 or fcfg.state_walk or fcfg.chunk_size != cfg.chunk_size:
+        return None
+    fcfg = fcfg.replace(state_dtype=cfg.state_dtype)
+    aprob = prob.replace(return_final_states=True)
+    buf = fwd_allocate(aprob, fcfg, x.device)
+    module = load(fcfg, kern.backend)
+    ft = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
+    for k in ("x", "z", "B", "C"):   # as the drop-in: a strided last dimension is copied
+        ft[k] = _unit_stride(ft[k])
+    out = _execute(prob, fcfg, ft,
+                   buf, None, call["dt_limit"], None, kern.backend, module, None)
+    return out, Saved(states=buf.states, dt=buf.dt, dA=buf.dA, final=buf.final)
+
+
+def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None) -> dict:
+    """Gradients (name -> tensor) of the inputs named in `need`, from the gradient wrt y and wrt
+    the final states (None where not returned). t: the forward's inputs by name; call: its
+    chunk_size, dt_softplus, dt_limit (a pair of floats) and state_dtype."""
+    from ...arch import get_arch
+    from ...runtime import _forward, arch_of_device
+    x = t["x"]
+    prob = _problem_of(t, call, dfinal is not None)
+    arch = arch_of_device(x.device)
+    config = config_for(prob, arch)
+    backend = get_arch(arch).backend
+    t = dict(t)
+    if t.get("z") is not None and "z" in need:
+        # z's gradient needs the ungated output: the forward again, without the gate
+        with torch.no_grad():
+            t["y_pre"] = _forward(x, t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), None,
+                                  t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx"), None,
+                                  call["dt_softplus"], call["dt_limit"], False, False, call.get("state_dtype"))
+    if dfinal is not None:
+        dfinal = dfinal.float()
+    if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(x.device):
+            return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend)
+    return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend)
