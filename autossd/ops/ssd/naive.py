@@ -152,3 +152,53 @@ def ssd_chunked(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
             states.append(st)
         varlen = torch.stack(states)
     return y, final, varlen
+
+
+def state_update_ref(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                     state_batch_indices=None, pad_slot_id=-1):
+    """Float64 decode step (the contract of `selective_state_update` in its Mamba-2 form), one or
+    T tokens per row: returns (out, new_state) in float64 and leaves the inputs as they were.
+
+    state (slots, h, p, n); x (b, h, p) or (b, T, h, p); dt like x or without p; A (h,) or
+    (h, p, n); B, C (b, g, n) or (b, T, g, n); D, dt_bias (h,) or (h, p); z like x. Row i
+    updates slot state_batch_indices[i] (row i without them); a row at pad_slot_id keeps its slot
+    and outputs 0, a row at any other index outside the state outputs NaN."""
+    multi = x.dim() == 4
+    xx = (x if multi else x.unsqueeze(1)).to(f64)                      # (b, T, h, p)
+    bsz, T, h, p = xx.shape
+    n = state.shape[-1]
+    dd = dt.to(f64)
+    if dd.dim() == (3 if multi else 2):                                # one dt per head
+        dd = dd.unsqueeze(-1)
+    dd = (dd if multi else dd.unsqueeze(1)).expand(bsz, T, h, p)
+    if dt_bias is not None:
+        bias = dt_bias.to(f64)
+        dd = dd + (bias[:, None] if bias.dim() == 1 else bias)
+    if dt_softplus:
+        dd = torch.where(dd <= 20.0, F.softplus(dd), dd)
+    AA = A.to(f64)
+    AA = AA[:, None, None].expand(h, p, n) if AA.dim() == 1 else AA
+    BB, CC = ((t if multi else t.unsqueeze(1)).to(f64) for t in (B, C))
+    BB, CC = (t.repeat_interleave(h // t.shape[2], dim=2) for t in (BB, CC))   # (b, T, h, n)
+    if state_batch_indices is None:
+        slots = torch.arange(bsz, device=x.device)
+    else:
+        slots = state_batch_indices.to(torch.int64)
+    live = (slots >= 0) & (slots < state.shape[0]) & (slots != pad_slot_id)
+    new_state = state.to(f64).clone()
+    S = new_state[slots.clamp(0, state.shape[0] - 1)]                   # (b, h, p, n)
+    ys = []
+    for t in range(T):
+        S = S * torch.exp(dd[:, t, :, :, None] * AA) + (dd[:, t] * xx[:, t])[..., None] * BB[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", S, CC[:, t]))
+    y = torch.stack(ys, dim=1)
+    if D is not None:
+        DD = D.to(f64)
+        y = y + xx * (DD[:, None] if DD.dim() == 1 else DD)
+    if z is not None:
+        zz = (z if multi else z.unsqueeze(1)).to(f64)
+        y = y * zz * torch.sigmoid(zz)
+    pad = (slots == pad_slot_id)[:, None, None, None]
+    y = torch.where(live[:, None, None, None], y, torch.where(pad, 0.0, float("nan")))
+    new_state[slots[live]] = S[live]
+    return (y if multi else y[:, 0]), new_state

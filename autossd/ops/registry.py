@@ -1,0 +1,146 @@
+"""The op registry: each op declares, in one place, everything the pipeline needs of it.
+
+template -> render -> compile -> measure -> store -> load: the renderer takes an op's template
+folder and the templates a config includes, the cross-compile report and the measured runner
+take its launch plan, the tuner its knob space, defaults, constraints, cost model and float64
+reference, the store validates records against its space and problem type, and the runtime
+looks records up by op. None of them names an op; they ask `get_op(config.op)` or take the op's
+name as a parameter.
+
+An op's declaration lives beside its kernels (`autossd/ops/<family>/<op>.py`) and registers
+itself when imported; `_BUILTIN` says which module declares each shipped op, so `get_op` can
+import it on first use (nothing here imports torch or triton).
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..knobs import BaseConfig, KnobSpace
+
+
+def _resolve(path: str) -> Callable:
+    """'package.module:function' -> the function (imported on first use)."""
+    mod, _, name = path.partition(":")
+    return getattr(importlib.import_module(mod), name)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kernel launch of an op: the name its plan, compile report and cost model use, and
+    the knobs that give its launch options."""
+    name: str
+    warps: str | None = None     # knob giving num_warps (None: 4)
+    stages: str | None = None    # knob giving num_stages (None: 1: a stage with no matmul loop)
+    maxnreg: str | None = None   # knob giving a register cap (offered where Arch.maxnreg)
+
+    def launch_options(self, config: BaseConfig, backend: str, amd_options: tuple = ()) -> dict[str, Any]:
+        opts = {"num_warps": config[self.warps] if self.warps else 4,
+                "num_stages": config[self.stages] if self.stages else 1}
+        if backend == "hip":
+            opts.update({k: config[k] for k in amd_options})
+        elif self.maxnreg and config[self.maxnreg]:  # a CUDA option only; 0 leaves ptxas its choice
+            opts["maxnreg"] = config[self.maxnreg]
+        return opts
+
+
+@dataclass(frozen=True)
+class Op:
+    """An op's declaration. The callables are named as 'module:function' and imported on first
+    use, so declaring an op costs no import of its kernels."""
+    name: str
+    space: KnobSpace
+    config_type: type[BaseConfig]
+    stages: tuple[Stage, ...]    # every launch of the op (the order of a module's LAUNCH table)
+    sequences: dict              # value of the mode knob -> the names of the stages it launches, in order
+    template_dir: str            # folder under templates/ holding module.py.jinja and its includes
+    problem_type: type           # its key() is the record's problem; type(**key) validates it back
+    # (config, backend) -> the template files the config's module includes, in order: the
+    # kernels of its mode and the helpers they call (a record's freshness hashes this rendering)
+    includes: str
+    # (config, backend) -> extra template variables beyond cfg, backend and launch
+    render_context: str
+    plan: str                    # (problem, config, tensors, buffers, backend) -> launches
+    meta_launches: str           # (problem, config, backend) -> launches on meta tensors (cross-compile report)
+    # the tuner's correctness gate and timing: (problem, device, seed) -> inputs; (problem,
+    # inputs) -> float64 outputs (first the checked output, then an optional second, or None);
+    # (problem, config, inputs, backend) -> outputs of the generated kernels
+    tune_inputs: str
+    tune_reference: str
+    tune_run: str
+    reference: str               # float64 reference of the op's outputs
+    cost_model: str              # (problem, config) -> [tuner.model.StageCost]: the static model's inputs
+    default_config: str          # (arch, problem=None) -> config: used where no record applies
+    violations: str              # (config, arch, problem=None) -> reasons it cannot run
+    amd_options: tuple = ()      # knobs passed to the AMD compiler as launch options
+    # the tuner's hooks (optional): (problem) -> {knob: largest useful value}; (problem) ->
+    # {knob: values never offered}; (arch, problem, search space) -> seed configs, default first
+    caps: str | None = None
+    excluded: str | None = None
+    seeds: str | None = None
+    doc: str = ""
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def fn(self, role: str) -> Callable:
+        """The callable declared for `role` ("plan", "reference", "cost_model", ...)."""
+        hit = self._cache.get(role)
+        if hit is None:
+            hit = self._cache[role] = _resolve(getattr(self, role))
+        return hit
+
+    @property
+    def mode_knob(self) -> str:
+        return self.space.mode_knob
+
+    def stages_at(self, mode: Any) -> tuple[Stage, ...]:
+        """The launches a mode runs, in order."""
+        by_name = {s.name: s for s in self.stages}
+        return tuple(by_name[n] for n in self.sequences[mode])
+
+    def launch_options(self, config: BaseConfig, backend: str) -> dict[str, dict[str, Any]]:
+        """num_warps / num_stages (and the CUDA register cap or the AMD compiler knobs) per stage,
+        for every stage of the op (a module's LAUNCH table)."""
+        out = {s.name: s.launch_options(config, backend, self.amd_options) for s in self.stages}
+        if config.get("pdl"):   # programmatic dependent launch: every launch of the op may overlap
+            for opts in out.values():   # its predecessor (only then: the table is in every module)
+                opts["launch_pdl"] = True
+        return out
+
+    def config(self, values=None, **kw) -> BaseConfig:
+        return self.config_type(values, **kw)
+
+
+_OPS: dict[str, Op] = {}
+# which module declares each shipped op (imported by get_op on first use)
+_BUILTIN = {"ssd_fwd": "autossd.ops.ssd.fwd", "ssd_bwd": "autossd.ops.ssd.bwd",
+            "ssd_decode": "autossd.ops.ssd.decode"}
+
+
+def register(op: Op) -> Op:
+    if op.space.op != op.name:
+        raise ValueError(f"op {op.name!r}: its knob space is declared for {op.space.op!r}")
+    if op.config_type.space is not op.space:
+        raise ValueError(f"op {op.name!r}: its config type validates against another space")
+    names = {s.name for s in op.stages}
+    for mode, seq in op.sequences.items():
+        if mode not in op.space.modes or not set(seq) <= names:
+            raise ValueError(f"op {op.name!r}: sequence {mode!r} -> {seq} names an unknown mode or stage")
+    _OPS[op.name] = op
+    return op
+
+
+def get_op(name: str) -> Op:
+    op = _OPS.get(name)
+    if op is None and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])
+        op = _OPS.get(name)
+    if op is None:
+        raise ValueError(f"op: unknown op {name!r}; known: {sorted(set(_OPS) | set(_BUILTIN))}")
+    return op
+
+
+def op_names() -> tuple[str, ...]:
+    """Every op the registry knows (declared or shipped)."""
+    return tuple(sorted(set(_OPS) | set(_BUILTIN)))

@@ -1,0 +1,423 @@
+"""The decode step (`ssd_decode`), declared once, and its entry `selective_state_update`: a
+drop-in for mamba_ssm's function of that name in its Mamba-2 form.
+
+One launch per call. Each program owns one row (batch entry), BLOCK_P headdim rows of HEADS heads
+and either all of dstate ("whole") or dstate in slices ("tiled"); it reads its state tile once,
+updates it in fp32 and writes it once in the state's dtype, so the call streams the state at
+close to copy bandwidth.
+
+The host path is built for a step that runs thousands of times with the same shapes. The first
+call of a key (every tensor's dtype, shape, strides, device and 16-byte alignment, the softplus
+flag and the pad slot) validates the arguments, builds the `DecodeProblem`, picks the config
+(an exact record of the tuning databases, else the arch default: no timing at run time), and
+launches through Triton's JIT; the launch is recorded (`ops.common.launch_cache`). Later calls of
+the key only build the key, allocate `out` where the caller gave none, and replay the compiled
+kernel with the new pointers.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ...problem import DTYPES
+from ..common import launch_cache as _lc
+from ..registry import Op, Stage, register
+from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_config,  # noqa: F401
+                           pow2_at_least, violations)
+
+PAD_SLOT_ID = -1   # what vLLM marks a padded row of a continuous batch with
+STAGES = (Stage("decode", "warps", "stages"),)
+SEQUENCES = {"whole": ("decode",), "tiled": ("decode",)}
+# every tensor a launch takes, by the names the plan and the launch cache use
+NAMES = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "idx", "out")
+MAX_GRID_YZ = 65535
+
+
+def includes(cfg: DecodeConfig, backend: str) -> list[str]:
+    """The template files a config's module holds: the helpers, then its layout's kernel."""
+    return ["common.jinja", f"{cfg.layout}.jinja"]
+
+
+def render_context(cfg: DecodeConfig, backend: str) -> dict:
+    return {}
+
+
+# --- strides in the kernel's (row, token, head, col) order ----------------------------------
+def _s4(t, head_only: bool = False) -> tuple[int, int, int, int]:
+    """(row, token, head, col) strides of x, z, out, dt, B or C: 3-D (one token) or 4-D (T
+    tokens); dt may lack its last dimension (one value per head: stride 0 over headdim)."""
+    s = t.stride()
+    if head_only:   # dt (b, h) or (b, T, h)
+        return (s[0], 0, s[1], 0) if t.dim() == 2 else (s[0], s[1], s[2], 0)
+    return (s[0], 0, s[1], s[2]) if t.dim() == 3 else tuple(s)
+
+
+def _s2(t) -> tuple[int, int]:
+    """(head, col) strides of D or dt_bias: (h,) (tied over headdim) or (h, p); none: (0, 0)."""
+    if t is None:
+        return (0, 0)
+    s = t.stride()
+    return (s[0], 0) if t.dim() == 1 else (s[0], s[1])
+
+
+def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, backend: str = "cuda",
+         dt_softplus: bool | None = None, pad_slot_id: int = PAD_SLOT_ID) -> list:
+    """The one launch of a call on validated tensors `t` (names of NAMES; x, dt, B, C, z and out
+    as the caller passed them)."""
+    from .plan import Launch
+    st, x, dt, B, C = t["state"], t["x"], t["dt"], t["B"], t["C"]
+    multi = problem.tokens > 1 or x.dim() == 4
+    dt_head_only = dt.dim() == (3 if multi else 2)
+    heads = config.heads
+    h, p, n = problem.nheads, problem.headdim, problem.dstate
+    grid = (problem.batch, -(-p // config.block_p), -(-h // heads))
+    zero4 = (0, 0, 0, 0)
+    args = dict(
+        state_ptr=st, x_ptr=x, dt_ptr=dt, A_ptr=t["A"], B_ptr=B, C_ptr=C, D_ptr=t.get("D"),
+        z_ptr=t.get("z"), dtb_ptr=t.get("dt_bias"), idx_ptr=t.get("idx"), out_ptr=t["out"],
+        nslots=st.shape[0], T=problem.tokens, H=h, P=p, N=n, HPG=h // problem.ngroups,
+        pad_slot=int(pad_slot_id))
+    names4 = ("b", "t", "h", "p")
+    for pre, v in (("s_st", st.stride()), ("s_x", _s4(x)), ("s_dt", _s4(dt, dt_head_only))):
+        args.update({f"{pre}_{k}": s for k, s in zip(("b", "h", "p", "n") if pre == "s_st" else names4, v)})
+    args["s_A_h"] = t["A"].stride(0)
+    for pre, v in (("s_B", _s4(B)), ("s_C", _s4(C))):
+        args.update({f"{pre}_{k}": s for k, s in zip(("b", "t", "g", "n"), v)})
+    args.update(zip(("s_D_h", "s_D_p"), _s2(t.get("D"))))
+    z = t.get("z")
+    args.update({f"s_z_{k}": s for k, s in zip(names4, _s4(z) if z is not None else zero4)})
+    args.update(zip(("s_dtb_h", "s_dtb_p"), _s2(t.get("dt_bias"))))
+    args.update({f"s_o_{k}": s for k, s in zip(names4, _s4(t["out"]))})
+    idx = t.get("idx")
+    args["s_idx"] = idx.stride(0) if idx is not None else 0
+    softplus = problem.dt_softplus if dt_softplus is None else bool(dt_softplus)
+    constexprs = dict(HAS_D=problem.has_D, HAS_Z=problem.has_z, HAS_DT_BIAS=problem.has_dt_bias,
+                      SOFTPLUS=softplus, HAS_IDX=idx is not None, N2=max(16, pow2_at_least(n)))
+    options = OP.launch_options(config, backend)["decode"]
+    return [Launch("decode", f"ssd_decode_{config.layout}", grid, args, constexprs, options)]
+
+
+# --- validation (once per call key) ---------------------------------------------------------
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _tensor(name: str, v, dims: tuple[int, ...], device) -> torch.Tensor:
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(v).__name__}")
+    if v.dim() not in dims:
+        raise ValueError(f"{name}: expected {' or '.join(map(str, dims))} dimensions, got shape {tuple(v.shape)}")
+    if v.dtype not in _FLOATS and name != "state_batch_indices":
+        raise TypeError(f"{name}: expected float32, bfloat16 or float16, got {v.dtype}")
+    if device is not None and v.device != device:
+        raise ValueError(f"{name}: on {v.device}, but state is on {device}")
+    return v
+
+
+def _shape(name: str, v, want: tuple, what: str) -> None:
+    if tuple(v.shape) != tuple(want):
+        raise ValueError(f"{name}: expected shape {tuple(want)} ({what}), got {tuple(v.shape)}")
+
+
+def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
+    """Validate a call's tensors (names of NAMES) and return its problem; ValueError or TypeError
+    naming the argument otherwise. Index values are not read (that would wait for the device):
+    the kernel skips an index outside the state (see the entry's docstring)."""
+    st = t["state"]
+    if not isinstance(st, torch.Tensor):
+        raise TypeError(f"state: expected a torch.Tensor, got {type(st).__name__}")
+    if st.dim() != 4:
+        raise ValueError(f"state: expected (batch or cache slots, nheads, headdim, dstate) (the Mamba-2 "
+                         f"form), got shape {tuple(st.shape)}")
+    if st.dtype not in _FLOATS:
+        raise TypeError(f"state: expected float32, bfloat16 or float16, got {st.dtype}")
+    dev = st.device
+    nslots, h, p, n = st.shape
+    x = _tensor("x", t["x"], (3, 4), dev)
+    multi = x.dim() == 4
+    b = x.shape[0]
+    T = x.shape[1] if multi else 1
+    lead = (b, T) if multi else (b,)
+    _shape("x", x, lead + (h, p), "batch, [tokens,] nheads, headdim of state")
+    if T < 1 or b < 1:
+        raise ValueError(f"x: an empty batch or token axis, shape {tuple(x.shape)}")
+    dt = _tensor("dt", t["dt"], (x.dim() - 1, x.dim()), dev)
+    if dt.dim() == x.dim():
+        _shape("dt", dt, lead + (h, p), "like x, e.g. one value per head expanded over headdim")
+    else:
+        _shape("dt", dt, lead + (h,), "one value per head")
+    A = _tensor("A", t["A"], (1, 3), dev)
+    if A.dim() == 3:
+        _shape("A", A, (h, p, n), "nheads, headdim, dstate")
+        if A.stride(1) != 0 or A.stride(2) != 0:
+            raise ValueError("A: only one value per head is supported (the Mamba-2 form: (nheads,) or "
+                             f"expanded over headdim and dstate with stride 0); got strides {A.stride()}")
+    else:
+        _shape("A", A, (h,), "one value per head")
+    B = _tensor("B", t["B"], (x.dim(),), dev)
+    g = B.shape[-2]
+    if g < 1 or h % g:
+        raise ValueError(f"B: ngroups={g} must divide nheads={h}")
+    _shape("B", B, lead + (g, n), "batch, [tokens,] ngroups, dstate")
+    C = _tensor("C", t["C"], (x.dim(),), dev)
+    _shape("C", C, lead + (g, n), "like B")
+    for name, key in (("D", "D"), ("dt_bias", "dt_bias")):
+        v = t.get(key)
+        if v is not None:
+            _tensor(name, v, (1, 2), dev)
+            _shape(name, v, (h,) if v.dim() == 1 else (h, p), "nheads, or nheads x headdim")
+    z = t.get("z")
+    if z is not None:
+        _shape("z", _tensor("z", z, (x.dim(),), dev), x.shape, "like x")
+    idx = t.get("idx")
+    if idx is None:
+        if nslots != b:
+            raise ValueError(f"state: {nslots} rows for a batch of {b}; pass state_batch_indices to "
+                             "update chosen cache slots")
+    else:
+        _tensor("state_batch_indices", idx, (1,), dev)
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"state_batch_indices: expected int32 or int64, got {idx.dtype}")
+        _shape("state_batch_indices", idx, (b,), "one cache slot per row")
+    out = t.get("out")
+    if out is not None:
+        _shape("out", _tensor("out", out, (x.dim(),), dev), x.shape, "like x")
+    if type(pad_slot_id) is not int:
+        raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
+    if dev.type == "cuda" and b > 2**31 - 1:
+        raise ValueError(f"x: batch {b} exceeds the grid")
+    if h > MAX_GRID_YZ:
+        raise ValueError(f"state: nheads={h} exceeds the launch grid's limit {MAX_GRID_YZ}")
+    return DecodeProblem(batch=b, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=DTYPES[x.dtype],
+                         state_dtype=DTYPES[st.dtype], has_D=t.get("D") is not None, has_z=z is not None,
+                         has_dt_bias=t.get("dt_bias") is not None, dt_softplus=bool(dt_softplus), tokens=T)
+
+
+# --- config choice --------------------------------------------------------------------------
+def choose(problem: DecodeProblem, arch: str, db=None):
+    """(config, why): an exact record for the problem from the tuning databases (user first, then
+    shipped; measured before static, then the fastest), else the arch default. The shared
+    lookup's nearest tier measures distance over the forward's problem fields, so the decode step
+    matches records exactly and otherwise takes its default."""
+    recs = []
+    try:
+        from ...db.lookup import load_records
+        recs = load_records(arch, "ssd_decode", db)
+    except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
+        import logging
+        logging.getLogger("autossd").warning("autossd: decode records unreadable (%s); using defaults", e)
+    rank = {"measured": 0, "static": 1, "default": 2}
+    hits = [r for r in recs if r.arch == arch and r.op == "ssd_decode" and r.problem == problem
+            and not violations(r.config, arch, problem)]
+    if hits:
+        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3), r.launch_mode != "eager",
+                                 r.time_ms if r.time_ms is not None else float("inf"), r.config.key()))
+        return hits[0].config, f"exact match: {hits[0].provenance} record ({hits[0].origin or 'given'} db)"
+    return default_config(arch, problem), f"default config for {arch}"
+
+
+# --- the entry ------------------------------------------------------------------------------
+class _Call:
+    """What the calls of one key share: the problem, the config, its module, the launch record."""
+    __slots__ = ("problem", "config", "why", "module", "backend", "device", "record", "softplus", "pad")
+
+    def __init__(self, problem, config, why, module, backend, device, softplus, pad):
+        self.problem, self.config, self.why, self.module = problem, config, why, module
+        self.backend, self.device, self.softplus, self.pad = backend, device, softplus, pad
+        self.record = None
+
+
+_calls: dict = {}
+_calls_lock = threading.Lock()
+CALLS_MAX = 4096
+
+
+def clear_cache() -> None:
+    """Forget every call key's config and launch record (e.g. after a tuning-database write)."""
+    with _calls_lock:
+        _calls.clear()
+
+
+def _prepare(t: dict, dt_softplus, pad_slot_id, config: DecodeConfig | None) -> _Call:
+    from ...render import interpreting, load
+    prob = problem_of(t, dt_softplus, pad_slot_id)
+    dev = t["state"].device
+    if dev.type == "cpu" and not interpreting():
+        raise RuntimeError("autossd: the inputs are on the CPU, but the decode kernel needs a CUDA or ROCm "
+                           "GPU. Move the tensors to the GPU, or set TRITON_INTERPRET=1 before importing "
+                           "triton to run Triton's (slow) CPU interpreter.")
+    from ...runtime import arch_of_device
+    from ...arch import get_arch
+    arch = arch_of_device(dev)
+    if config is None:
+        config, why = choose(prob, arch)
+    else:
+        if not isinstance(config, DecodeConfig):
+            raise TypeError(f"config: expected a DecodeConfig, got {type(config).__name__}")
+        bad = violations(config, arch, prob)
+        if bad:
+            raise ValueError(f"config: {config!r} cannot run {prob} on {arch}: {'; '.join(bad)}")
+        why = "given"
+    backend = get_arch(arch).backend
+    return _Call(prob, config, why, load(config, backend), backend, dev, bool(dt_softplus), pad_slot_id)
+
+
+def _launch(call: _Call, t: dict) -> None:
+    if call.record is not None and call.device.index in (None, torch.cuda.current_device()):
+        _lc.replay(call.record, t, None)
+        return
+    launches = plan(call.problem, call.config, t, None, call.backend, call.softplus, call.pad)
+    ln = launches[0]
+    kernel = getattr(call.module, ln.kernel)
+    if call.device.type == "cuda" and call.device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(call.device):
+            kernel[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+        return
+    ck = kernel[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+    if call.device.type != "cpu" and ck is not None and _lc.enabled():
+        call.record = _lc.record(launches, [ck], t, None, call.module, NAMES, ())
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=PAD_SLOT_ID, out=None, *,
+                           config: DecodeConfig | None = None):
+    """One decode step of the Mamba-2 recurrence, state updated in place.
+
+    state (batch or cache slots, nheads, headdim, dstate) in fp32, bf16 or fp16 (read, updated in
+    fp32, written back in its dtype); x (batch, nheads, headdim), or (batch, T, nheads, headdim)
+    for T tokens per row in one step (e.g. verifying speculated tokens: the state stays in fp32
+    registers between them, one read and one write); dt like x, or without headdim (batch,
+    [T,] nheads); Mamba-2 passes it expanded over headdim with stride 0, as A (nheads, headdim,
+    dstate) with strides 0 over headdim and dstate, and D and dt_bias (nheads, headdim) with
+    stride 0 over headdim; (nheads,) forms are taken as well, and D, dt_bias and dt may also vary
+    over headdim. B, C (batch, [T,] ngroups, dstate); z like x.
+    Per row and head: dt' = softplus?(dt + dt_bias); state = state exp(dt' A) + dt' x ⊗ B[group];
+    out = state · C[group] + D x, times z sigmoid(z).
+    state_batch_indices (batch,) int32/int64: the cache slot each row updates (continuous
+    batching); a row at pad_slot_id leaves the state as it is and gets a zero output. An index
+    outside the state is not checked on the host (that would wait for the device): such a row is
+    skipped like a pad row and its output is NaN. Returns out (batch, [T,] nheads, headdim) in
+    x's dtype, or writes the caller's `out`. `config` forces a config (tests, the tuner)."""
+    t = {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+         "idx": state_batch_indices, "out": out}
+    try:
+        key = (_lc.input_sig(t, NAMES), bool(dt_softplus), pad_slot_id, config)
+        call = _calls.get(key)
+    except (AttributeError, TypeError):   # a non-tensor or an unhashable argument: validation says which
+        key, call = None, None
+    if call is None:
+        call = _prepare(t, dt_softplus, pad_slot_id, config)
+        if key is not None:
+            with _calls_lock:
+                _lc.remember(_calls, key, call, CALLS_MAX)
+    if out is None:
+        out = t["out"] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(call, t)
+    return out
+
+
+def kernel_for(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+               state_batch_indices=None, pad_slot_id=PAD_SLOT_ID) -> tuple:
+    """(problem, config, why) a call with these arguments runs with (no launch)."""
+    t = {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+         "idx": state_batch_indices, "out": None}
+    c = _prepare(t, dt_softplus, pad_slot_id, None)
+    return c.problem, c.config, c.why
+
+
+# --- the tuner's and the compile report's hooks -------------------------------------------------
+def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
+    """Fresh random inputs (never zeros) in the forms Mamba-2 passes them: dt, A, D and dt_bias
+    expanded over headdim (and dstate) with stride 0."""
+    from ...problem import TORCH_DTYPES
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b, T, h, p, n, ng = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
+                         problem.ngroups)
+    lead = (b, T) if T > 1 else (b,)
+    e = TORCH_DTYPES[problem.dtype]
+
+    def rnd(*shape, dtype=e, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+    dt = (torch.rand(*lead, h, generator=g) * 4 - 4 if problem.dt_softplus
+          else torch.rand(*lead, h, generator=g) * 0.2 + 0.005).to(e).to(device)
+    t = dict(state=rnd(b, h, p, n, dtype=TORCH_DTYPES[problem.state_dtype]), x=rnd(*lead, h, p),
+             dt=dt.unsqueeze(-1).expand(*lead, h, p),
+             A=(-torch.rand(h, generator=g) * 4 - 0.5).to(device)[:, None, None].expand(h, p, n),
+             B=rnd(*lead, ng, n), C=rnd(*lead, ng, n),
+             D=rnd(h, dtype=torch.float32)[:, None].expand(h, p) if problem.has_D else None,
+             z=rnd(*lead, h, p) if problem.has_z else None,
+             dt_bias=rnd(h, dtype=torch.float32, scale=0.5)[:, None].expand(h, p) if problem.has_dt_bias else None)
+    return t
+
+
+def tune_reference(problem: DecodeProblem, t: dict):
+    """float64 (out, new state)."""
+    from .naive import state_update_ref
+    return state_update_ref(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
+                            problem.dt_softplus)
+
+
+def tune_run(problem: DecodeProblem, config: DecodeConfig, t: dict, backend: str = "cuda"):
+    """The generated kernel of `config` on a copy of the state: (out, new state)."""
+    state = t["state"].clone()
+    out = selective_state_update(state, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
+                                 problem.dt_softplus, config=config)
+    return out, state
+
+
+def meta_launches(problem: DecodeProblem, config: DecodeConfig, backend: str) -> list:
+    """The launch at `problem`'s shapes on meta tensors (the cross-compile report)."""
+    return plan(problem, config, _meta_inputs(problem), None, backend)
+
+
+def _meta_inputs(problem: DecodeProblem) -> dict:
+    from ...problem import TORCH_DTYPES
+    b, T, h, p, n, g = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
+                        problem.ngroups)
+    lead = (b, T) if T > 1 else (b,)
+    e = TORCH_DTYPES[problem.dtype]
+
+    def m(*shape, dtype=e):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    return dict(state=m(b, h, p, n, dtype=TORCH_DTYPES[problem.state_dtype]), x=m(*lead, h, p),
+                dt=m(*lead, h, 1).expand(*lead, h, p), A=m(h, 1, 1, dtype=torch.float32).expand(h, p, n),
+                B=m(*lead, g, n), C=m(*lead, g, n),
+                D=m(h, 1, dtype=torch.float32).expand(h, p) if problem.has_D else None,
+                z=m(*lead, h, p) if problem.has_z else None,
+                dt_bias=m(h, 1, dtype=torch.float32).expand(h, p) if problem.has_dt_bias else None,
+                idx=None, out=m(*lead, h, p))
+
+
+def stage_costs(problem: DecodeProblem, config: DecodeConfig) -> list:
+    """The one launch's bytes (every operand once: `DecodeProblem.min_bytes`) and FLOPs."""
+    from ...tuner.model import StageCost
+    grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // config.heads)
+    width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
+    return [StageCost("decode", grid, float(problem.min_bytes()), 0.0, float(problem.flops()),
+                      (config.block_p, width, 1), config.stages)]
+
+
+OP = register(Op(
+    name="ssd_decode",
+    space=SPACE,
+    config_type=DecodeConfig,
+    stages=STAGES,
+    sequences=SEQUENCES,
+    template_dir="ssd_decode",
+    problem_type=DecodeProblem,
+    includes="autossd.ops.ssd.decode:includes",
+    render_context="autossd.ops.ssd.decode:render_context",
+    plan="autossd.ops.ssd.decode:plan",
+    meta_launches="autossd.ops.ssd.decode:meta_launches",
+    tune_inputs="autossd.ops.ssd.decode:tune_inputs",
+    tune_reference="autossd.ops.ssd.decode:tune_reference",
+    tune_run="autossd.ops.ssd.decode:tune_run",
+    reference="autossd.ops.ssd.naive:state_update_ref",
+    cost_model="autossd.ops.ssd.decode:stage_costs",
+    default_config="autossd.ops.ssd.decode_knobs:default_config",
+    violations="autossd.ops.ssd.decode_knobs:violations",
+    caps="autossd.ops.ssd.decode_knobs:caps",
+    doc="Mamba-2 decode step: the state updated in place by one (or T) tokens, and the output",
+))

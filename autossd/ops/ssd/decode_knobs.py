@@ -1,0 +1,151 @@
+"""The decode step's knobs (`ssd_decode`), declared once, and the rules that tie them to an arch
+and a problem.
+
+The mode knob is `layout`: how a program walks the state's dstate axis. "whole" holds the
+program's (BLOCK_P, dstate) state tile in registers at once (one read, one write, and with several
+tokens per step the state stays in registers between them); "tiled" walks dstate in BLOCK_N
+slices, each read once and written once, for a dstate too large to hold (one token per step only:
+the output of a token sums over every slice).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ...arch import Arch, get_arch
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace  # noqa: F401 (ConfigError: re-exported)
+
+STATE_DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = ("fp32", "bf16", "fp16")
+# fp32 state elements a thread may hold before the whole-dstate tile spills registers (the update,
+# the product with C and the loads in flight need a few registers per element)
+MAX_ELEMS_PER_THREAD = 128
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("layout", ("whole", "tiled"), "whole",
+         "the state tile's dstate extent: all of dstate at once, or BLOCK_N slices in a loop"),
+    Knob("block_p", (1, 2, 4, 8, 16, 32, 64, 128), 8, "headdim rows per program", "decode"),
+    Knob("block_n", (16, 32, 64, 128), 64, "dstate columns per slice", "decode", depths=("tiled",)),
+    Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled: more loads in flight per program)", "decode"),
+    Knob("warps", (1, 2, 4, 8), 4, "num_warps", "decode"),
+    Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the token and slice loops)", "decode"),
+)
+SPACE = KnobSpace("ssd_decode", KNOBS, mode_knob="layout")
+KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
+
+
+class DecodeConfig(BaseConfig):
+    """A validated decode config: every knob of `KNOBS`, each from its declared set."""
+    space = SPACE
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """One decode call's shape, dtypes and flags: what the records key on. `batch` is the rows of
+    the call (not the cache slots of the state); `tokens` is T, the tokens per row of a
+    multi-token step (1: the ordinary decode step)."""
+    batch: int
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    dtype: str                 # x, z and out
+    state_dtype: str = "fp32"
+    has_D: bool = False
+    has_z: bool = False
+    has_dt_bias: bool = False
+    dt_softplus: bool = False
+    tokens: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("batch", "nheads", "headdim", "dstate", "ngroups", "tokens"):
+            v = getattr(self, f)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{f}: expected a positive int, got {v!r}")
+        if self.nheads % self.ngroups:
+            raise ValueError(f"ngroups: nheads={self.nheads} is not divisible by ngroups={self.ngroups}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype: expected one of {STATE_DTYPES}, got {self.state_dtype!r}")
+        for f in ("has_D", "has_z", "has_dt_bias", "dt_softplus"):
+            if type(getattr(self, f)) is not bool:
+                raise ValueError(f"{f}: expected a bool, got {getattr(self, f)!r}")
+
+    def key(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **kw) -> "DecodeProblem":
+        return DecodeProblem(**{**asdict(self), **kw})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def min_bytes(self) -> int:
+        """Each operand read once, each output written once: the state read and written, x, z and
+        out, dt, B and C (the per-head parameters are a rounding error)."""
+        e = {"fp32": 4, "bf16": 2, "fp16": 2}
+        s = e[self.state_dtype]
+        bt = self.batch * self.tokens
+        state = 2 * self.batch * self.nheads * self.headdim * self.dstate * s
+        xo = bt * self.nheads * self.headdim * e[self.dtype] * (3 if self.has_z else 2)
+        bc = 2 * bt * self.ngroups * self.dstate * e[self.dtype]
+        return state + xo + bc + bt * self.nheads * 4
+
+    def flops(self, chunk_size: int = 0) -> int:
+        """Per state element and token: decay, update and the product with C (5 FLOPs)."""
+        return 5 * self.batch * self.tokens * self.nheads * self.headdim * self.dstate
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def caps(problem: DecodeProblem) -> dict[str, int]:
+    """Largest useful value per knob: a tile past the padded dimension is masked-off work."""
+    return {"block_p": pow2_at_least(problem.headdim),
+            "block_n": max(16, pow2_at_least(problem.dstate)),
+            "heads": pow2_at_least(problem.nheads)}
+
+
+def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | None = None) -> list[str]:
+    """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    why = []
+    for knob in KNOBS:
+        if config[knob.name] not in knob.values_on(arch):
+            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    threads = config.warps * arch.warp_size
+    if threads > 1024:
+        why.append(f"warps={config.warps} x warp {arch.warp_size} > 1024 threads")
+    if problem is not None:
+        for name, cap in caps(problem).items():
+            if config[name] > cap and not (name == "block_n" and config.layout != "tiled"):
+                why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
+        if config.layout == "tiled" and problem.tokens > 1:
+            why.append(f"layout=tiled runs one token per step; the problem has tokens={problem.tokens}")
+        width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
+        per_thread = config.block_p * width // threads
+        if per_thread > MAX_ELEMS_PER_THREAD:
+            why.append(f"a {config.block_p} x {width} state tile is {per_thread} elements per thread "
+                       f"(> {MAX_ELEMS_PER_THREAD}: registers spill)")
+    return why
+
+
+def default_config(arch: Arch | str, problem: DecodeProblem | None = None) -> DecodeConfig:
+    """The per-arch default, used where no record applies: the whole dstate per program, a tile of
+    about 1024 state elements (8 per thread of 4 warps on NVIDIA, 8 per thread of 2 wavefronts on
+    AMD: enough loads in flight per thread to stream, many programs at small batch), one head per
+    program. A dstate too wide for that (over 1024 at one headdim row) walks it in slices."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    base = DecodeConfig(warps=2 if arch.is_amd else 4)
+    if problem is None:
+        return base
+    n2 = max(16, pow2_at_least(problem.dstate))
+    p2 = pow2_at_least(problem.headdim)
+    if n2 > 1024 and problem.tokens == 1:
+        block_p = max(v for v in KNOB_BY_NAME["block_p"].values if v <= min(p2, 16))
+        return base.replace(layout="tiled", block_n=128, block_p=block_p)
+    block_p = max(1, min(p2, 1024 // n2, 128))
+    return base.replace(block_p=block_p)
