@@ -1,0 +1,215 @@
+"""The decode step (`ssd_decode`, `autossd.selective_state_update`) against its float64 reference, in
+Triton's CPU interpreter. Shapes are tiny (each launch is a few interpreted programs); every
+output starts poisoned with NaN so an element the kernel never writes shows."""
+import math
+
+import pytest
+import torch
+
+from autossd import render
+from autossd.ops.registry import get_op
+from autossd.ops.ssd import decode as dec
+from autossd.ops.ssd.decode import DecodeProblem, selective_state_update, tune_inputs
+from autossd.ops.ssd.decode_knobs import KNOBS, DecodeConfig, default_config, violations
+from autossd.ops.ssd.naive import ssd_recurrent, state_update_ref
+from autossd.testing import rel_err, tolerance
+
+
+def _run(t, pr, config=None, idx=None, pad=-1, poison=True):
+    """One call on a copy of the state, out= poisoned; returns (out, new state, the state object)."""
+    state = t["state"].clone()
+    out = torch.full(t["x"].shape, float("nan"), dtype=t["x"].dtype) if poison else None
+    got = selective_state_update(state, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
+                                 pr.dt_softplus, state_batch_indices=idx, pad_slot_id=pad, out=out, config=config)
+    if poison:
+        assert got is out   # the caller's out= is written and returned
+    return got, state
+
+
+def _check(pr, t, got, state, idx=None):
+    ref_y, ref_s = state_update_ref(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
+                                    t["dt_bias"], pr.dt_softplus, idx)
+    assert torch.isfinite(got).all()
+    tol = tolerance(pr.dtype, pr.state_dtype)
+    assert rel_err(got, ref_y) < tol, (rel_err(got, ref_y), tol)
+    assert rel_err(state, ref_s) < tolerance(pr.state_dtype), rel_err(state, ref_s)
+
+
+CASES = [
+    # ngroups > 1 (two heads per group), D per head, z, dt_bias + softplus, fp32 state
+    (DecodeProblem(2, 4, 4, 16, 2, "fp32", "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True),
+     DecodeConfig(heads=2, block_p=4)),
+    # bf16 state and inputs, no gate
+    (DecodeProblem(2, 2, 4, 16, 1, "bf16", "bf16", has_D=True), None),
+    # fp16 state and inputs, dt_bias without softplus, the dstate walked in slices (dstate 24: a
+    # partial last slice)
+    (DecodeProblem(2, 2, 4, 24, 1, "fp16", "fp16", has_dt_bias=True, has_z=True),
+     DecodeConfig(layout="tiled", block_n=16, block_p=2, heads=2)),
+    # bf16 state with fp32 inputs; headdim 6 against a tile of 4: a partial headdim tile
+    (DecodeProblem(2, 2, 6, 16, 2, "fp32", "bf16", has_z=True), DecodeConfig(block_p=4, heads=2)),
+]
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled", "bf16state-fp32"])
+def test_matches_float64_reference(i):
+    pr, cfg = CASES[i]
+    t = tune_inputs(pr, seed=i)   # the tied-stride forms Mamba-2 passes
+    assert t["dt"].stride()[-1] == 0 and t["A"].stride()[1:] == (0, 0)
+    got, state = _run(t, pr, cfg)
+    _check(pr, t, got, state)
+
+
+def test_plain_forms_tied_D_and_state_updated_in_place():
+    """dt (batch, nheads), A and dt_bias (nheads,), D (nheads, headdim) varying over headdim; the
+    caller's state tensor itself holds the new state; out allocated when not given."""
+    pr = DecodeProblem(2, 2, 4, 16, 1, "fp32", "fp32", has_D=True, has_dt_bias=True, dt_softplus=True)
+    t = tune_inputs(pr, seed=3)
+    t["dt"] = t["dt"][..., 0].contiguous()
+    t["A"] = t["A"][:, 0, 0].contiguous()
+    t["dt_bias"] = t["dt_bias"][:, 0].contiguous()
+    t["D"] = torch.randn(2, 4)
+    state = t["state"].clone()
+    ptr = state.data_ptr()
+    got = selective_state_update(state, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], dt_bias=t["dt_bias"],
+                                 dt_softplus=True)
+    assert state.data_ptr() == ptr and got.shape == t["x"].shape and got.dtype == t["x"].dtype
+    _check(pr, t, got, state)
+
+
+def test_multi_token_step():
+    """x (batch, T, nheads, headdim): T tokens per row in one step equal T single steps."""
+    pr = DecodeProblem(2, 2, 4, 16, 1, "fp32", "fp32", has_D=True, has_z=True, tokens=3)
+    t = tune_inputs(pr, seed=5)
+    got, state = _run(t, pr, DecodeConfig(heads=2, block_p=4))
+    _check(pr, t, got, state)
+
+
+def test_state_batch_indices_pad_permutation_and_bad_index():
+    """Rows update the slots their indices name (a permutation of some of 6 slots); the pad row
+    leaves every slot as it was to the bit and outputs 0; an index past the cache outputs NaN and
+    touches nothing."""
+    pr = DecodeProblem(4, 2, 4, 16, 1, "fp32", "fp32", has_z=True)
+    t = tune_inputs(pr, seed=7)
+    cache = torch.randn(6, 2, 4, 16)
+    t["state"] = cache
+    idx = torch.tensor([4, -1, 0, 9], dtype=torch.int32)
+    got, state = _run(t, pr, DecodeConfig(heads=2, block_p=4), idx=idx)
+    ref_y, ref_s = state_update_ref(cache, t["x"], t["dt"], t["A"], t["B"], t["C"], None, t["z"], None, False, idx)
+    for s in (1, 2, 3, 5):   # slots no row names (the pad row's and the bad row's included)
+        assert torch.equal(state[s], cache[s])
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    assert torch.isnan(got[3]).all()
+    ok = [0, 2]
+    assert rel_err(got[ok], ref_y[ok]) < tolerance("fp32")
+    assert rel_err(state[[4, 0]], ref_s[[4, 0]]) < tolerance("fp32")
+
+
+def test_second_call_reuses_the_call_key():
+    pr = DecodeProblem(1, 2, 4, 16, 1, "fp32", "fp32")
+    t = tune_inputs(pr, seed=11)
+    dec.clear_cache()
+    a, sa = _run(t, pr, DecodeConfig(heads=2, block_p=4))
+    assert len(dec._calls) == 1
+    t2 = dict(t, x=torch.randn_like(t["x"]))
+    b, sb = _run(t2, pr, DecodeConfig(heads=2, block_p=4))
+    assert len(dec._calls) == 1   # same shapes, dtypes and strides: no second validation
+    _check(pr, t2, b, sb)
+
+
+def test_reference_agrees_with_the_recurrent_forward():
+    """T decode steps from a state equal the forward's recurrence from that initial state."""
+    g = torch.Generator().manual_seed(0)
+    b, T, h, p, n, ng = 2, 5, 4, 3, 8, 2
+    x, z = torch.randn(b, T, h, p, generator=g), torch.randn(b, T, h, p, generator=g)
+    dt = torch.rand(b, T, h, generator=g) - 0.5
+    A, D, bias = -torch.rand(h, generator=g) - 0.5, torch.randn(h, generator=g), torch.randn(h, generator=g)
+    B, C = torch.randn(b, T, ng, n, generator=g), torch.randn(b, T, ng, n, generator=g)
+    s0 = torch.randn(b, h, p, n, generator=g)
+    y, s = state_update_ref(s0, x, dt, A, B, C, D, z, bias, True)
+    y2, s2, _ = ssd_recurrent(x, dt, A, B, C, D=D, z=z, dt_bias=bias, initial_states=s0, dt_softplus=True)
+    assert torch.allclose(y, y2) and torch.allclose(s, s2)
+
+
+# --- bad input: clear errors naming the argument, before any launch ---------------------------
+def _args():
+    pr = DecodeProblem(2, 2, 4, 16, 1, "fp32", "fp32")
+    t = tune_inputs(pr)
+    return dict(state=t["state"], x=t["x"], dt=t["dt"], A=t["A"], B=t["B"], C=t["C"])
+
+
+@pytest.mark.parametrize("change,exc,name", [
+    (lambda a: a.update(state=a["state"][0]), ValueError, "state"),
+    (lambda a: a.update(state=a["state"].int()), TypeError, "state"),
+    (lambda a: a.update(x=a["x"][:, :1]), ValueError, "x"),
+    (lambda a: a.update(x="x"), TypeError, "x"),
+    (lambda a: a.update(dt=a["dt"][:1]), ValueError, "dt"),
+    (lambda a: a.update(A=torch.randn(2, 4, 16)), ValueError, "A"),
+    (lambda a: a.update(B=torch.randn(2, 3, 16)), ValueError, "B"),
+    (lambda a: a.update(C=a["C"][..., :8]), ValueError, "C"),
+    (lambda a: a.update(D=torch.randn(3)), ValueError, "D"),
+    (lambda a: a.update(z=torch.randn(2, 2, 5)), ValueError, "z"),
+    (lambda a: a.update(dt_bias=torch.randn(2, 4, 1)), ValueError, "dt_bias"),
+    (lambda a: a.update(state_batch_indices=torch.zeros(2)), TypeError, "state_batch_indices"),
+    (lambda a: a.update(state_batch_indices=torch.zeros(3, dtype=torch.int32)), ValueError, "state_batch_indices"),
+    (lambda a: a.update(state=torch.randn(3, 2, 4, 16)), ValueError, "state"),
+    (lambda a: a.update(out=torch.empty(2, 2, 3)), ValueError, "out"),
+    (lambda a: a.update(pad_slot_id=-1.0), TypeError, "pad_slot_id"),
+    (lambda a: a.update(A=a["A"].to("meta")), ValueError, "A"),
+])
+def test_bad_input_names_the_argument(change, exc, name):
+    a = _args()
+    change(a)
+    with pytest.raises(exc, match=rf"^{name}:"):
+        selective_state_update(**a)
+
+
+# --- knobs, rules, records ----------------------------------------------------------------------
+def test_every_knob_changes_the_rendered_kernel():
+    base = DecodeConfig(layout="tiled")
+    h0 = render.kernel_hash(base, "cuda")
+    for knob in KNOBS:
+        other = next(v for v in knob.values if v != base[knob.name])
+        assert render.kernel_hash(base.replace(**{knob.name: other}), "cuda") != h0, knob.name
+    whole = DecodeConfig()
+    assert whole.replace(block_n=16) == whole   # block_n shapes only the tiled layout
+
+
+def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
+    big = DecodeProblem(64, 80, 64, 128, 1, "bf16", "fp32", has_D=True, dt_softplus=True, has_dt_bias=True)
+    for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
+        for pr in (big, big.replace(batch=1, tokens=4), big.replace(dstate=4096), DecodeProblem(1, 3, 5, 7, 1, "fp32")):
+            assert violations(default_config(arch, pr), arch, pr) == [], (arch, pr)
+    assert default_config("sm90", big.replace(dstate=4096)).layout == "tiled"
+    small = DecodeProblem(1, 2, 4, 16, 1, "fp32")
+    assert any("block_p" in w for w in violations(DecodeConfig(block_p=8), "sm90", small))
+    assert any("tokens" in w for w in violations(DecodeConfig(layout="tiled"), "sm90", small.replace(tokens=2)))
+    assert any("spill" in w for w in violations(DecodeConfig(block_p=64, warps=1), "sm90", big))
+    with pytest.raises(ValueError, match="ngroups"):
+        DecodeProblem(1, 3, 4, 16, 2, "fp32")
+    assert DecodeProblem(**big.key()) == big
+    op = get_op("ssd_decode")
+    assert op.problem_type is DecodeProblem and op.config_type is DecodeConfig
+    assert op.fn("cost_model")(big, default_config("sm90", big))[0].unique_bytes == big.min_bytes()
+
+
+def test_an_exact_record_is_picked_else_the_default(monkeypatch):
+    pr = DecodeProblem(2, 2, 4, 16, 1, "fp32")
+    tuned = DecodeConfig(block_p=2, heads=2, warps=2)
+
+    class Rec:   # what load_records returns, as far as the pick reads it
+        arch, op, origin, provenance, launch_mode, time_ms = "sm90", "ssd_decode", "user", "measured", "eager", 0.01
+        problem, config = pr, tuned
+
+    import autossd.db.lookup as lookup
+    monkeypatch.setattr(lookup, "load_records", lambda arch, op, db=None: [Rec()])
+    assert dec.choose(pr, "sm90")[0] == tuned
+    other = pr.replace(batch=3)
+    assert dec.choose(other, "sm90")[0] == default_config("sm90", other)
+
+
+def test_meta_launches_plan_the_one_kernel():
+    pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "bf16", has_D=True, has_z=True)
+    cfg = default_config("sm90", pr)
+    (ln,) = get_op("ssd_decode").fn("meta_launches")(pr, cfg, "cuda")
+    assert ln.kernel == "ssd_decode_whole" and ln.grid == (16, math.ceil(64 / cfg.block_p), 80)
+    assert ln.args["s_dt_p"] == 0 and ln.args["s_D_p"] == 0 and ln.options["num_warps"] == cfg.warps
