@@ -23,6 +23,7 @@ class Arch:
     sm_count: int         # of the reference part, for wave quantization in the model
     hbm_gbps: float       # datasheet bandwidth of the reference part, for the static model
     matmul_tflops: float  # dense fp16/bf16 rate of the reference part, for the static model
+    reference_part: str = ""   # the GPU whose datasheet figures these are (names static records' device)
     # capabilities (what a knob or a template may need):
     tma: bool = False     # bulk tensor copies (TMA descriptors): the Gluon data paths
     wgmma: bool = False   # warpgroup MMA: the Gluon data paths
@@ -51,13 +52,13 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "sm80": Arch("sm80", "cuda", 80, 32, 163 * 1024, 164 * 1024, 65536, 2048, 108, 2039.0, 312.0,
+    "sm80": Arch("sm80", "cuda", 80, 32, 163 * 1024, 164 * 1024, 65536, 2048, 108, 2039.0, 312.0, "A100",
                  maxnreg=True),
-    "sm90": Arch("sm90", "cuda", 90, 32, 227 * 1024, 228 * 1024, 65536, 2048, 132, 3350.0, 989.0,
+    "sm90": Arch("sm90", "cuda", 90, 32, 227 * 1024, 228 * 1024, 65536, 2048, 132, 3350.0, 989.0, "H100",
                  tma=True, wgmma=True, pdl=True, maxnreg=True, wgmma_fused_tile_bug=True),
-    "gfx90a": Arch("gfx90a", "hip", "gfx90a", 64, 64 * 1024, 64 * 1024, 512, 2048, 104, 1638.0, 181.0,
+    "gfx90a": Arch("gfx90a", "hip", "gfx90a", 64, 64 * 1024, 64 * 1024, 512, 2048, 104, 1638.0, 181.0, "MI250X",
                    mfma=True),
-    "gfx942": Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, 64 * 1024, 512, 2048, 304, 5300.0, 1307.0,
+    "gfx942": Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, 64 * 1024, 512, 2048, 304, 5300.0, 1307.0, "MI300X",
                    mfma=True),
 }
 

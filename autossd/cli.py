@@ -35,7 +35,10 @@ def _knob_value(kind: type, raw: str):
 
 
 def _fixed(ctx, param, values) -> dict:
-    from .ops.ssd.fwd_knobs import KNOB_BY_NAME, Config, ConfigError
+    from .knobs import ConfigError
+    from .ops.registry import get_op
+    op = get_op(ctx.params.get("op") or "ssd_fwd")   # --op is eager: parsed before --fix
+    KNOB_BY_NAME, Config = op.space.by_name, op.config_type
     out = {}
     for item in values:
         for part in filter(None, (s.strip() for s in item.split(","))):
@@ -55,6 +58,14 @@ def _fixed(ctx, param, values) -> dict:
     except ConfigError as e:
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
     return out
+
+
+def _op(ctx, param, value) -> str:
+    from .ops.registry import get_op, op_names
+    try:
+        return get_op(value).name
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected one of {list(op_names())}", ctx=ctx, param=param) from None
 
 
 def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str):
@@ -141,6 +152,8 @@ def main() -> None:
               help="worker processes sharing each study (measured: one per GPU)")
 @click.option("--mode", type=click.Choice(["auto", "measured", "static"]), default="auto", show_default=True,
               help="auto: measured when --arch is the local GPU, else static")
+@click.option("--op", default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
+              help="the op to tune (autossd.ops.registry)")
 @click.option("--fix", multiple=True, callback=_fixed, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
 @click.option("--seed", type=int, default=None, help="sampler seed")
 @click.option("--compile-workers", type=click.IntRange(0), default=2, show_default=True,
@@ -158,7 +171,7 @@ def main() -> None:
 @click.option("--plot-dir", type=click.Path(file_okay=False), default=None, help="write plots here")
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
-def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, fix,
+def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, op, fix,
          seed, compile_workers, eval_timeout, objective, confirm, plot_dir, progress) -> None:
     """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
     from .tuner import Settings, choose_mode, open_sink, tune as run_tune
@@ -190,7 +203,8 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     click.echo(f"storage: {describe(storage)}   records: {sink!r}   sampler: {sampler}   "
                f"trials/shape: {trials}")
     settings = Settings(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
-                        batch=max(1, compile_workers), fixed=fix, progress=progress, confirm=confirm)
+                        batch=max(1, compile_workers), fixed=fix, progress=progress, confirm=confirm,
+                        op=op)
     runner_kw = {"compile_workers": compile_workers}
     if mode == "measured":
         runner_kw["timeout"] = eval_timeout

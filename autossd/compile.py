@@ -20,7 +20,7 @@ import torch
 from .arch import Arch, get_arch
 from .problem import TORCH_DTYPES, Problem
 from .render import load
-from .ops.ssd.fwd_knobs import Config, violations
+from .knobs import BaseConfig as Config
 
 _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
         torch.int32: "*i32", torch.int64: "*i64"}
@@ -233,8 +233,8 @@ def _compile_pool():
 
 def compile_config(config: Config, arch: Arch | str, problem: Problem,
                    stages: tuple[str, ...] | None = None) -> CompileReport:
-    """Compile the stages of `config` (all five by default) for `arch` at `problem`'s signature
-    and report."""
+    """Compile the stages of `config` (every launch of its op's plan by default) for `arch` at
+    `problem`'s signature, with meta tensors (no device), and report."""
     from .render import interpreting
     if interpreting():
         return _compile_pool().apply(compile_config, (config, arch, problem, stages))
@@ -242,15 +242,14 @@ def compile_config(config: Config, arch: Arch | str, problem: Problem,
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .ops.ssd.chunk import allocate, plan
+    from .ops.registry import get_op
 
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    why = violations(config, arch, problem)
+    op = get_op(config.op)
+    why = op.fn("violations")(config, arch, problem)
     if why:
         return CompileReport(arch.name, config, [], why)
-    tensors = meta_inputs(problem)
-    buf = allocate(problem, config, "meta")
-    launches = plan(problem, config, tensors, buf, arch.backend)
+    launches = op.fn("meta_launches")(problem, config, arch.backend)
     module = load(config, arch.backend, interpret=False)
     reports = []
     for ln in launches:

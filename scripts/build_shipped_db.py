@@ -146,7 +146,7 @@ def rehash(records: list, rev: str) -> tuple[list, int]:
     from autossd.db.records import current_kernel_hash
     from autossd.ops.ssd.chunk import allocate, plan
     from autossd.render import launch_options, render
-    from autossd.ops.ssd.fwd_knobs import STAGES_BY_DEPTH
+    from autossd.ops.ssd.fwd import SEQUENCES as STAGES_BY_DEPTH
 
     out, n = [], 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -104,13 +104,13 @@ def test_brute_force_on_a_huge_space_says_how_to_shrink_it(env):
 def test_jsonl_store_show_export_merge_and_plot(env):
     from autossd.problem import Problem
     from autossd.ops.ssd.fwd_knobs import default_config
-    from autossd.tuner.sinks import JsonlSink, make_record
+    from autossd.tuner.sinks import JsonlSink, make_result
     p = parse_shape(SHAPE)
     a, b = env / "a.jsonl", env / "b.jsonl"
     cfg = default_config("sm90", p)
-    JsonlSink(a).save(make_record("sm90", "H100 model", p, cfg, 0.5, "static"))
-    JsonlSink(b).save(make_record("sm90", "NVIDIA H100", p, cfg.replace(scan_warps=8), 0.7, "measured"))
-    JsonlSink(b).save(make_record("sm90", "NVIDIA H100", Problem(**{**p.key(), "seqlen": 1024}),
+    JsonlSink(a).save(make_result("sm90", "H100 model", p, cfg, 0.5, "static"))
+    JsonlSink(b).save(make_result("sm90", "NVIDIA H100", p, cfg.replace(scan_warps=8), 0.7, "measured"))
+    JsonlSink(b).save(make_result("sm90", "NVIDIA H100", Problem(**{**p.key(), "seqlen": 1024}),
                                   cfg, 0.9, "measured"))
     assert invoke("merge", a, b, "--into", env / "m.jsonl").exit_code == 0
     recs = json.loads(invoke("show", "--db", env / "m.jsonl", "--json").output)

@@ -6,7 +6,8 @@ from autossd.arch import ARCHS
 from autossd.compile import compile_config, meta_inputs
 from autossd.problem import Problem
 from autossd.render import render
-from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, STAGES_BY_DEPTH, Config, default_config, fit
+from autossd.ops.ssd.fwd import SEQUENCES as STAGES_BY_DEPTH
+from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, default_config, fit
 
 PROB = Problem(batch=1, seqlen=4096, nheads=8, headdim=64, dstate=128, ngroups=1, dtype="bf16",
                has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True, return_final_states=True)

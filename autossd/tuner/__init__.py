@@ -1,12 +1,12 @@
 """The tuner: Optuna studies over `autossd.ops.ssd.fwd_knobs.KNOBS`, measured on the local GPU or predicted
 for an absent arch (static mode), results stored through a small sink seam."""
 from .api import choose_mode, make_runner, tune
-from .sinks import JsonlSink, make_record, open_sink
+from .sinks import JsonlSink, make_result, open_sink
 from .shapes import ShapeError, parse_shape, parse_shapes, preset
 from .search_space import SearchSpace, build_space, seed_configs
 from .study import Settings, TuneResult, bucket, study_name, tune_problem
 
 __all__ = ["JsonlSink", "SearchSpace", "Settings", "ShapeError", "TuneResult", "bucket",
-           "build_space", "choose_mode", "make_record", "make_runner", "open_sink", "parse_shape",
+           "build_space", "choose_mode", "make_result", "make_runner", "open_sink", "parse_shape",
            "parse_shapes", "preset", "seed_configs", "study_name", "tune",
            "tune_problem"]

@@ -30,13 +30,15 @@ def choose_mode(arch: str, mode: str = "auto", local: str | None = "detect") -> 
 
 
 def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2,
-                timeout: float = 60.0, **kw: Any):
+                timeout: float = 60.0, op: str = "ssd_fwd", **kw: Any):
+    """The runner of a tune: cross-compiled and model-ranked (static), or measured on the local
+    GPU against the op's float64 reference (measured)."""
     if mode == "static":
         from .runners.static import StaticRunner
         return StaticRunner(arch, problem, compile_workers)
     if mode == "measured":
         from .runners.measured import MeasuredRunner
-        return MeasuredRunner(arch, problem, compile_workers=compile_workers, timeout=timeout, **kw)
+        return MeasuredRunner(arch, problem, compile_workers=compile_workers, timeout=timeout, op=op, **kw)
     raise ValueError(f"mode: no runner for {mode!r}")
 
 
@@ -49,7 +51,7 @@ def _worker(index: int, gpu: str | None, arch: str, problem: dict, mode: str, se
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before anything touches CUDA in this process
     prob = Problem(**problem)
     st = Settings(**{**settings, "worker": index})
-    runner = make_runner(mode, arch, prob, **runner_kw)
+    runner = make_runner(mode, arch, prob, op=st.op, **runner_kw)
     try:
         study, space = open_study(arch, prob, mode, runner.device, st, None, getattr(runner, "objective", None))
         run_trials(study, space, arch, prob, runner, st)
@@ -71,7 +73,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
     runner_kw = dict(runner_kw or {})
     results = []
     for prob in problems:
-        runner = make_runner(mode, arch, prob, **runner_kw)
+        runner = make_runner(mode, arch, prob, op=settings.op, **runner_kw)
         try:
             study, space = open_study(arch, prob, mode, runner.device, settings, None,
                                       getattr(runner, "objective", None))

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..knobs import BaseConfig as Config
+from ..ops.registry import get_op
 from ..problem import Problem
-from ..ops.ssd.fwd_knobs import Config
-from ..testing import call_kwargs, tolerance
-from ..testing import make_inputs as _make_inputs
+from ..testing import tolerance
 
 MAX_ERR = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
 
@@ -36,31 +36,23 @@ class GateResult:
         return asdict(self)
 
 
-def make_inputs(problem: Problem, device="cpu", seed: int = 0) -> dict:
-    return _make_inputs(problem, device, seed)
+def make_inputs(problem: Problem, device="cpu", seed: int = 0, op: str = "ssd_fwd") -> dict:
+    """Fresh random inputs of `op` for `problem` (the op's `tune_inputs`)."""
+    return get_op(op).fn("tune_inputs")(problem, device, seed)
 
 
 def input_bytes(t: dict) -> int:
     return sum(v.numel() * v.element_size() for v in t.values() if isinstance(v, torch.Tensor))
 
 
-def reference(problem: Problem, t: dict, chunk_size: int = 256):
-    """float64 y (and final states when the problem returns them)."""
-    from ..ops.ssd.naive import ssd_chunked
-    kw = call_kwargs(problem, t)
-    y, final, _ = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], chunk_size, D=kw["D"],
-                              z=kw["z"], dt_bias=kw["dt_bias"], initial_states=kw["initial_states"],
-                              seq_idx=kw["seq_idx"], cu_seqlens=kw["cu_seqlens"],
-                              dt_softplus=problem.dt_softplus,
-                              dt_limit=kw.get("dt_limit", (0.0, float("inf"))))
-    return y, (final if problem.return_final_states else None)
+def reference(problem: Problem, t: dict, op: str = "ssd_fwd"):
+    """The float64 outputs the gate compares with (the op's `tune_reference`)."""
+    return get_op(op).fn("tune_reference")(problem, t)
 
 
 def default_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"):
-    from ..ops.ssd.chunk import execute
-    kw = call_kwargs(problem, t)
-    return execute(problem, config, t, cu_seqlens=kw["cu_seqlens"],
-                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, keep=True)
+    """The generated kernels of `config` on `t` (its op's `tune_run`)."""
+    return get_op(config.op).fn("tune_run")(problem, config, t, backend)
 
 
 def compare(out, ref, dtype: str, state_dtype: str = "fp32") -> GateResult:
@@ -95,9 +87,9 @@ def check(problem: Problem, config: Config, t: dict, ref, run: Runner = default_
     except Exception as e:  # a candidate's error is a verdict on the candidate
         return GateResult(False, float("inf"), float("inf"), f"{type(e).__name__}: {e}")
     y = out[0] if isinstance(out, tuple) else out
-    res = compare(y, y_ref, problem.dtype, config.state_dtype)
+    res = compare(y, y_ref, problem.dtype)
     if res.ok and final_ref is not None and isinstance(out, tuple):
-        fin = compare(out[1], final_ref, "fp32", config.state_dtype)
+        fin = compare(out[1], final_ref, "fp32")
         if not fin.ok:
             return GateResult(False, fin.max_err, fin.rel_l2, f"final states: {fin.why}")
     return res

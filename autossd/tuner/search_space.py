@@ -1,11 +1,12 @@
-"""The tuner's view of `autossd.ops.ssd.fwd_knobs.KNOBS`: which knobs are searched for an (arch, problem),
-how each maps to an Optuna distribution, and back.
+"""The tuner's view of an op's knob space: which knobs are searched for an (arch, problem), how
+each maps to an Optuna distribution, and back. The op (`autossd.ops.registry`) supplies its
+knobs, defaults, constraints, per-problem tile caps, excluded values and seed configs.
 
 Numeric knobs are sampled as an *index* into their offered values (IntDistribution), so samplers
 that model order (TPE, GP, CMA-ES) see 16 < 32 < 64 rather than unordered labels; string knobs
 (state_dtype) are categorical. Values that exceed the problem's padded sizes are dropped from the
-space up front (they could only be pruned); cross-knob rules (tile <= chunk) are left to
-`autossd.ops.ssd.fwd_knobs.violations`, checked before any compile.
+space up front (they could only be pruned); cross-knob rules (tile <= chunk) are left to the
+op's `violations`, checked before any compile.
 """
 from __future__ import annotations
 
@@ -19,16 +20,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from ..arch import Arch, get_arch
-from ..ops.ssd.chunk import walk_programs
-from ..problem import Problem
-from ..ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, caps, default_config, fit, violations
-
-
-# State dtypes a tune never picks for an input dtype: fp16's range (65504) is narrower than bf16's
-# and fp32's, so its states could overflow to inf where the inputs' own dtype would not. The
-# tuner's gate checks random inputs, which cannot show that; a caller may still ask for fp16
-# states explicitly (state_dtype=, or --fix state_dtype=fp16).
-NARROWER_STATES = {"bf16": ("fp16",), "fp32": ("fp16",)}
+from ..knobs import BaseConfig as Config
+from ..ops.registry import Op, get_op
 
 
 @dataclass(frozen=True)
@@ -62,27 +55,43 @@ class SearchSpace:
     # default for the knobs it cannot rank: the sm90 chunk scan's register cap is 128 at five
     # and three launches, none at one)
     pinned_at: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    op: str = "ssd_fwd"
 
-    def pins(self, launches: int) -> dict[str, Any]:
-        """The pinned values at a fusion depth."""
+    @property
+    def _op(self) -> Op:
+        return get_op(self.op)
+
+    @property
+    def mode(self) -> str:
+        """The op's mode knob (the forward's fusion depth, `launches`)."""
+        return self._op.mode_knob
+
+    def _default(self, name: str) -> Any:
+        return self._op.space.by_name[name].default
+
+    def _make(self, values: Mapping[str, Any]) -> Config:
+        return self._op.config_type(values)
+
+    def pins(self, launches: Any) -> dict[str, Any]:
+        """The pinned values at a mode (the forward's fusion depth)."""
         return {**self.pinned, **self.pinned_at.get(launches, {})}
 
     def distributions(self) -> dict[str, BaseDistribution]:
         return {d.name: d.distribution() for d in self.dims}
 
     def _dims_at(self, launches: int) -> list[Dim]:
-        return [d for d in self.dims if d.name != "launches" and self._used(d.name, launches)]
+        return [d for d in self.dims if d.name != self.mode and self._used(d.name, launches)]
 
     def _depths(self) -> tuple:
-        depth = next((d for d in self.dims if d.name == "launches"), None)
-        return depth.values if depth else (self.pinned.get("launches", KNOB_BY_NAME["launches"].default),)
+        depth = next((d for d in self.dims if d.name == self.mode), None)
+        return depth.values if depth else (self.pinned.get(self.mode, self._default(self.mode)),)
 
     def size(self) -> int:
         """Distinct configs: at each fusion depth, the product of the knobs that depth uses."""
         return sum(math.prod(len(d.values) for d in self._dims_at(n)) for n in self._depths())
 
     def _used(self, name: str, launches: int) -> bool:
-        return launches in KNOB_BY_NAME[name].depths
+        return self._op.space.by_name[name].shapes(launches)
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Sample a Config through Optuna's define-by-run API. The fusion depth is drawn first
@@ -96,28 +105,29 @@ class SearchSpace:
             else:
                 values[d.name] = trial.suggest_categorical(d.name, list(d.values))
         for d in self.dims:
-            if d.name == "launches":
+            if d.name == self.mode:
                 draw(d)
-        launches = values.get("launches", KNOB_BY_NAME["launches"].default)
+        launches = values.get(self.mode, self._default(self.mode))
         values.update(self.pinned_at.get(launches, {}))
         for d in self._dims_at(launches):
             draw(d)
-        return Config(values)
+        return self._make(values)
 
     def config_from_params(self, params: Mapping[str, Any]) -> Config:
         drawn = {d.name: d.decode(params[d.name]) for d in self.dims if d.name in params}
-        launches = drawn.get("launches", self.pinned.get("launches", KNOB_BY_NAME["launches"].default))
-        return Config({**self.pins(launches), **drawn})
+        launches = drawn.get(self.mode, self.pinned.get(self.mode, self._default(self.mode)))
+        return self._make({**self.pins(launches), **drawn})
 
     def params(self, config: Config) -> dict[str, Any] | None:
         """The Optuna params of a config (the knobs its depth uses), or None when it lies
         outside this space."""
-        if any(config[k] != v for k, v in self.pins(config.launches).items()
-               if self._used(k, config.launches) or k == "launches"):
+        mode = config[self.mode]
+        if any(config[k] != v for k, v in self.pins(mode).items()
+               if self._used(k, mode) or k == self.mode):
             return None
         try:
             return {d.name: d.encode(config[d.name]) for d in self.dims
-                    if d.name == "launches" or self._used(d.name, config.launches)}
+                    if d.name == self.mode or self._used(d.name, mode)}
         except ValueError:
             return None
 
@@ -131,131 +141,52 @@ class SearchSpace:
         for n in self._depths():
             dims = self._dims_at(n)
             for combo in itertools.product(*(d.values for d in dims)):
-                yield Config({**self.pins(n), "launches": n, **{d.name: v for d, v in zip(dims, combo)}})
+                yield self._make({**self.pins(n), self.mode: n, **{d.name: v for d, v in zip(dims, combo)}})
 
 
-def build_space(arch: Arch | str, problem: Problem, fixed: Mapping[str, Any] | None = None,
-                static: bool = False) -> SearchSpace:
-    """The search space for `problem` on `arch`. `fixed` pins knobs (validated like a Config).
-    `static` (model-ranked, no GPU): knobs the model cannot rank (Knob.measured_only) keep their
-    default unless fixed."""
+def build_space(arch: Arch | str, problem, fixed: Mapping[str, Any] | None = None,
+                static: bool = False, op: str = "ssd_fwd") -> SearchSpace:
+    """The search space of `op` for `problem` on `arch`. `fixed` pins knobs (validated like a
+    config). `static` (model-ranked, no GPU): knobs the model cannot rank (Knob.measured_only)
+    keep each mode's default unless fixed."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
+    o = get_op(op)
+    mode = o.mode_knob
     fixed = dict(fixed or {})
-    Config(fixed)  # unknown names / values outside a knob's set raise ConfigError here
-    if problem.chunk_size is not None:
+    o.config_type(fixed)  # unknown names / values outside a knob's set raise ConfigError here
+    if getattr(problem, "chunk_size", None) is not None and "chunk_size" in o.space.by_name:
         fixed.setdefault("chunk_size", problem.chunk_size)
-    limit = caps(problem)
-    excluded = {"state_dtype": NARROWER_STATES.get(problem.dtype, ())}
+    limit = o.fn("caps")(problem) if o.caps else {}
+    excluded = o.fn("excluded")(problem) if o.excluded else {}
+    default = o.fn("default_config")
     dims, pinned, pinned_at = [], {}, {}
-    for knob in KNOBS:
+    for knob in o.space.knobs:
         if knob.name in fixed:
             pinned[knob.name] = fixed[knob.name]
             continue
-        if static and knob.measured_only:   # each depth's default for this arch
+        if static and knob.measured_only:   # each mode's default for this arch
             pinned[knob.name] = knob.default
             for d in knob.depths:
-                pinned_at.setdefault(d, {})[knob.name] = default_config(arch, problem, launches=d)[knob.name]
+                pinned_at.setdefault(d, {})[knob.name] = default(arch, problem, **{mode: d})[knob.name]
             continue
         values = tuple(v for v in knob.values_on(arch)
                        if (knob.name not in limit or v <= limit[knob.name])
                        and v not in excluded.get(knob.name, ()))
-        if len(values) > 1 and ("launches" not in fixed or fixed["launches"] in knob.depths):
+        if len(values) > 1 and (mode not in fixed or knob.shapes(fixed[mode])):
             dims.append(Dim(knob.name, values))
-        else:   # one value here, or unused by the pinned depth's kernels
+        else:   # one value here, or unused by the pinned mode's kernels
             pinned[knob.name] = values[0] if len(values) == 1 else knob.default
-    return SearchSpace(arch.name, tuple(dims), pinned, pinned_at)
+    return SearchSpace(arch.name, tuple(dims), pinned, pinned_at, op)
 
 
-# The walk's seeds, by its rounds: it runs 2 CTAs per SM with 128-token ring blocks and 3 with
-# 64 (walk_block), and a program is one chain through its chunks, so a round takes a program's
-# time whatever the round's fill (measured on the H100). Cut only into segments of at least
-# this many chunks: 2-4 chunk segments made the walk no faster at 8x2048 while the join's bytes
-# grew (H100)
-_SPLIT_MIN_CHUNKS = 16
-
-
-def _walk_rounds(programs: int, chunks: int, slots: int, splits) -> tuple[int, float]:
-    """(segments, rounds of the whole walk's length) of the walk at `slots` programs per round: the
-    most segments that keep all programs in one round (the batch-1 shapes), else the cut with the
-    fewest rounds; a cut only where it takes off at least a fifth of the whole walk's rounds."""
-    rounds = {v: -(-programs * v // slots) / v for v in splits if v == 1 or chunks // v >= _SPLIT_MIN_CHUNKS}
-    fill = [v for v in rounds if v > 1 and programs * v <= slots]
-    cut = max(fill) if fill else min(rounds, key=lambda v: (rounds[v], v))
-    return (cut, rounds[cut]) if rounds[cut] <= 0.8 * rounds[1] else (1, rounds[1])
-
-
-def _walk_seeds(walk3: Config, arch, problem, space: SearchSpace) -> list[Config]:
-    """The walk family cut into segments (2.7b 1x131072 at 3, 130m at 11, 2.7b 4x16384 at 4:
-    320 programs take 2 rounds whole, 1.25 at 4 segments of 16 chunks), and with the 64-token
-    ring where its third CTA per SM takes off a fifth of the rounds more (4x16384 whole: one
-    round, the shipped pick; 8x2048: 2 rounds against 3, measured no faster: its walk is bound
-    by its bytes there)."""
-    arch_ = get_arch(arch) if isinstance(arch, str) else arch
-    programs = walk_programs(problem)
-    chunks = -(-problem.seqlen // walk3.chunk_size)
-    splits = (1,) if "walk_split" in space.pinned else KNOB_BY_NAME["walk_split"].values
-    per_sm = 3 if walk3.walk_block == 64 else 2   # (a walk_block pinned at 64 sizes the first seed)
-    v2, r2 = _walk_rounds(programs, chunks, per_sm * arch_.sm_count, splits)
-    out = [walk3.replace(walk_split=v2)] if v2 > 1 else []
-    if "walk_block" not in space.pinned and walk3.walk_block == 128:
-        v3, r3 = _walk_rounds(programs, chunks, 3 * arch_.sm_count, splits)
-        if r3 <= 0.8 * r2:
-            out.append(walk3.replace(walk_block=64, walk_split=v3))
-    return out
-
-
-def seed_configs(arch: Arch | str, problem: Problem, space: SearchSpace) -> list[Config]:
-    """Known-good starting points enqueued before sampling: the arch default (fitted to the
-    problem), the default at every other fusion depth, at each chunk size and at each fold of
-    the small stages (fold_prep), the Gluon walk and scans, pdl on the default and on the
-    fewest launches, and each walk seed with its weights written by the cumsum (walk_weights);
-    the shipped records' three families come right after the default. Only those inside the space
-    and feasible."""
-    base = default_config(arch, problem, launches=space.pinned.get("launches"))
-    base = base.replace(**{k: v for k, v in space.pins(base.launches).items() if base[k] != v})
-    depths = [base.launches] + [d for d in KNOB_BY_NAME["launches"].values
-                                if "launches" not in space.pinned and d != base.launches]
-    cands = [base] + [default_config(arch, problem, launches=d).replace(
-        **{k: v for k, v in space.pins(d).items() if k != "launches"}) for d in depths[1:]]
-    cands += [fit(base.replace(chunk_size=q), problem)
-              for q in KNOB_BY_NAME["chunk_size"].values if "chunk_size" not in space.pinned]
-    if base.launches in KNOB_BY_NAME["fold_prep"].depths and "fold_prep" not in space.pinned:
-        # the folds change the launch count as depths do: too few trials would never draw them
-        cands += [base.replace(fold_prep=f) for f in KNOB_BY_NAME["fold_prep"].values if f != base.fold_prep]
-    if base.launches in KNOB_BY_NAME["scan_gluon"].depths and "scan_gluon" not in space.pinned:
-        # the Gluon scan takes 64 x 64 tiles only: a sampled draw rarely meets that, so seed it
-        # (where it is not offered, the filter below drops it)
-        cands += [base.replace(scan_gluon=v) for v in KNOB_BY_NAME["scan_gluon"].values if v != base.scan_gluon]
-    # the fewest launches (prep | walk | Gluon scan): the small shapes' pick (57 µs at 2.7b 1x2048 with
-    # pdl = 3 on the H100)
-    three = base.replace(state_walk=1, scan_gluon=1, fold_prep=2)
-    if base.launches in KNOB_BY_NAME["state_walk"].depths and "state_walk" not in space.pinned:
-        # the walk changes the launch count, as the folds do: seed it, with and without each Gluon scan
-        cands += [c.replace(state_walk=1) for c in (base, base.replace(scan_gluon=1), base.replace(scan_gluon=3))
-                  if not c.state_walk]
-        cands.append(three)
-    if base.launches in KNOB_BY_NAME["pdl"].depths and "pdl" not in space.pinned:
-        # launch overlap: on the default and on the fewest launches, where it weighs most, and
-        # there also with the scan's intra-chunk part before its wait (2) and following the walk (3)
-        cands += [c for c in (base.replace(pdl=1), *(three.replace(pdl=v) for v in (1, 2, 3))) if c != base]
-    if base.launches in KNOB_BY_NAME["walk_weights"].depths and "walk_weights" not in space.pinned:
-        # the walk's weights written by the cumsum: it needs the walk, which a draw seldom has, so
-        # seed it on each walk seed above (the filter drops those outside the space)
-        cands += [c.replace(walk_weights=1) for c in list(cands) if c.state_walk and not c.walk_weights]
-    # right after the default, the shipped records' three families:
-    # the walk with its weights and the chunk-walking scan (the large shapes), the fewest launches
-    # with the scan following the walk (the small ones), and the chunk-walking scan after the tl
-    # state stages (the large shapes with few heads). There are more seeds than the default trial
-    # count, so the ones most likely to win go first (the filter below drops them where a pinned
-    # knob, the arch or the problem refuses them)
-    walk3 = base.replace(state_walk=1, walk_weights=1, scan_gluon=3)
-    best = [walk3, three.replace(pdl=3, walk_weights=1),
-            base.replace(scan_gluon=3)]   # and the tl state stages with it (few heads: 130m)
-    if base.launches in KNOB_BY_NAME["walk_split"].depths:
-        best[1:1] = _walk_seeds(walk3, arch, problem, space)
-    cands = [cands[0]] + best + cands[1:]
-    out: list[Config] = []
-    for cand in cands:   # the default first: the study's baseline; then the families above, each depth
-        if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
-            out.append(cand)
-    return out
+def seed_configs(arch: Arch | str, problem, space: SearchSpace) -> list[Config]:
+    """Known-good starting points enqueued before sampling, the op's default first: the op's
+    own seeds where it declares them (`Op.seeds`), each inside the space and feasible."""
+    o = get_op(space.op)
+    if o.seeds:
+        return o.fn("seeds")(arch, problem, space)
+    mode = space.pinned.get(space.mode)
+    base = o.fn("default_config")(arch, problem, **({space.mode: mode} if mode is not None else {}))
+    base = base.replace(**{k: v for k, v in space.pins(base[space.mode]).items() if base[k] != v})
+    ok = space.params(base) is not None and not o.fn("violations")(base, arch, problem)
+    return [base] if ok else []

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..problem import Problem
-from ..ops.ssd.fwd_knobs import Config
+from ..knobs import BaseConfig as Config
 
 OP = "ssd_fwd"
 PROVENANCES = ("measured", "static")
@@ -46,13 +46,15 @@ def mode_of(rec: dict) -> str:
     return rec.get("launch_mode") or ("eager" if rec.get("provenance") == "measured" else "any")
 
 
-def make_record(arch: str, device: str, problem: Problem, config: Config, time_ms: float,
+def make_result(arch: str, device: str, problem: Problem, config: Config, time_ms: float,
                 provenance: str, launch_mode: str | None = None, **extra: Any) -> dict:
+    """A tune's result as plain data, for any sink (a JSON-lines file, or a database through
+    `autossd.db.records.make_record`, which builds the validated Record)."""
     from ..arch import get_arch
     from ..render import kernel_hash
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance: expected one of {PROVENANCES}, got {provenance!r}")
-    rec = {"arch": arch, "device": device, "op": OP, "problem": problem.key(),
+    rec = {"arch": arch, "device": device, "op": config.op, "problem": problem.key(),
            "config": config.as_dict(), "time_ms": float(time_ms), "provenance": provenance,
            "launch_mode": mode_of({"launch_mode": launch_mode, "provenance": provenance}),
            "triton_version": triton_version(),

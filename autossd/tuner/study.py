@@ -1,7 +1,7 @@
 """One Optuna study per (arch, op, problem, mode, pinned knobs): the tuning loop.
 
 The loop asks the sampler for a batch of candidates, prunes the infeasible ones before any
-compile (`autossd.ops.ssd.fwd_knobs.violations` -> TrialState.PRUNED), lets the runner prepare the batch in
+compile (the op's `violations` -> TrialState.PRUNED), lets the runner prepare the batch in
 parallel (compiles), then evaluates them one at a time and tells Optuna each result as soon as
 it is known. A failed candidate (compile rejection, wrong answer, fault, hang) is TrialState.FAIL
 with the reason in the trial's user attrs, so it can never be the study's best.
@@ -30,9 +30,10 @@ from optuna.trial import TrialState
 from ..arch import get_arch
 from ..problem import Problem
 from ..render import template_hash
-from ..ops.ssd.fwd_knobs import Config, default_config, violations
+from ..knobs import BaseConfig as Config
+from ..ops.registry import get_op
 from .model import floor_ms
-from .sinks import _UNSAFE, OP, DbSink, Sink, make_record, mode_of
+from .sinks import _UNSAFE, OP, DbSink, Sink, make_result, mode_of
 from .search_space import SearchSpace, build_space, seed_configs
 from . import failures
 from .storage import open_storage
@@ -54,6 +55,7 @@ class Settings:
     progress: bool = True
     worker: int = 0                  # progress-bar row when several workers share a study
     confirm: int = 3                 # measured: each mode's N fastest re-timed before storing (0: off)
+    op: str = OP                     # the op tuned (autossd.ops.registry)
 
 
 @dataclass
@@ -85,6 +87,16 @@ class TuneResult:
         return 100.0 * self.floor_ms / self.best_ms if self.best_ms else None
 
 
+def _config(op: str, values) -> Config:
+    """A config of `op`'s space (validated)."""
+    return get_op(op).config(values)
+
+
+def _op_of(study: optuna.Study) -> str:
+    """The op a study tunes (a study from before ops were named tuned the forward)."""
+    return getattr(study, "user_attrs", {}).get("op", OP)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -104,7 +116,7 @@ def bucket(problem: Problem) -> str:
 
 
 def study_name(arch: str, problem: Problem, mode: str, device: str, objective: str | None = None,
-               pinned: Mapping[str, Any] | None = None) -> str:
+               pinned: Mapping[str, Any] | None = None, op: str = OP) -> str:
     """pinned: the knobs the user fixed (--fix). A study searches one space, so other pins make
     another study: a resumed study never stores a best that breaks the pins asked for now."""
     where = mode if mode == "static" else f"{mode}@{device.replace(' ', '_')}"
@@ -112,7 +124,7 @@ def study_name(arch: str, problem: Problem, mode: str, device: str, objective: s
         where += f"-{objective}"
     if pinned:
         where += "-x" + hashlib.sha256(json.dumps(sorted(pinned.items()), default=str).encode()).hexdigest()[:8]
-    return f"{OP}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
+    return f"{op}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -162,7 +174,7 @@ def say_resumed(study: optuna.Study) -> None:
 def _record_identity(rec: dict) -> str:
     device = _UNSAFE.sub("-", rec.get("device") or "")[:128]   # as DbSink stores it
     return json.dumps([rec["op"], rec["arch"], device, rec["problem"], mode_of(rec), rec["provenance"],
-                       Config(rec["config"]).key()], sort_keys=True, default=str)
+                       _config(rec.get("op", OP), rec["config"]).key()], sort_keys=True, default=str)
 
 
 def _already_stored(sink: Sink, rec: dict) -> bool:
@@ -184,13 +196,14 @@ def _already_stored(sink: Sink, rec: dict) -> bool:
 def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
                space: SearchSpace | None = None, objective: str | None = None
                ) -> tuple[optuna.Study, SearchSpace]:
-    space = space or build_space(arch, problem, settings.fixed, static=mode == "static")
+    space = space or build_space(arch, problem, settings.fixed, static=mode == "static", op=settings.op)
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective, settings.fixed),
+    study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective, settings.fixed,
+                                                                  settings.op),
                                 storage=open_storage(settings.storage), sampler=sampler,
                                 direction="minimize", load_if_exists=True)
     if "problem" not in study.user_attrs:
-        for k, v in {"arch": arch, "op": OP, "problem": problem.key(), "mode": mode,
+        for k, v in {"arch": arch, "op": settings.op, "problem": problem.key(), "mode": mode,
                      "device": device, "space": {d.name: list(d.values) for d in space.dims},
                      "pinned": dict(space.pinned)}.items():
             study.set_user_attr(k, v)
@@ -207,7 +220,7 @@ def _known(study: optuna.Study) -> dict[str, float | None]:
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         cfg = t.user_attrs.get("config")
         if cfg and t.user_attrs.get("evaluated"):
-            out[Config(cfg).key()] = t.value if t.state == TrialState.COMPLETE else None
+            out[_config(_op_of(study), cfg).key()] = t.value if t.state == TrialState.COMPLETE else None
     return out
 
 
@@ -216,7 +229,7 @@ def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
     """Enqueue the known-good configs (once per study: skip_if_exists)."""
     if isinstance(study.sampler, optuna.samplers.GridSampler):
         return  # brute force visits every point anyway
-    configs = seed_configs(arch, problem, space) + [Config(c) for c in extra]
+    configs = seed_configs(arch, problem, space) + [_config(space.op, c) for c in extra]
     for i, cfg in enumerate(configs):
         params = space.params(cfg)
         if params is not None:
@@ -253,7 +266,7 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
                 trial.set_user_attr("host", host)
                 trial.set_user_attr("pid", pid)
                 cfg = space.suggest(trial)
-                why = violations(cfg, arch, problem)
+                why = get_op(space.op).fn("violations")(cfg, arch, problem)
                 if why:   # infeasible: pruned before it costs a compile
                     trial.set_user_attr("pruned", why[:3])
                     study.tell(trial, state=TrialState.PRUNED)
@@ -326,9 +339,10 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
     failed = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("evaluated")]
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     best = min(complete, key=lambda t: t.value) if complete else None
-    dflt = default_config(arch, problem).key()
+    op = get_op(_op_of(study))
+    dflt = op.fn("default_config")(arch, problem).key()
     default_trial = next((t for t in complete if t.user_attrs.get("seed") == "default"),
-                         next((t for t in complete if Config(t.user_attrs["config"]).key() == dflt), None))
+                         next((t for t in complete if op.config(t.user_attrs["config"]).key() == dflt), None))
     default_ms = default_trial.value if default_trial is not None else None
     # each mode's best among every candidate timed in it: a candidate whose graph timing failed
     # (and so failed the study) still passed the gate and has its eager time
@@ -336,12 +350,12 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
     for t in complete + failed:
         for m, ms in (t.user_attrs.get("times") or {}).items():
             if isinstance(ms, float) and (m not in by_mode or ms < by_mode[m][1]):
-                by_mode[m] = (Config(t.user_attrs["config"]), ms)
+                by_mode[m] = (op.config(t.user_attrs["config"]), ms)
     default_by_mode = dict((default_trial.user_attrs.get("times") or {}) if default_trial is not None else {})
     return TuneResult(
         best_by_mode=by_mode, default_by_mode=default_by_mode, objective=objective,
         study_name=study.study_name, arch=arch, problem=problem, mode=mode, device=device,
-        best_config=Config(best.user_attrs["config"]) if best else None,
+        best_config=op.config(best.user_attrs["config"]) if best else None,
         best_ms=best.value if best else None, default_ms=default_ms,
         floor_ms=floor_ms(arch, problem), complete=len(complete), failed=len(failed),
         pruned=len(pruned),
@@ -374,7 +388,7 @@ def confirm(result: TuneResult, study: optuna.Study, runner, top: int) -> dict:
                        key=lambda t: t.user_attrs["times"][m])
         samples[m] = {}
         for t in timed:
-            cfg = Config(t.user_attrs["config"])
+            cfg = _config(_op_of(study), t.user_attrs["config"])
             if cfg.key() not in samples[m]:     # a resumed study may hold a config twice
                 samples[m][cfg.key()] = [t.user_attrs["times"][m]]
                 finalists[cfg.key()] = cfg
@@ -417,7 +431,7 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
     if not picks or sink is None:
         return None
     for mode, (cfg, ms) in sorted(picks.items(), key=lambda kv: kv[0] or ""):
-        rec = make_record(result.arch, result.device, result.problem, cfg, ms, provenance,
+        rec = make_result(result.arch, result.device, result.problem, cfg, ms, provenance,
                           launch_mode=mode, floor_ms=result.floor_ms,
                           default_ms=result.default_by_mode.get(mode, result.default_ms),
                           study=result.study_name, sampler=sampler,

@@ -152,11 +152,6 @@ KNOBS: tuple[Knob, ...] = (
 )
 SPACE = KnobSpace("ssd_fwd", KNOBS, mode_knob="launches")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
-# the launches of each fusion depth, in order (names of `ops.ssd.chunk.plan`'s stages)
-STAGES_BY_DEPTH = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
-                   3: ("bmm", "state_fused", "chunk_scan"),
-                   1: ("fused",)}
-STAGES = STAGES_BY_DEPTH[5]
 STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 

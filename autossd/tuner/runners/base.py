@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from ...compile import CompileReport, StageReport
 from ...lifeline import die_with_parent, initargs
 from ...problem import Problem
-from ...ops.ssd.fwd_knobs import Config
+from ...knobs import BaseConfig as Config
 
 
 @dataclass
@@ -39,13 +39,14 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def compile_job(config: dict, arch: str, problem: dict) -> dict:
+def compile_job(config: dict, arch: str, problem: dict, op: str = "ssd_fwd") -> dict:
     """Runs in a pool process: cross-compile one config and return its report as plain data
     (Config objects do not pickle; dicts do)."""
     from dataclasses import asdict
 
     from ...compile import compile_config
-    rep = compile_config(Config(config), arch, Problem(**problem))
+    from ...ops.registry import get_op
+    rep = compile_config(get_op(op).config(config), arch, Problem(**problem))
     return {"reasons": rep.reasons, "stages": [asdict(s) for s in rep.stages]}
 
 
@@ -96,11 +97,11 @@ class CompilePool:
             out: list[dict | str] = []
             for c in configs:
                 try:
-                    out.append(compile_job(c.as_dict(), arch, problem.key()))
+                    out.append(compile_job(c.as_dict(), arch, problem.key(), c.op))
                 except Exception as e:  # noqa: BLE001 - a crash is a verdict on the config
                     out.append(f"compile crashed: {type(e).__name__}: {e}")
             return out
-        futs = [self._executor().submit(compile_job, c.as_dict(), arch, problem.key()) for c in configs]
+        futs = [self._executor().submit(compile_job, c.as_dict(), arch, problem.key(), c.op) for c in configs]
         out = []
         broken = False
         for f in futs:

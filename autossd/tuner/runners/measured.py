@@ -30,7 +30,8 @@ import time
 from typing import Any
 
 from ...problem import Problem
-from ...ops.ssd.fwd_knobs import Config
+from ...knobs import BaseConfig as Config
+from ...ops.registry import get_op
 from .base import CompilePool, Outcome, report_from
 
 READY_TIMEOUT = 600.0   # s: inputs and the float64 reference of a large problem
@@ -46,10 +47,10 @@ def _cuda_alive() -> bool:
         return False
 
 
-def _input_sets(problem: Problem, device: str, max_sets: int = 8) -> list[dict]:
+def _input_sets(problem: Problem, device: str, max_sets: int = 8, op: str = "ssd_fwd") -> list[dict]:
     """The first set, plus copies enough to exceed twice the L2 when one set fits in it."""
     from ..gate import input_bytes, make_inputs
-    first = make_inputs(problem, device, seed=0)
+    first = make_inputs(problem, device, seed=0, op=op)
     if device != "cuda":
         return [first]
     import torch
@@ -183,8 +184,9 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
     prob = Problem(**problem)
     device = opts["device"]
     backend = opts.get("backend", "cuda")
-    sets = _input_sets(prob, device)
-    ref = reference(prob, sets[0])
+    op = opts.get("op", "ssd_fwd")
+    sets = _input_sets(prob, device, op=op)
+    ref = reference(prob, sets[0], op)
     # the runner's probe said whether this device captures graphs (probe_graph_capture)
     no_graphs = opts.get("no_graphs") if device == "cuda" else "no CUDA graphs on the CPU"
     conn.send({"ready": True, "sets": len(sets)})
@@ -196,7 +198,7 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
             return
         if msg is None:
             return
-        cfg = Config(msg["config"])
+        cfg = get_op(op).config(msg["config"])
         inject = msg.get("inject")
         this_run = faults.wrap(run, inject) if inject else run
         res: dict[str, Any]
@@ -315,7 +317,7 @@ class MeasuredRunner:
     def __init__(self, arch: str, problem: Problem, device: str = "cuda", compile_workers: int = 2,
                  timeout: float = 60.0, inject: dict[str, str] | None = None,
                  warmup_ms: int = 25, rep_ms: int = 100, precompile: bool = True,
-                 objective: str = "graph") -> None:
+                 objective: str = "graph", op: str = "ssd_fwd") -> None:
         from ...arch import get_arch
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
@@ -336,7 +338,7 @@ class MeasuredRunner:
             import logging
             logging.getLogger("autossd").warning("autossd tune: %s", self.objective_note)
         self.worker = EvalWorker(problem, {"device": device, "backend": backend, "no_graphs": no_graphs,
-                                           "warmup_ms": warmup_ms, "rep_ms": rep_ms})
+                                           "warmup_ms": warmup_ms, "rep_ms": rep_ms, "op": op})
         self.device = _device_name(device)
 
     def prepare(self, configs: list[Config]) -> list[Any]:

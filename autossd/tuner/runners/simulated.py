@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...ops.ssd.fwd_knobs import Config
+from ...knobs import BaseConfig as Config
 from .base import Outcome
 
 

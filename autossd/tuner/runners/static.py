@@ -9,13 +9,9 @@ from typing import Any
 
 from ...arch import get_arch
 from ...problem import Problem
-from ...ops.ssd.fwd_knobs import Config
+from ...knobs import BaseConfig as Config
 from ..model import floor_ms, predict
 from .base import CompilePool, Outcome, report_from
-
-DEVICES = {"sm80": "A100 model", "sm90": "H100 model", "gfx90a": "MI250X model",
-           "gfx942": "MI300X model"}
-
 
 class StaticRunner:
     mode = "static"
@@ -24,7 +20,7 @@ class StaticRunner:
     def __init__(self, arch: str, problem: Problem, compile_workers: int = 2) -> None:
         self.arch = get_arch(arch).name
         self.problem = problem
-        self.device = DEVICES.get(self.arch, f"{self.arch} model")
+        self.device = f"{get_arch(arch).reference_part} model"   # whose datasheet the model uses
         self.pool = CompilePool(compile_workers)
         self.floor_ms = floor_ms(self.arch, problem)
 

@@ -1,0 +1,120 @@
+"""The SSD forward (`ssd_fwd`), declared once: its stages, knob space, templates, plan, float64
+reference, cost model, defaults and constraints. Everything else takes them from here through
+`autossd.ops.registry.get_op("ssd_fwd")`."""
+from __future__ import annotations
+
+from ...problem import Problem
+from ..registry import Op, Stage, register
+from .fwd_knobs import SPACE, STATE_DTYPES, Config
+
+# Every launch, in the order of a module's LAUNCH table, and the launches of each fusion depth in
+# order. Depth 5: cumsum | bmm | chunk state | state passing | chunk scan; 3: bmm | cumsum + chunk
+# state + ordered state passing | chunk scan; 1: everything in one launch. The Gluon walk, its join
+# and the Gluon scans take launch options of their own (one warpgroup, rings sized in their
+# templates), so they are no stages of this table: plan() launches them in their stage's place.
+STAGES = (
+    Stage("cumsum"),
+    Stage("bmm", "bmm_warps", "bmm_stages"),
+    Stage("chunk_state", "state_warps", "state_stages", "state_maxnreg"),
+    Stage("state_passing", "pass_warps"),
+    Stage("chunk_scan", "scan_warps", "scan_stages", "scan_maxnreg"),
+    Stage("state_fused", "state_warps", "state_stages", "state_maxnreg"),
+    Stage("fused", "scan_warps", "scan_stages", "scan_maxnreg"),
+)
+SEQUENCES = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
+             3: ("bmm", "state_fused", "chunk_scan"),
+             1: ("fused",)}
+
+
+def includes(cfg: Config, backend: str) -> list[str]:
+    """The template files a config's module holds, in order: its depth's kernels and the files
+    of the helpers they call (cumsum.jinja and chunk_scan.jinja hold helpers of the fused
+    kernels beside their own kernels). A record's freshness is the hash of this rendering, so an
+    edit to a file a config does not include leaves its records fresh."""
+    depth = cfg.launches
+    gluon = backend == "cuda"   # the Gluon kernels are PTX-only (the knobs need tma and wgmma)
+    out = ["cumsum.jinja", "local_state.jinja"]
+    if depth != 1:
+        out.append("bmm.jinja")
+    if depth == 5:
+        if cfg.fold_prep == 2:
+            out.append("prep.jinja")
+        if cfg.fold_prep == 1:
+            out += ["fold_cumsum.jinja", "chunk_state_prep.jinja"]
+        else:
+            out.append("chunk_state_gluon.jinja" if cfg.smem_pad else "chunk_state.jinja")
+        out.append("state_passing.jinja")
+        if cfg.state_walk and gluon:
+            out.append("state_walk_gluon.jinja")
+    out.append("chunk_scan.jinja")
+    if cfg.scan_gluon and gluon:
+        out.append("chunk_scan_gluon.jinja")
+    if depth != 5:
+        out.append("fused_common.jinja")
+    if depth == 3:
+        out.append("state_fused.jinja")
+    if depth == 1:
+        out.append("fused.jinja")
+    return out
+
+
+def render_context(cfg: Config, backend: str) -> dict:
+    return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype]}
+
+
+def meta_launches(problem: Problem, config: Config, backend: str) -> list:
+    """The plan's launches at `problem`'s shapes with meta tensors: what the cross-compile
+    report compiles, with no device."""
+    from ...compile import meta_inputs
+    from .plan import plan
+    from .workspace import allocate
+    return plan(problem, config, meta_inputs(problem), allocate(problem, config, "meta"), backend)
+
+
+def tune_reference(problem: Problem, t: dict):
+    """float64 y, and the final states when the problem returns them (the tuner's gate)."""
+    from ...testing import call_kwargs
+    from .naive import ssd_chunked
+    kw = call_kwargs(problem, t)
+    y, final, _ = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=kw["D"],
+                              z=kw["z"], dt_bias=kw["dt_bias"], initial_states=kw["initial_states"],
+                              seq_idx=kw["seq_idx"], cu_seqlens=kw["cu_seqlens"],
+                              dt_softplus=problem.dt_softplus,
+                              dt_limit=kw.get("dt_limit", (0.0, float("inf"))))
+    return y, (final if problem.return_final_states else None)
+
+
+def tune_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"):
+    """The generated kernels of `config` on inputs `t`, intermediates kept (the tuner times it)."""
+    from ...testing import call_kwargs
+    from .chunk import execute
+    kw = call_kwargs(problem, t)
+    return execute(problem, config, t, cu_seqlens=kw["cu_seqlens"],
+                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, keep=True)
+
+
+OP = register(Op(
+    name="ssd_fwd",
+    space=SPACE,
+    config_type=Config,
+    stages=STAGES,
+    sequences=SEQUENCES,
+    template_dir="ssd_fwd",
+    problem_type=Problem,
+    includes="autossd.ops.ssd.fwd:includes",
+    render_context="autossd.ops.ssd.fwd:render_context",
+    plan="autossd.ops.ssd.plan:plan",
+    meta_launches="autossd.ops.ssd.fwd:meta_launches",
+    tune_inputs="autossd.testing:make_inputs",
+    tune_reference="autossd.ops.ssd.fwd:tune_reference",
+    tune_run="autossd.ops.ssd.fwd:tune_run",
+    reference="autossd.ops.ssd.naive:ssd_chunked",
+    cost_model="autossd.ops.ssd.fwd_cost:stage_costs",
+    default_config="autossd.ops.ssd.fwd_knobs:default_config",
+    violations="autossd.ops.ssd.fwd_knobs:violations",
+    amd_options=("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
+    caps="autossd.ops.ssd.fwd_seeds:search_caps",
+    excluded="autossd.ops.ssd.fwd_seeds:excluded",
+    seeds="autossd.ops.ssd.fwd_seeds:seed_configs",
+    doc="Mamba-2 SSD forward: y (and final / varlen states) from x, dt, A, B, C, D, z",
+))
