@@ -1,0 +1,193 @@
+"""Time autossd.selective_state_update (the decode step) against mamba_ssm's, on a GPU.
+
+    python scripts/bench_decode.py                 # mamba2-2.7b dims, batch 1 / 16 / 64, fp32/bf16/fp16 states
+    python scripts/bench_decode.py --check         # also compare with the float64 reference first
+    python scripts/bench_decode.py --batch 1 128 --state fp32 --json out.json
+
+Shapes: nheads 80, headdim 64, dstate 128, ngroups 1 (mamba2-2.7b), x/B/C/z in bf16, dt, A, D and
+dt_bias in the tied forms Mamba-2 passes (expanded over headdim with stride 0), softplus on.
+
+Figures per (batch, state dtype) and implementation:
+  eager_us  wall time of one call from the host, calls back to back then one synchronize (what a
+            Python decode loop without CUDA graphs pays: launch and host work included)
+  graph_us  GPU time of one call replayed from a CUDA graph of many calls
+  %copy     bytes / graph time against the device-to-device copy bandwidth measured in the same
+            run (bytes = state read + state write + x + dt + B + C + z + out; dt counted as one
+            value per head)
+Each timed call takes the next of several state sets, so that together they exceed the L2 cache
+and the state streams from HBM as it does in a model with many layers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+L2_BYTES = 64 << 20   # above the H100's 50 MB and the H200's L2
+
+
+def copy_gbps(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e1.record()
+    torch.cuda.synchronize()
+    seconds = e0.elapsed_time(e1) * 1e-3 / reps
+    return 2 * nbytes / seconds / 1e9   # read and written once each
+
+
+def make(batch, h, p, n, g, state_dtype, nsets, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+
+    def rnd(*s, dtype=torch.bfloat16):
+        return torch.randn(*s, generator=gen, device=dev).to(dtype)
+
+    common = dict(
+        dt=(torch.rand(batch, h, generator=gen, device=dev) * 4 - 4).to(torch.bfloat16)[..., None].expand(batch, h, p),
+        A=(-torch.rand(h, generator=gen, device=dev) * 4 - 0.5)[:, None, None].expand(h, p, n),
+        D=torch.randn(h, generator=gen, device=dev)[:, None].expand(h, p),
+        dt_bias=(torch.randn(h, generator=gen, device=dev) * 0.5)[:, None].expand(h, p))
+    sets = [dict(state=rnd(batch, h, p, n, dtype=DT[state_dtype]), x=rnd(batch, h, p), B=rnd(batch, g, n),
+                 C=rnd(batch, g, n), z=rnd(batch, h, p), out=torch.empty(batch, h, p, dtype=torch.bfloat16, device=dev))
+            for _ in range(nsets)]
+    return common, sets
+
+
+def nbytes(batch, h, p, n, g, state_dtype) -> int:
+    s = {"fp32": 4, "bf16": 2, "fp16": 2}[state_dtype]
+    return 2 * batch * h * p * n * s + 3 * batch * h * p * 2 + 2 * batch * g * n * 2 + batch * h * 2
+
+
+def call_of(fn, common, st):
+    return lambda: fn(st["state"], st["x"], common["dt"], common["A"], st["B"], st["C"], D=common["D"], z=st["z"],
+                      dt_bias=common["dt_bias"], dt_softplus=True, out=st["out"])
+
+
+def eager_us(calls, reps=200) -> float:
+    for c in calls[:3]:
+        c()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for i in range(reps):
+            calls[i % len(calls)]()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / reps * 1e6)
+    return best
+
+
+def graph_us(calls, per_graph=None, reps=20) -> float:
+    per_graph = per_graph or max(len(calls), 50)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(per_graph):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps):
+        graph.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) * 1e3 / reps / per_graph
+
+
+def check(impls, h, p, n, g) -> bool:
+    from autossd.ops.ssd.naive import state_update_ref
+    from autossd.testing import rel_err, tolerance
+    ok = True
+    for sd in ("fp32", "bf16", "fp16"):
+        for batch in (1, 16):
+            common, (st,) = make(batch, h, p, n, g, sd, 1, seed=7)
+            for label, idx in (("", None), (" +slots", "perm")):
+                cache, idx_t = st["state"], None
+                if idx == "perm":   # a permutation of cache slots with the last row padded out
+                    cache = torch.randn(batch + 3, h, p, n, device="cuda").to(DT[sd])
+                    idx_t = torch.randperm(batch + 3, device="cuda")[:batch].to(torch.int32)
+                    idx_t[-1] = -1
+                ref_y, ref_s = state_update_ref(cache, st["x"], common["dt"], common["A"], st["B"], st["C"],
+                                                common["D"], st["z"], common["dt_bias"], True, idx_t)
+                for name, fn in impls.items():
+                    s = cache.clone()
+                    kw = {} if idx_t is None else {"state_batch_indices": idx_t, "pad_slot_id": -1}
+                    if idx_t is not None and name != "autossd":
+                        continue
+                    y = fn(s, st["x"], common["dt"], common["A"], st["B"], st["C"], D=common["D"], z=st["z"],
+                           dt_bias=common["dt_bias"], dt_softplus=True, **kw)
+                    e_y, e_s = rel_err(y, ref_y), rel_err(s, ref_s)
+                    tol = tolerance("bf16", sd)
+                    good = e_y < tol and e_s < max(tolerance(sd), 1e-4)
+                    ok &= good or name != "autossd"
+                    print(f"check {name:9s} state {sd} batch {batch:3d}{label:7s} out rel {e_y:.2e} "
+                          f"state rel {e_s:.2e} (tol {tol:.1e}) {'ok' if good else 'FAIL'}")
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--state", nargs="+", default=["fp32", "bf16", "fp16"], choices=list(DT))
+    ap.add_argument("--nheads", type=int, default=80)
+    ap.add_argument("--headdim", type=int, default=64)
+    ap.add_argument("--dstate", type=int, default=128)
+    ap.add_argument("--ngroups", type=int, default=1)
+    ap.add_argument("--check", action="store_true", help="compare with the float64 reference first")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    import autossd
+    impls = {"autossd": autossd.selective_state_update}
+    try:
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update as ms
+        impls["mamba_ssm"] = ms
+    except ImportError as e:
+        print(f"mamba_ssm not importable ({e}): timing autossd alone")
+    h, p, n, g = a.nheads, a.headdim, a.dstate, a.ngroups
+    print(f"{torch.cuda.get_device_name()}  h={h} p={p} n={n} g={g}  torch {torch.__version__}")
+    if a.check and not check(impls, h, p, n, g):
+        raise SystemExit("autossd failed the float64 check")
+    bw = copy_gbps()
+    print(f"device-to-device copy: {bw:.0f} GB/s")
+    rows = []
+    print(f"{'batch':>5} {'state':>5} {'impl':>9} {'eager_us':>9} {'graph_us':>9} {'GB/s':>7} {'%copy':>6}")
+    for batch in a.batch:
+        for sd in a.state:
+            per_set = nbytes(batch, h, p, n, g, sd)
+            nsets = max(2, math.ceil(L2_BYTES * 2 / per_set))
+            common, sets = make(batch, h, p, n, g, sd, nsets)
+            for name, fn in impls.items():
+                calls = [call_of(fn, common, st) for st in sets]
+                e = eager_us(calls)
+                gu = graph_us(calls)
+                gbps = per_set / (gu * 1e-6) / 1e9
+                row = dict(batch=batch, state=sd, impl=name, eager_us=e, graph_us=gu, gbps=gbps,
+                           pct_copy=100 * gbps / bw, copy_gbps=bw, device=torch.cuda.get_device_name())
+                rows.append(row)
+                print(f"{batch:5d} {sd:>5} {name:>9} {e:9.2f} {gu:9.2f} {gbps:7.0f} {row['pct_copy']:5.1f}%")
+            del sets
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
