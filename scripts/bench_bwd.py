@@ -1,0 +1,180 @@
+"""Benchmark and GPU gradient check of autossd's SSD forward + backward (ssd_fwd + ssd_bwd).
+
+    python scripts/bench_bwd.py [--out FILE.json] [--dtypes bf16,fp16] [--shapes mamba2-2.7b:8x2048,...]
+    python scripts/bench_bwd.py --check [--dtypes fp32,bf16,fp16]
+
+Timing: forward + backward of autossd.mamba_chunk_scan_combined (Mamba2's call: D (h,), dt_bias,
+dt_softplus, z, chunk 256, x, dt, A, B, C, D, z, dt_bias requiring grad), against mamba_ssm's
+mamba_chunk_scan_combined where it imports, and the floor of a training step's SSD:
+    bytes = element size x (5 b l h p + 3 b l h + 6 b l g n)   over the measured copy rate
+    FLOPs = 3 x the forward's causal FLOPs                     over the measured bf16 matmul rate
+    floor = max(bytes time, FLOPs time).
+Peak memory: torch.cuda.max_memory_allocated over one forward + backward, above what the inputs
+and their gradients take. Each library is timed from the same inputs (do_bench, median).
+
+--check: on the GPU, every input's gradient against float64 autograd through the chunked
+reference (naive.ssd_chunked, run on the GPU in float64), relative L2 error per input, at a few
+shapes and features; exits 1 if any is above the test-suite's bound for its dtype.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import autossd  # noqa: E402
+from autossd.bench import measure_ceilings  # noqa: E402
+from autossd.ops.ssd import backward as bw  # noqa: E402
+from autossd.problem import DTYPE_BYTES, Problem  # noqa: E402
+from autossd.testing import call_kwargs, make_inputs, rel_err  # noqa: E402
+
+MODELS = {"mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
+          "mamba2-130m": dict(nheads=24, headdim=64, dstate=128, ngroups=1)}
+DEFAULT_SHAPES = "mamba2-2.7b:8x2048,mamba2-2.7b:4x16384,mamba2-2.7b:1x65536,mamba2-130m:4x8192"
+GRAD = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+TOL = {"fp32": 1e-4, "fp16": 3e-3, "bf16": 1.5e-2}
+
+
+def _shape(spec: str, dtype: str) -> Problem:
+    model, bl = spec.split(":")
+    b, l = (int(v) for v in bl.split("x"))
+    return Problem(b, l, dtype=dtype, chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True, **MODELS[model])
+
+
+def floor_ms(prob: Problem, ceil: dict) -> tuple[float, float, float]:
+    e = DTYPE_BYTES[prob.dtype]
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nbytes = e * (5 * b * l * h * p + 3 * b * l * h + 6 * b * l * g * n)
+    bytes_ms = nbytes / ceil["copy_GBps"] / 1e6
+    flops_ms = 3 * prob.flops(256) / ceil["bf16_matmul_TFLOPs"] / 1e9
+    return max(bytes_ms, flops_ms), bytes_ms, flops_ms
+
+
+def _peer():
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        return mamba_chunk_scan_combined
+    except Exception as e:   # not installed, or built for another torch
+        print(f"mamba_ssm not importable ({type(e).__name__}: {e}); timing autossd only")
+        return None
+
+
+def _step(fn, prob: Problem, t: dict, dout):
+    leaves = {k: t[k] for k in GRAD if t.get(k) is not None}
+
+    def run():
+        for v in leaves.values():
+            v.grad = None
+        y = fn(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+               dt_softplus=True)
+        y.backward(dout)
+    return run
+
+
+def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
+    ceil = measure_ceilings()
+    print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
+    peer = _peer()
+    rows = []
+    for dtype in dtypes:
+        for spec in shapes:
+            prob = _shape(spec, dtype)
+            t = make_inputs(prob, "cuda", seed=0)
+            for k in GRAD:
+                if t.get(k) is not None:
+                    t[k].requires_grad_()
+            dout = torch.randn_like(t["x"])
+            base = torch.cuda.memory_allocated()
+            row = {"shape": spec, "dtype": dtype}
+            for name, fn in (("autossd", autossd.mamba_chunk_scan_combined), ("mamba_ssm", peer)):
+                if fn is None:
+                    continue
+                step = _step(fn, prob, t, dout)
+                step()   # compile, and gradients allocated
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                start = torch.cuda.memory_allocated()
+                step()
+                torch.cuda.synchronize()
+                row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - start) / 2**20
+                row[f"{name}_ms"] = do_bench(step, warmup=25, rep=200, return_mode="median")
+            fl, fb, ff = floor_ms(prob, ceil)
+            row.update(floor_ms=fl, floor_bytes_ms=fb, floor_flops_ms=ff,
+                       inputs_MiB=(torch.cuda.memory_allocated() - base) / 2**20)
+            row["autossd_floor_share"] = fl / row["autossd_ms"]
+            if "mamba_ssm_ms" in row:
+                row["speedup"] = row["mamba_ssm_ms"] / row["autossd_ms"]
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}))
+            rows.append(row)
+            del t, dout
+            torch.cuda.empty_cache()
+    if out:
+        with open(out, "w") as f:
+            json.dump({"ceilings": ceil, "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+CHECKS = [
+    Problem(2, 1000, 8, 64, 128, 2, "fp32", chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
+            dt_softplus=True, has_dt_limit=True, has_initial_states=True, return_final_states=True, has_seq_idx=True),
+    Problem(1, 2048, 24, 64, 128, 1, "fp32", chunk_size=256, has_D=True, D_has_hdim=True, has_dt_bias=True,
+            dt_softplus=True),
+    Problem(2, 333, 4, 32, 64, 4, "fp32", chunk_size=64, has_initial_states=True, return_final_states=True),
+    Problem(1, 1, 4, 64, 128, 1, "fp32", chunk_size=128, has_z=True, has_D=True),
+]
+
+
+def check(dtypes: list[str]) -> int:
+    failed = 0
+    for dtype in dtypes:
+        for base in CHECKS:
+            prob = base.replace(dtype=dtype)
+            t = make_inputs(prob, "cuda", seed=1)
+            kw = call_kwargs(prob, t)
+            leaves = {k: t[k].clone().requires_grad_() for k in GRAD + ("initial_states",) if t.get(k) is not None}
+            for k in ("D", "z", "dt_bias", "initial_states"):
+                if k in leaves:
+                    kw[k] = leaves[k]
+            out = autossd.mamba_chunk_scan_combined(*(leaves[k] for k in ("x", "dt", "A", "B", "C")),
+                                                    prob.chunk_size, **kw)
+            y, final = out if prob.return_final_states else (out, None)
+            dout = torch.randn_like(y)
+            dfinal = torch.randn_like(final) if final is not None else None
+            torch.autograd.backward([y] + ([final] if final is not None else []),
+                                    [dout] + ([dfinal] if dfinal is not None else []))
+            ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], prob.chunk_size, t["D"], t["z"], t["dt_bias"],
+                               t["initial_states"], t["seq_idx"], prob.dt_softplus,
+                               kw.get("dt_limit", (0.0, float("inf"))), dout, dfinal)
+            errs = {k: rel_err(leaves[k].grad, ref[k]) for k in ref}
+            worst = max(errs.values())
+            ok = worst < TOL[dtype]
+            failed += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {dtype} b={prob.batch} l={prob.seqlen} h={prob.nheads} "
+                  f"p={prob.headdim} n={prob.dstate} g={prob.ngroups} chunk={prob.chunk_size}: "
+                  + " ".join(f"{k}={e:.1e}" for k, e in errs.items()))
+    return 1 if failed else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="gradients vs float64 reference on the GPU")
+    ap.add_argument("--dtypes", default=None, help="comma-separated: fp32, bf16, fp16")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--out", default=None, help="JSON file for the timing rows")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no GPU: this script times and checks on a GPU")
+        return 2
+    if a.check:
+        return check((a.dtypes or "fp32,bf16,fp16").split(","))
+    bench(a.shapes.split(","), (a.dtypes or "bf16,fp16").split(","), a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
