@@ -213,3 +213,15 @@ def test_meta_launches_plan_the_one_kernel():
     (ln,) = get_op("ssd_decode").fn("meta_launches")(pr, cfg, "cuda")
     assert ln.kernel == "ssd_decode_whole" and ln.grid == (16, math.ceil(64 / cfg.block_p), 80)
     assert ln.args["s_dt_p"] == 0 and ln.args["s_D_p"] == 0 and ln.options["num_warps"] == cfg.warps
+
+
+@pytest.mark.slow
+def test_cross_compiles_for_nvidia_and_amd_without_spills():
+    """The default config, and a tiled one, compile for sm90 and gfx942 on meta tensors (a
+    spawned compile worker: the interpreter cannot compile) with no register spills."""
+    from autossd.compile import compile_config
+    pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    for arch in ("sm90", "gfx942"):
+        for cfg in (default_config(arch, pr), DecodeConfig(layout="tiled", block_p=8, heads=2)):
+            rep = compile_config(cfg, arch, pr)
+            assert rep.ok and rep.stages and all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
