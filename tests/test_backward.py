@@ -266,3 +266,17 @@ def test_opcheck_on_the_backward_op():
             float("inf"), None, [True, True, True, True, True, True, False, False, False])
     torch.library.opcheck(torch.ops.autossd.ssd_bwd.default, args,
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm80", "gfx90a", "gfx942"])
+def test_default_config_cross_compiles(arch):
+    """Every stage of the ssd_bwd default compiles for each arch at mamba2-2.7b's shapes (meta
+    tensors, no device). ~15-45 s per arch."""
+    from autossd.compile import compile_config
+    prob = Problem(8, 2048, 80, 64, 128, 1, "bf16", chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True, has_initial_states=True, return_final_states=True)
+    rep = compile_config(default_config(arch, prob), arch, prob)
+    assert not rep.reasons, rep.reasons
+    assert {s.stage for s in rep.stages} == set(get_op("ssd_bwd").sequences["stage"])
+    assert all(not s.reasons for s in rep.stages), [s.reasons for s in rep.stages]
