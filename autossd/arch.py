@@ -32,6 +32,10 @@ class Arch:
     maxnreg: bool = False  # a per-kernel register cap the compiler honours (ptxas -maxnreg)
     # Triton 3.6's wgmma lowering miscompiles the single launch with state tiles under 64 rows
     wgmma_fused_tile_bug: bool = False
+    # whether autossd's kernels have been run and validated on this arch's hardware; where not,
+    # a tune offers only configs whose correctness rests on nothing particular to the arch
+    # (Op.unvalidated names the rest) unless the user opts in
+    hardware_validated: bool = False
 
     @property
     def is_amd(self) -> bool:
@@ -55,7 +59,8 @@ ARCHS: dict[str, Arch] = {
     "sm80": Arch("sm80", "cuda", 80, 32, 163 * 1024, 164 * 1024, 65536, 2048, 108, 2039.0, 312.0, "A100",
                  maxnreg=True),
     "sm90": Arch("sm90", "cuda", 90, 32, 227 * 1024, 228 * 1024, 65536, 2048, 132, 3350.0, 989.0, "H100",
-                 tma=True, wgmma=True, pdl=True, maxnreg=True, wgmma_fused_tile_bug=True),
+                 tma=True, wgmma=True, pdl=True, maxnreg=True, wgmma_fused_tile_bug=True,
+                 hardware_validated=True),
     "gfx90a": Arch("gfx90a", "hip", "gfx90a", 64, 64 * 1024, 64 * 1024, 512, 2048, 104, 1638.0, 181.0, "MI250X",
                    mfma=True),
     "gfx942": Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, 64 * 1024, 512, 2048, 304, 5300.0, 1307.0, "MI300X",

@@ -155,6 +155,9 @@ def main() -> None:
 @click.option("--op", default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
               help="the op to tune (autossd.ops.registry)")
 @click.option("--fix", multiple=True, callback=_fixed, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
+@click.option("--allow-unvalidated", is_flag=True,
+              help="static tunes: also offer configs whose correctness was never shown on the arch's "
+                   "hardware (on AMD: the fused depths' inter-program hand-off)")
 @click.option("--seed", type=int, default=None, help="sampler seed")
 @click.option("--compile-workers", type=click.IntRange(0), default=2, show_default=True,
               help="parallel compile processes (0: in this process)")
@@ -172,6 +175,7 @@ def main() -> None:
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
 def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, op, fix,
+         allow_unvalidated,
          seed, compile_workers, eval_timeout, objective, confirm, plot_dir, progress) -> None:
     """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
     from .tuner import Settings, choose_mode, open_sink, tune as run_tune
@@ -204,7 +208,7 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
                f"trials/shape: {trials}")
     settings = Settings(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                         batch=max(1, compile_workers), fixed=fix, progress=progress, confirm=confirm,
-                        op=op)
+                        op=op, allow_unvalidated=allow_unvalidated)
     runner_kw = {"compile_workers": compile_workers}
     if mode == "measured":
         runner_kw["timeout"] = eval_timeout

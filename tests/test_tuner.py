@@ -682,3 +682,18 @@ def test_a_rerun_tune_says_it_resumes_and_stores_no_duplicate_record(tmp_path, c
     assert f"resuming study {first.study_name}: 3 trials done" in err
     assert again.best_config == first.best_config and len(sink.load()) == 1
     assert "already stored" in err
+
+
+def test_static_tunes_for_an_arch_never_run_leave_out_the_fused_hand_off_unless_asked():
+    """The fused depths hand states between programs through a spin-wait whose ordering has only
+    been compiled for AMD: a static tune there offers five launches only, unless the user opts in;
+    on sm90, where every depth has run and been validated, all three stay."""
+    from autossd.tuner.search_space import build_space, seed_configs
+    for arch in ("gfx90a", "gfx942", "sm80"):
+        space = build_space(arch, SMALL, static=True)
+        assert space.pinned.get("launches") == 5 and "launches" not in {d.name for d in space.dims}
+        assert {c.launches for c in seed_configs(arch, SMALL, space)} == {5}
+        opened = build_space(arch, SMALL, static=True, allow_unvalidated=True)
+        assert set(next(d.values for d in opened.dims if d.name == "launches")) == {5, 3, 1}
+    sm90 = build_space("sm90", SMALL, static=True)
+    assert set(next(d.values for d in sm90.dims if d.name == "launches")) == {5, 3, 1}

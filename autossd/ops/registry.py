@@ -80,6 +80,9 @@ class Op:
     caps: str | None = None
     excluded: str | None = None
     seeds: str | None = None
+    # (arch) -> {knob: values whose correctness has never been shown on that arch's hardware}:
+    # a tune for an arch not `hardware_validated` leaves them out unless the user opts in
+    unvalidated: str | None = None
     doc: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 

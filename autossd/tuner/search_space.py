@@ -145,10 +145,12 @@ class SearchSpace:
 
 
 def build_space(arch: Arch | str, problem, fixed: Mapping[str, Any] | None = None,
-                static: bool = False, op: str = "ssd_fwd") -> SearchSpace:
+                static: bool = False, op: str = "ssd_fwd", allow_unvalidated: bool = False) -> SearchSpace:
     """The search space of `op` for `problem` on `arch`. `fixed` pins knobs (validated like a
     config). `static` (model-ranked, no GPU): knobs the model cannot rank (Knob.measured_only)
-    keep each mode's default unless fixed."""
+    keep each mode's default unless fixed. On an arch whose hardware never ran autossd, the
+    values whose correctness only a run there could show (Op.unvalidated) are left out unless
+    `allow_unvalidated` (or a `fixed` pin asks for one)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     o = get_op(op)
     mode = o.mode_knob
@@ -158,6 +160,9 @@ def build_space(arch: Arch | str, problem, fixed: Mapping[str, Any] | None = Non
         fixed.setdefault("chunk_size", problem.chunk_size)
     limit = o.fn("caps")(problem) if o.caps else {}
     excluded = o.fn("excluded")(problem) if o.excluded else {}
+    if o.unvalidated and not allow_unvalidated:
+        for name, values in o.fn("unvalidated")(arch).items():
+            excluded[name] = tuple(excluded.get(name, ())) + tuple(values)
     default = o.fn("default_config")
     dims, pinned, pinned_at = [], {}, {}
     for knob in o.space.knobs:

@@ -56,6 +56,8 @@ class Settings:
     worker: int = 0                  # progress-bar row when several workers share a study
     confirm: int = 3                 # measured: each mode's N fastest re-timed before storing (0: off)
     op: str = OP                     # the op tuned (autossd.ops.registry)
+    # offer configs whose correctness was never shown on this arch's hardware (Op.unvalidated)
+    allow_unvalidated: bool = False
 
 
 @dataclass
@@ -196,7 +198,8 @@ def _already_stored(sink: Sink, rec: dict) -> bool:
 def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
                space: SearchSpace | None = None, objective: str | None = None
                ) -> tuple[optuna.Study, SearchSpace]:
-    space = space or build_space(arch, problem, settings.fixed, static=mode == "static", op=settings.op)
+    space = space or build_space(arch, problem, settings.fixed, static=mode == "static", op=settings.op,
+                                 allow_unvalidated=settings.allow_unvalidated or mode == "measured")
     sampler = make_sampler(settings.sampler, space, settings.seed)
     study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective, settings.fixed,
                                                                   settings.op),

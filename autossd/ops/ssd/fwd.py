@@ -116,5 +116,6 @@ OP = register(Op(
     caps="autossd.ops.ssd.fwd_seeds:search_caps",
     excluded="autossd.ops.ssd.fwd_seeds:excluded",
     seeds="autossd.ops.ssd.fwd_seeds:seed_configs",
+    unvalidated="autossd.ops.ssd.fwd_seeds:unvalidated",
     doc="Mamba-2 SSD forward: y (and final / varlen states) from x, dt, A, B, C, D, z",
 ))

@@ -20,6 +20,14 @@ def excluded(problem: Problem) -> dict[str, tuple]:
     return {"state_dtype": NARROWER_STATES.get(problem.dtype, ())}
 
 
+def unvalidated(arch: Arch) -> dict[str, tuple]:
+    """What a tune for an arch never run leaves out: the fused depths (three launches and one)
+    hand each chunk's state from program to program through a spin-wait on a flag with
+    acquire/release fences, whose ordering on that hardware only a run can show (on AMD it has
+    only been compiled). The five-launch depth orders its stages by launches alone."""
+    return {} if arch.hardware_validated else {"launches": (3, 1)}
+
+
 def search_caps(problem: Problem) -> dict[str, int]:
     """Largest useful value per tile knob for this problem (a tile beyond the padded size is waste)."""
     return caps(problem)
