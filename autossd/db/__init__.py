@@ -1,6 +1,6 @@
 """The tuning database: schema and migrations, records, lookup, export and merge.
 
-    models     the SQLAlchemy schema, columns derived from Problem and KNOBS
+    models     the SQLAlchemy schema: problem and config as JSON, validated per op on read
     engine     engines (SQLite: WAL, busy timeout, BEGIN IMMEDIATE, retries) and migrations
     records    Record, make_record, validate_row, add_records, read_records
     lookup     db_filename, load_records, pick (exact / nearest / default) and their policies

@@ -64,8 +64,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..knobs import BaseConfig
+from ..ops.registry import get_op
 from ..problem import Problem
-from ..ops.ssd.fwd_knobs import Config, default_config, violations
 from .engine import TuningDBError, sqlite_path, to_url, upgrade_if_older
 from .records import Record, on_write, read_records
 
@@ -83,7 +84,7 @@ USER_DB_FILE = "tuning.sqlite"
 @dataclass(frozen=True)
 class Match:
     kind: str                 # "exact" | "nearest" | "default"
-    config: Config
+    config: BaseConfig
     distance: float           # 0 for exact; the nearest candidate's distance (or inf) for default
     reason: str
     record: Record | None = None
@@ -225,16 +226,17 @@ def _describe(rec: Record) -> str:
 
 
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
-         launch_mode: str = "eager") -> Match:
+         launch_mode: str = "eager", op: str = "ssd_fwd") -> Match:
     """Choose the config for `problem` from `records` (see the module docstring for the rules).
-    launch_mode: "eager" or "graph", how the caller launches (the records timed that way first)."""
+    launch_mode: "eager" or "graph", how the caller launches (the records timed that way first).
+    op: the op asked for (its records only; its default config where none applies)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
     triton_v, th = _freshness()
     exact, near = [], []
     best_d = math.inf
     for rec in records:
-        if rec.arch != arch:
+        if rec.arch != arch or rec.op != op:
             continue
         d = distance(problem, rec.problem)
         if d == math.inf:
@@ -242,7 +244,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
         stale = bool(rec.stale_reasons(triton_v, th))
         if d == 0.0:
             exact.append((_rank(rec, 0.0, stale, launch_mode), rec))
-        elif rec.provenance != "default" and not violations(rec.config, arch, problem):
+        elif rec.provenance != "default" and not get_op(rec.op).fn("violations")(rec.config, arch, problem):
             best_d = min(best_d, d)
             if d <= max_distance:
                 near.append((_rank(rec, d, stale, launch_mode), rec))
@@ -265,11 +267,11 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
         why = "no measured/static record with this dtype, chunk_size, flags, headdim and dstate"
     else:
         why = f"nearest usable record at log2 distance {best_d:.2f} > bound {max_distance:g}"
-    n = sum(r.arch == arch for r in records)
-    return Match("default", default_config(arch, problem), best_d,
+    n = sum(r.arch == arch and r.op == op for r in records)
+    return Match("default", get_op(op).fn("default_config")(arch, problem), best_d,
                  f"default config for {arch}: {why} ({n} records searched)")
 
 
 def choose(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
            max_distance: float = MAX_DISTANCE, launch_mode: str = "eager") -> Match:
-    return pick(problem, load_records(arch, op, db), arch, max_distance, launch_mode)
+    return pick(problem, load_records(arch, op, db), arch, max_distance, launch_mode, op)
