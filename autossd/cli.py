@@ -37,7 +37,7 @@ def _knob_value(kind: type, raw: str):
 def _fixed(ctx, param, values) -> dict:
     from .knobs import ConfigError
     from .ops.registry import get_op
-    op = get_op(ctx.params.get("op") or "ssd_fwd")   # --op is eager: parsed before --fix
+    op = get_op((ctx.params.get("op") if ctx is not None else None) or "ssd_fwd")   # --op is eager: parsed first
     KNOB_BY_NAME, Config = op.space.by_name, op.config_type
     out = {}
     for item in values:

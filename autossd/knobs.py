@@ -84,7 +84,10 @@ class BaseConfig(Mapping):
     __slots__ = ("_values", "_key")
 
     def __init__(self, values: Mapping[str, Any] | None = None, **kw: Any) -> None:
-        space = self.space
+        space = type(self).__dict__.get("space") or getattr(type(self), "space", None)
+        if space is None:
+            raise TypeError("BaseConfig has no knob space: construct an op's config type "
+                            "(autossd.ops.registry.get_op(name).config_type)")
         given = dict(values or {}, **kw)
         unknown = sorted(set(given) - set(space.by_name))
         if unknown:
@@ -117,6 +120,8 @@ class BaseConfig(Mapping):
         return len(self._values)
 
     def __getattr__(self, k: str) -> Any:
+        if k.startswith("_"):   # not a knob: e.g. copy asking for _values before __init__ ran
+            raise AttributeError(k)
         try:
             return self._values[k]
         except KeyError:
