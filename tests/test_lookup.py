@@ -1,5 +1,5 @@
-"""autossd.db.lookup: the three tiers, the nearest bound, the ranking (fresh > stale, user >
-shipped, measured > static > default), determinism, and the database precedence."""
+"""autossd.db.lookup: the three tiers, the nearest bound, the ranking (fresh > stale, measured >
+static > default, user > shipped), determinism, and the database precedence."""
 from __future__ import annotations
 
 import math
@@ -142,15 +142,65 @@ def test_user_database_from_env_and_argument(tmp_path, monkeypatch):
     assert L.user_db_url() == dbengine.to_url(tmp_path / "cache" / "tuning.sqlite")
 
 
+def _shipped_measured():
+    shipped = [r for r in L.load_records("sm90") if r.origin == "shipped" and r.provenance == "measured"
+               and r.launch_mode == "eager"]
+    assert shipped, "the shipped sm90 database has measured records"
+    return shipped[0]
+
+
 def test_user_database_overrides_the_shipped_one():
-    shipped = [r for r in L.load_records("sm90") if r.origin == "shipped"]
-    assert shipped, "the shipped sm90 database has records"
-    target = shipped[0].problem
+    target = _shipped_measured().problem
     assert L.choose(target, "sm90").record.origin == "shipped"
     tuned = default_config("sm90", target).replace(scan_warps=8)
-    add_records(dbengine.to_url(L.user_db_url()), [make_record(target, tuned, "sm90", provenance="static")])
+    add_records(dbengine.to_url(L.user_db_url()), [make_record(target, tuned, "sm90", provenance="measured",
+                                                               time_ms=9.0)])
     m = L.choose(target, "sm90")   # the write invalidated the loaded records
     assert m.kind == "exact" and m.config == tuned and m.record.origin == "user"
+    assert "preferred over" not in m.reason
+
+
+def test_a_shipped_measurement_beats_a_user_prediction_of_the_same_shape():
+    """A static tune on a machine without the GPU fills the user database with predictions: the
+    shipped database's measured record of the same shape still wins, and the reason says why."""
+    import autossd
+    from autossd import runtime
+    shipped = _shipped_measured()
+    target = shipped.problem
+    before = L.choose(target, "sm90")
+    assert before.record.origin == "shipped" and before.record.provenance == "measured"
+    predicted = default_config("sm90", target)
+    add_records(dbengine.to_url(L.user_db_url()),
+                [make_record(target, predicted, "sm90", provenance="static", predicted_ms=1e-4),
+                 make_record(target, predicted, "sm90", provenance="default")])
+    assert {(r.origin, r.provenance) for r in L.load_records("sm90") if r.problem == target} >= {
+        ("user", "static"), ("user", "default"), ("shipped", "measured")}
+    m = L.choose(target, "sm90")
+    assert m.kind == "exact" and m.config == before.config
+    assert (m.record.origin, m.record.provenance) == ("shipped", "measured")
+    assert "measured record from the shipped db" in m.reason
+    assert "preferred over a static record from the user db" in m.reason, m.reason
+    runtime.clear_cache()
+    k = autossd.get_kernel(target, "sm90")          # the public lookup agrees
+    assert k.config == before.config and k.match.record.origin == "shipped"
+    # captured in a CUDA graph: the shipped graph-replay measurement, not the user's prediction
+    g = L.choose(target, "sm90", launch_mode="graph")
+    assert g.record.provenance == "measured" and g.record.origin == "shipped"
+
+
+def test_measured_beats_static_in_either_database_and_in_the_nearest_tier():
+    for user, shipped in (("static", "measured"), ("measured", "static")):
+        recs = [R("a", provenance=user, origin="user"), R("b", provenance=shipped, origin="shipped")]
+        m = L.pick(P, recs, "sm90")
+        assert m.record.provenance == "measured", (user, shipped)
+        assert ("preferred over a static record from the user db" in m.reason) == (user == "static")
+    near = [R("a", P.replace(seqlen=8192), provenance="static", origin="user"),
+            R("b", P.replace(seqlen=16384), origin="shipped")]
+    m = L.pick(P, near, "sm90")
+    assert m.kind == "nearest" and m.config == CFG["b"] and "preferred over a static record" in m.reason
+    # a stale measurement still ranks below a fresh prediction of its tier (the timing no longer holds)
+    m = L.pick(P, [R("a", provenance="static", origin="user"), R("b", origin="shipped", stale=True)], "sm90")
+    assert m.record.provenance == "static" and not m.stale
 
 
 def test_static_records_rank_by_their_predicted_time():

@@ -26,9 +26,13 @@ Match tiers, in order
     3. default: `space.default_config(arch, problem)`.
 
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
-    fresh before stale  >  user before shipped  >  measured > static > default
+    fresh before stale  >  measured > static > default  >  user before shipped
     >  the launch mode asked for  >  smaller distance  >  smaller time (time_ms; for static
     records predicted_ms)  >  config key (text)  >  record id.
+    A measurement beats a prediction wherever each is stored: a static tune on a machine without
+    the GPU writes predictions into the user database, and those must not hide the shipped
+    database's measured record of the same shape (the Match's reason then names the user record
+    passed over). Among records of one provenance the user's own come first.
 
 Launch modes
     A measured record says what its time was measured under (`launch_mode`): "eager" calls, whose
@@ -37,7 +41,8 @@ Launch modes
     runtime asks for "graph" while the current stream is capturing a CUDA graph, else "eager";
     a record of the mode asked for ranks first, then any other of its tier and provenance
     (static and default records are "any": a prediction of GPU time). Origin ranks above the
-    mode: a user record of either mode beats a shipped record of the mode asked for (a user who
+    mode: a user record of either mode beats a shipped record of its provenance of the mode
+    asked for (a user who
     tuned before launch modes existed, whose records are all "eager", keeps them when capturing
     too; `autossd tune` now stores both modes).
 
@@ -209,8 +214,16 @@ def record_time(rec: Record) -> float:
 
 
 def _rank(rec: Record, d: float, stale: bool, launch_mode: str) -> tuple:
-    return (stale, ORIGIN_RANK.get(rec.origin, 2), PROVENANCE_RANK[rec.provenance],
+    return (stale, PROVENANCE_RANK[rec.provenance], ORIGIN_RANK.get(rec.origin, 2),
             rec.launch_mode != launch_mode, d, record_time(rec), rec.config.key(), rec.id or 0)
+
+
+def _passed_over(rec: Record, rest: list[Record]) -> Record | None:
+    """The best record of a database that ranks before rec's that lost to rec by provenance
+    alone (a user's static record under a shipped measured one): the reason names it."""
+    mine = ORIGIN_RANK.get(rec.origin, 2)
+    return next((r for r in rest if ORIGIN_RANK.get(r.origin, 2) < mine
+                 and PROVENANCE_RANK[r.provenance] > PROVENANCE_RANK[rec.provenance]), None)
 
 
 def _describe(rec: Record) -> str:
@@ -257,6 +270,12 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
         reason = f"{kind} match: {_describe(rec)}"
         if kind == "nearest":
             reason += f"; log2 distance {d:.2f} <= bound {max_distance:g}"
+        rival = _passed_over(rec, [r for _, r in cands[1:]])
+        if rival is not None:
+            reason += (f"; preferred over a {rival.provenance} record from the {rival.origin} db "
+                       f"(a measurement beats a prediction wherever each is stored)"
+                       if rec.provenance == "measured" else
+                       f"; preferred over a {rival.provenance} record from the {rival.origin} db")
         stale_why = rec.stale_reasons(triton_v, th)
         if stale_why:
             reason += f"; STALE ({', '.join(stale_why)}): no fresh record in this tier"
