@@ -376,7 +376,8 @@ def _writer(url: str, worker: int, n: int, q) -> None:
     try:
         dbengine.dispose_engines()  # never share a parent's connection across fork
         base = rec(provenance="static")
-        recs = [replace(base, notes=f"w{worker}-{i}") for i in range(n)]
+        # distinct records (the device is part of a record's key), each noted with its writer
+        recs = [replace(base, device=f"gpu {worker}-{i}", notes=f"w{worker}-{i}") for i in range(n)]
         add_records(url, recs, batch_size=50)
         q.put((worker, "ok"))
     except BaseException as e:  # report, the parent asserts
@@ -399,6 +400,95 @@ def test_four_processes_write_4000_records_none_lost(tmp_path):
     notes = {r.notes for r in read_records(url)}
     assert notes == {f"w{w}-{i}" for w in range(4) for i in range(1000)}
     assert time.time() - t0 < 60   # lock waits would take minutes; a loaded machine, seconds
+
+
+def _same_writer(url: str, worker: int, recs, q) -> None:
+    try:
+        dbengine.dispose_engines()  # never share a parent's connection across fork
+        for r in recs:   # one record per transaction: the writers interleave
+            add_records(url, [r])
+        q.put((worker, "ok"))
+    except BaseException as e:  # report, the parent asserts
+        q.put((worker, f"{type(e).__name__}: {e}"))
+
+
+def _dup_records(n=12):
+    base = rec(provenance="static", predicted_ms=0.5)
+    return [replace(base, problem=PROB.replace(seqlen=64 * (i + 1))) for i in range(n)]
+
+
+def test_the_same_record_added_again_is_stored_once_with_the_better_figure(tmp_path):
+    url = to_url(tmp_path / "d.sqlite")
+    r = rec(time_ms=0.5)
+    assert add_records(url, [r, r]) == 2 and row_count(url) == 1     # a batch holding it twice
+    add_records(url, [r])                                             # a finished tune run again
+    add_records(url, [replace(r, time_ms=0.7, notes="slower")])      # same code, slower: kept out
+    assert [(x.time_ms, x.notes) for x in read_records(url)] == [(0.5, "")]
+    add_records(url, [replace(r, time_ms=0.4, notes="faster")])      # same code, faster: replaces
+    assert [(x.time_ms, x.notes) for x in read_records(url)] == [(0.4, "faster")]
+    # made by other code (a re-tune after the kernels changed): the newer replaces, even if slower
+    add_records(url, [replace(r, time_ms=0.6, triton_version="9.9.9", created_at="2099-01-01T00:00:00+00:00")])
+    assert [(x.time_ms, x.triton_version) for x in read_records(url)] == [(0.6, "9.9.9")]
+    add_records(url, [replace(r, time_ms=0.1, created_at="2000-01-01T00:00:00+00:00")])   # older code, older
+    assert [x.time_ms for x in read_records(url)] == [0.6]
+    # another launch mode, provenance, device, problem or config is another record
+    add_records(url, [replace(r, launch_mode="graph"), replace(r, provenance="static", time_ms=None,
+                      predicted_ms=0.3, launch_mode="any"), replace(r, device="H100 PCIe"),
+                      rec(PROB.replace(seqlen=4096)), rec(config=TUNED)])
+    assert row_count(url) == 6
+    with dbengine.get_engine(url).begin() as conn, pytest.raises(sa.exc.IntegrityError):
+        conn.execute(tuned_records.insert(), [r.to_row()])   # the index itself refuses a copy
+
+
+def test_two_threads_writing_the_same_records_leave_one_copy_each(tmp_path):
+    import threading
+    url = to_url(tmp_path / "t.sqlite")
+    recs = _dup_records()
+    errors = []
+
+    def write():
+        try:
+            for r in recs:
+                add_records(url, [r])
+        except BaseException as e:  # noqa: BLE001 - the test asserts
+            errors.append(e)
+    threads = [threading.Thread(target=write) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert row_count(url) == len(recs)
+    assert sorted(r.problem.seqlen for r in read_records(url)) == sorted(r.problem.seqlen for r in recs)
+
+
+def test_two_processes_writing_the_same_records_leave_one_copy_each(tmp_path):
+    url = to_url(tmp_path / "p.sqlite")   # fresh: both also race to create it
+    recs = _dup_records()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_same_writer, args=(url, w, recs, q)) for w in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert results == {0: "ok", 1: "ok"}, results
+    assert row_count(url) == len(recs)
+
+
+def test_the_unique_schema_reduces_copies_an_older_writer_stored(tmp_path):
+    url = to_url(tmp_path / "v15.sqlite")
+    assert migrate(url, "0015") == "0015"
+    r = rec(time_ms=0.5)
+    copies = [r, replace(r, time_ms=0.3, notes="best"), replace(r, time_ms=0.4), rec(PROB.replace(seqlen=4096))]
+    with dbengine.get_engine(url).begin() as conn:   # schema 15 had no unique index
+        conn.execute(sa.text(f"INSERT INTO tuned_records ({', '.join(copies[0].to_row())}) VALUES "
+                             f"({', '.join(':' + c for c in copies[0].to_row())})"), [c.to_row() for c in copies])
+    assert row_count(url) == 4
+    assert migrate(url) == HEAD
+    assert sorted((x.problem.seqlen, x.time_ms, x.notes) for x in read_records(url)) == [
+        (2048, 0.3, "best"), (4096, 0.5, "")]
 
 
 def test_sqlite_engine_uses_wal_and_busy_timeout(tmp_path):
@@ -447,7 +537,7 @@ def test_the_first_write_waits_out_a_reader_before_switching_to_wal(tmp_path, mo
     reader.execute("SELECT count(*) FROM tuned_records").fetchone()   # holds a shared lock
     threading.Timer(0.5, lambda: reader.execute("COMMIT")).start()
     try:
-        add_records(to_url(path), [rec(time_ms=0.2)])
+        add_records(to_url(path), [rec(PROB.replace(seqlen=4096), time_ms=0.2)])
     finally:
         time.sleep(0.6)
         reader.close()
@@ -463,7 +553,7 @@ def test_readers_are_not_blocked_by_an_open_write_transaction(tmp_path):
     add_records(url, [rec()])
     eng = dbengine.get_engine(url)
     with dbengine.write_transaction(eng) as w:   # holds SQLite's write lock
-        w.execute(tuned_records.insert(), [rec(time_ms=0.1).to_row()])
+        w.execute(tuned_records.insert(), [rec(PROB.replace(seqlen=4096), time_ms=0.1).to_row()])
         t0 = time.time()
         assert len(read_records(url)) == 1       # the committed state, at once
         assert time.time() - t0 < 1.0

@@ -37,7 +37,7 @@ log = logging.getLogger("autossd.db")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions (tests/test_db.py checks it against alembic's view);
 # kept as a constant so reading a database needs no alembic import.
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016")
 HEAD = REVISIONS[-1]
 BUSY_TIMEOUT_MS = 60_000
 T = TypeVar("T")

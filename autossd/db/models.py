@@ -33,6 +33,11 @@ TEXT_COLUMNS = {"op": 16, "arch": 16, "device": 128, "dtype": 16, "provenance": 
                 "host": 255}
 JSON_COLUMNS = ("problem_json", "config_json")
 FIGURE_COLUMNS = ("time_ms", "tflops", "gbps", "pct_of_floor", "predicted_ms")  # floats or NULL
+# What makes two rows the same record: the database holds one row per key (a unique index), the
+# better one (records.add_records). The device is part of it (two GPUs of one arch may time a
+# config differently); the code that made a record is not (a re-measurement replaces the figure
+# it supersedes, rather than piling up beside it).
+KEY_COLUMNS = ("op", "arch", "device", "launch_mode", "provenance", "problem_json", "config_json")
 
 
 class Base(DeclarativeBase):
@@ -62,6 +67,7 @@ tuned_records = sa.Table(
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("notes", sa.String(256), nullable=False, server_default=""),
     sa.Index("ix_tuned_records_lookup", "op", "arch", "dtype"),
+    sa.Index("ux_tuned_records_key", *KEY_COLUMNS, unique=True),
 )
 
 

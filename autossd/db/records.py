@@ -40,7 +40,7 @@ from ..knobs import BaseConfig, ConfigError
 from ..ops.registry import Op, get_op
 from .engine import (TuningDBError, checkpoint, current_revision, get_engine, migrate, to_url, with_retries,
                      write_transaction)
-from .models import FIGURE_COLUMNS, LAUNCH_MODES, PROVENANCES, TEXT_COLUMNS, tuned_records
+from .models import FIGURE_COLUMNS, KEY_COLUMNS, LAUNCH_MODES, PROVENANCES, TEXT_COLUMNS, tuned_records
 
 log = logging.getLogger("autossd.db")
 
@@ -411,24 +411,107 @@ def on_write(fn) -> None:
     _listeners.append(fn)
 
 
+def _rank_time(row: Mapping[str, Any]) -> float | None:
+    t = row.get("time_ms")
+    if t is None:
+        t = row.get("predicted_ms")
+    return t if type(t) in (int, float) else None
+
+
+def replaces(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """Whether row `new` supersedes row `old` of the same key: made by the same code (triton
+    version and kernel hash), when its time (measured, else predicted) is smaller; made by other
+    code, when it is newer (the older figure may no longer hold). So re-running a tune keeps the
+    better figure, and a re-tune after the kernels changed replaces the stale one. `_replaces_sql`
+    says the same to the database."""
+    if (new.get("triton_version"), new.get("template_hash")) == (old.get("triton_version"), old.get("template_hash")):
+        nt, ot = _rank_time(new), _rank_time(old)
+        return nt is not None and (ot is None or nt < ot)
+    return str(new.get("created_at")) > str(old.get("created_at"))
+
+
+def _replaces_sql(new, old) -> sa.ColumnElement[bool]:
+    same_code = sa.and_(new.triton_version == old.triton_version, new.template_hash == old.template_hash)
+    nt = sa.func.coalesce(new.time_ms, new.predicted_ms)
+    ot = sa.func.coalesce(old.time_ms, old.predicted_ms)
+    faster = sa.and_(nt.is_not(None), sa.or_(ot.is_(None), nt < ot))
+    return sa.or_(sa.and_(same_code, faster), sa.and_(sa.not_(same_code), new.created_at > old.created_at))
+
+
+def _key(row: Mapping[str, Any]) -> tuple:
+    return tuple(row[c] for c in KEY_COLUMNS)
+
+
+def _fold(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per key, the one that supersedes the others (in the order given)."""
+    best: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        k = _key(row)
+        if k not in best or replaces(row, best[k]):
+            best[k] = row
+    return list(best.values())
+
+
+_UPDATED = [c.name for c in tuned_records.c if c.name != "id" and c.name not in KEY_COLUMNS]
+
+
+def _upsert(conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert rows; a row whose key the table holds replaces that row only where it supersedes it
+    (`replaces`). The unique index decides, inside the database, so two writers of the same record
+    at the same moment leave one row."""
+    name = conn.dialect.name
+    if name in ("sqlite", "postgresql"):
+        if name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        ins = insert(tuned_records)
+        stmt = ins.on_conflict_do_update(index_elements=list(KEY_COLUMNS),
+                                         set_={c: ins.excluded[c] for c in _UPDATED},
+                                         where=_replaces_sql(ins.excluded, tuned_records.c))
+        conn.execute(stmt, rows)
+        return
+    # other backends: look the key up in the same write transaction; a writer that inserts the
+    # same key in between makes the unique index refuse ours, and add_records runs the batch again
+    t = tuned_records
+    for row in rows:
+        cols = [t.c.id, t.c.triton_version, t.c.template_hash, t.c.created_at, t.c.time_ms, t.c.predicted_ms]
+        old = conn.execute(sa.select(*cols).where(*[t.c[c] == row[c] for c in KEY_COLUMNS])).first()
+        if old is None:
+            conn.execute(t.insert(), [row])
+        elif replaces(row, old._mapping):
+            conn.execute(t.update().where(t.c.id == old.id).values({c: row[c] for c in _UPDATED}))
+
+
 def add_records(db: str, records: Iterable[Record], batch_size: int = 500) -> int:
-    """Append records (creating/upgrading the database first). Each batch is one BEGIN
-    IMMEDIATE transaction, retried as a whole on a lock error, so every record lands once."""
+    """Store records (creating/upgrading the database first), one row per key
+    (`models.KEY_COLUMNS`): a record the database already holds is kept once, with the better
+    figure (`replaces`), so re-running a finished tune or two identical tunes at once add no
+    duplicates. Each batch is one BEGIN IMMEDIATE transaction, retried as a whole on a lock
+    error. Returns the number of records given."""
     url = to_url(db)
     migrate(url)
     eng = get_engine(url)
-    rows = [r.to_row() for r in records]
+    records = list(records)
+    rows = _fold([r.to_row() for r in records])
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
 
-        def _insert(chunk=chunk) -> None:
+        def _write(chunk=chunk) -> None:
             with write_transaction(eng) as conn:
-                conn.execute(tuned_records.insert(), chunk)
-        with_retries(_insert)
+                _upsert(conn, chunk)
+
+        for attempt in range(3):
+            try:
+                with_retries(_write)
+                break
+            except sa.exc.IntegrityError:   # only the look-up path: a concurrent writer won the key
+                if attempt == 2 or eng.dialect.name in ("sqlite", "postgresql"):
+                    raise
     checkpoint(eng)
     for fn in _listeners:
         fn(url)
-    return len(rows)
+    return len(records)
 
 
 def row_count(db: str) -> int:
