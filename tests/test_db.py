@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import multiprocessing as mp
+import os
 import sqlite3
 import sys
 import time
@@ -491,12 +492,160 @@ def test_the_unique_schema_reduces_copies_an_older_writer_stored(tmp_path):
         (2048, 0.3, "best"), (4096, 0.5, "")]
 
 
-def test_sqlite_engine_uses_wal_and_busy_timeout(tmp_path):
+def _journal_mode(path) -> str:
+    """From the file's header, not through a connection (opening a WAL file, even read-only,
+    creates its -wal and -shm files)."""
+    return "wal" if dbengine.is_wal_file(Path(path)) else "delete"
+
+
+def _beside(path) -> list[str]:
+    return sorted(p.name for p in Path(path).parent.iterdir() if p.name.startswith(Path(path).name + "-"))
+
+
+def test_sqlite_engine_uses_wal_while_writing_and_busy_timeout(tmp_path):
     url = to_url(tmp_path / "w.sqlite")
     migrate(url)
-    with dbengine.get_engine(url).connect() as conn:
+    eng = dbengine.get_engine(url)
+    with dbengine.write_transaction(eng) as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == dbengine.BUSY_TIMEOUT_MS
+    dbengine.dispose_engines(url)
+    assert _journal_mode(tmp_path / "w.sqlite") == "delete"
+
+
+def test_a_finished_write_leaves_the_file_in_rollback_journal_mode(tmp_path):
+    """A tune (add_records), a migration, an export and a merge each leave a single file in
+    rollback-journal mode: a file left in WAL mode cannot be read where SQLite may not create
+    its -wal and -shm files (a read-only mount or copy of a tuned database)."""
+    path = tmp_path / "t.sqlite"
+    add_records(to_url(path), [rec()])
+    assert _journal_mode(path) == "delete" and _beside(path) == []
+    old = tmp_path / "old.sqlite"
+    migrate(to_url(old), "0014")
+    assert migrate(to_url(old)) == HEAD and _journal_mode(old) == "delete" and _beside(old) == []
+    export_db(path, tmp_path / "e.sqlite")
+    merge_dbs([path, tmp_path / "e.sqlite"], tmp_path / "m.sqlite")
+    for p in ("e.sqlite", "m.sqlite"):
+        assert _journal_mode(tmp_path / p) == "delete" and _beside(tmp_path / p) == []
+    # a writer still at work elsewhere keeps WAL on; the last one done switches it back
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.execute("PRAGMA journal_mode=WAL")
+    other.execute("SELECT count(*) FROM tuned_records").fetchone()
+    add_records(to_url(path), [rec(PROB.replace(seqlen=4096))])
+    assert _journal_mode(path) == "wal"
+    other.close()
+    add_records(to_url(path), [rec(PROB.replace(seqlen=8192))])
+    assert _journal_mode(path) == "delete" and row_count(to_url(path)) == 3
+
+
+def test_reads_open_the_file_read_only_and_create_nothing_beside_it(tmp_path, monkeypatch):
+    """Reading needs no write access: every read of an SQLite file (records, lookup, show, the
+    schema check) opens it `mode=ro` (the shipped one `immutable=1`) and creates no -wal, -shm
+    or -journal file, and a connection that tried to write would be refused."""
+    from autossd.tuner.sinks import DbSink
+    path = tmp_path / "user.sqlite"
+    add_records(to_url(path), [rec()])
+    dbengine.dispose_engines()
+    uris = []
+    real = dbengine.reader_uri
+    monkeypatch.setattr(dbengine, "reader_uri", lambda p, immutable=False: uris.append(real(p, immutable)) or uris[-1])
+    dblookup.clear_cache()
+    assert dblookup.choose(PROB, "sm90").record.origin == "user"
+    assert len(read_records(str(path))) == 1 and row_count(to_url(path)) == 1
+    assert len(DbSink(str(path)).load()) == 1
+    mine = [u for u in uris if str(path) in u]
+    assert mine and all(u.endswith("?mode=ro") for u in mine), uris
+    shipped = [u for u in uris if "tuning_db" in u]
+    assert shipped and all(u.endswith("?immutable=1") for u in shipped), uris
+    assert _beside(path) == [] and _journal_mode(path) == "delete"
+    with dbengine.get_engine(to_url(path), readonly=True).connect() as conn:
+        with pytest.raises(sa.exc.OperationalError, match="readonly"):
+            conn.exec_driver_sql("DELETE FROM tuned_records")
+    assert row_count(to_url(path)) == 1
+
+
+def _wal_db(path, keep_wal: bool):
+    """A database in WAL mode, as a writer that did not finish leaves it: with its -wal file
+    beside it (keep_wal; no -shm, as after a copy), or with the WAL folded in and removed."""
+    add_records(to_url(path), [rec()])
+    dbengine.dispose_engines()
+    con = sqlite3.connect(str(path), isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    if keep_wal:
+        con.execute("PRAGMA wal_autocheckpoint=0")
+        con.execute("UPDATE tuned_records SET notes = 'in the wal'")
+        import shutil
+        shutil.copy(f"{path}-wal", f"{path}-wal.keep")
+    con.close()
+    if keep_wal:
+        Path(f"{path}-wal.keep").rename(f"{path}-wal")
+        Path(f"{path}-shm").unlink(missing_ok=True)
+    assert _journal_mode(path) == "wal" if not keep_wal else True
+
+
+def test_a_wal_file_in_a_folder_that_cannot_be_written_still_reads(tmp_path, monkeypatch, no_shipped_db):
+    """Left in WAL mode with no -wal file beside it, the file alone is the whole database, and no
+    writer can start in a folder no one can write: it reads (as immutable), with nothing created."""
+    path = tmp_path / "user.sqlite"
+    _wal_db(path, keep_wal=False)
+    assert dbengine.is_wal_file(path) and _beside(path) == []
+    monkeypatch.setattr(dbengine, "_dir_writable", lambda folder: folder != tmp_path)
+    assert [r.config for r in read_records(str(path))] == [default_config("sm90", PROB)]
+    m = dblookup.choose(PROB, "sm90")
+    assert m.kind == "exact" and m.record.origin == "user"
+    assert _beside(path) == []
+
+
+def test_a_wal_file_with_its_log_in_a_read_only_folder_is_an_error_saying_what_to_do(
+        tmp_path, monkeypatch, no_shipped_db):
+    """With a -wal file beside it SQLite must create -shm to read it: not possible there. The
+    error names the file and what to do; the lookup does not fall back to defaults in silence."""
+    path = tmp_path / "user.sqlite"
+    _wal_db(path, keep_wal=True)
+    monkeypatch.setattr(dbengine, "_dir_writable", lambda folder: folder != tmp_path)
+    for read in (lambda: read_records(str(path)), lambda: dblookup.choose(PROB, "sm90")):
+        with pytest.raises(dbengine.ReadOnlyWALError) as e:
+            read()
+        msg = str(e.value)
+        assert str(path) in msg and "autossd export" in msg and "writable" in msg, msg
+    monkeypatch.undo()   # where it is writable, it reads, with what the -wal file held
+    assert [r.notes for r in read_records(str(path))] == ["in the wal"]
+
+
+def test_an_older_schema_in_a_read_only_folder_is_read_through_a_temporary_copy(
+        tmp_path, monkeypatch, no_shipped_db):
+    path = tmp_path / "user.sqlite"
+    url = to_url(path)
+    assert migrate(url, "0014") == "0014"
+    cols = _columns(url)
+    _insert_old(url, [_old_row(rec(config=TUNED), cols)])
+    dbengine.finalize_sqlite(path)
+    monkeypatch.setattr(dbengine, "_dir_writable", lambda folder: folder != tmp_path)
+    m = dblookup.choose(PROB, "sm90")
+    assert m.kind == "exact" and m.config == TUNED and m.record.origin == "user"
+    with pytest.raises(TuningDBError, match="autossd export"):
+        dbengine.upgrade_if_older(url)    # `show` and the tuner, which would upgrade it, say what to do
+    with dbengine.get_engine(url, readonly=True).connect() as conn:
+        assert dbengine.current_revision(conn) == "0014"   # left as it was
+    assert _beside(path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes read-only folders")
+def test_a_tuned_database_reads_from_a_really_read_only_folder(tmp_path, no_shipped_db):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "user.sqlite"
+    add_records(to_url(path), [rec()])
+    dbengine.dispose_engines()
+    os.chmod(path, 0o444)
+    os.chmod(folder, 0o555)
+    try:
+        assert len(read_records(str(path))) == 1
+        assert dblookup.choose(PROB, "sm90", db=path).record.origin == "user"
+        assert _beside(path) == []
+    finally:
+        os.chmod(folder, 0o755)
+        os.chmod(path, 0o644)
 
 
 def test_reading_leaves_a_rollback_journal_database_as_it_is(tmp_path):
@@ -518,8 +667,8 @@ def test_reading_leaves_a_rollback_journal_database_as_it_is(tmp_path):
     assert len(DbSink(str(path)).load()) == 1 and len(read_records(str(path))) == 1
     dbengine.dispose_engines()
     assert mode() == "delete" and not Path(f"{path}-wal").exists()
-    add_records(to_url(path), [rec(time_ms=0.2)])   # a write does switch it
-    assert mode() == "wal"
+    add_records(to_url(path), [rec(time_ms=0.2)])   # a write switches it while it writes, and back
+    assert mode() == "delete" and not Path(f"{path}-wal").exists()
 
 
 def test_the_first_write_waits_out_a_reader_before_switching_to_wal(tmp_path, monkeypatch):
@@ -543,9 +692,7 @@ def test_the_first_write_waits_out_a_reader_before_switching_to_wal(tmp_path, mo
         reader.close()
     dbengine.dispose_engines()
     assert len(read_records(str(path))) == 2
-    con = sqlite3.connect(str(path))
-    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    con.close()
+    assert _journal_mode(path) == "delete"   # and back when the writer was done
 
 
 def test_readers_are_not_blocked_by_an_open_write_transaction(tmp_path):

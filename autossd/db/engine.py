@@ -1,14 +1,24 @@
 """The one place where tuning-database engines are made, locked, retried and migrated.
 
 SQLite (the default) is set up for several processes writing one file, the case Optuna's RDB
-storage fails at ("database is locked"): WAL journaling, switched on by the first write (readers
-never block the writer; a file that is only read keeps its journal mode),
-`busy_timeout` (a writer waits for the lock instead of failing), `BEGIN IMMEDIATE` for write
-transactions (`write_transaction`: the write lock is taken up front, so a read-then-write
-transaction cannot hit SQLITE_BUSY half-way, which busy_timeout does not cover; reads stay
-deferred), and `with_retries` on top for the rare
-lock error that still escapes. Read-only engines (shipped databases inside the package) open the
-file with `mode=ro` and never write, not even the WAL switch.
+storage fails at ("database is locked"): WAL journaling while writes go on (readers never block
+the writer), `busy_timeout` (a writer waits for the lock instead of failing), `BEGIN IMMEDIATE`
+for write transactions (`write_transaction`: the write lock is taken up front, so a
+read-then-write transaction cannot hit SQLITE_BUSY half-way, which busy_timeout does not cover;
+reads stay deferred), and `with_retries` on top for the rare lock error that still escapes.
+
+A writer that is done (`add_records`, a migration, an export or merge, and every engine at
+dispose and at exit) puts the file back in rollback-journal mode (`leave_wal`; the last of
+several concurrent writers manages it, the others find the file in use and leave it): a file in
+WAL mode can be read only where SQLite may create its -wal and -shm files beside it, so a tuned
+database copied to, or mounted in, a read-only place would otherwise be unreadable.
+
+Readers open SQLite files read-only (`mode=ro`, `reader_uri`) with no pooled connection kept, and
+never write, not even the journal switch: reading needs no write access to the file or its
+folder. The shipped databases are opened `immutable=1` (never written: no locking at all). A file
+left in WAL mode in a folder this process cannot write is read whole from the file when no -wal
+file is beside it (no one can be writing there), and otherwise refused with `ReadOnlyWALError`
+saying what to do.
 
 Migrations are alembic's, shipped in `autossd/db/migrations` and run through its command API
 with `script_location` set here; there is no alembic.ini. Alembic is imported only when a
@@ -24,6 +34,7 @@ import random
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -47,6 +58,11 @@ class TuningDBError(RuntimeError):
     """A tuning database cannot be opened or read (corrupt file, foreign schema, ...)."""
 
 
+class ReadOnlyWALError(TuningDBError):
+    """An SQLite file in WAL mode, with a -wal file beside it, in a folder this process cannot
+    write: SQLite cannot read it there. Not a damaged database: the lookup does not skip it."""
+
+
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
@@ -67,29 +83,57 @@ def sqlite_path(url: str) -> Path | None:
     return Path(db) if db and db != ":memory:" else None
 
 
-_engines: dict[tuple[str, bool], Engine] = {}
+_engines: dict[tuple[str, bool, bool], Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def get_engine(url: str, readonly: bool = False) -> Engine:
-    """A cached engine per (url, readonly) in this process."""
-    key = (url, readonly)
+def get_engine(url: str, readonly: bool = False, immutable: bool = False) -> Engine:
+    """A cached engine per (url, readonly, immutable) in this process. readonly: an SQLite file
+    is opened read-only (`reader_uri`); immutable (with readonly): a file nothing ever writes,
+    such as a shipped database, read with no locking."""
+    key = (url, readonly, readonly and immutable)
     eng = _engines.get(key)
     if eng is None:
         with _engines_lock:
             eng = _engines.get(key)
             if eng is None:
-                eng = _make_engine(url, readonly)
+                eng = _make_engine(url, readonly, readonly and immutable)
                 _engines[key] = eng
     return eng
 
 
 def dispose_engines(url: str | None = None) -> None:
-    """Close every cached engine (tests, before a fork, and at exit), or only those of `url`.
-    Closing the last connection to an SQLite file in WAL mode folds the -wal file back into it."""
+    """Close every cached engine (tests, before a fork, and at exit), or only those of `url`,
+    and put each SQLite file this process wrote back in rollback-journal mode (`leave_wal`)."""
     with _engines_lock:
-        for key in [k for k in _engines if url is None or k[0] == url]:
-            _engines.pop(key).dispose()
+        keys = [k for k in _engines if url is None or k[0] == url]
+        engines = [(k, _engines.pop(k)) for k in keys]
+    for (u, readonly, _), eng in engines:
+        eng.dispose()
+        if not readonly:
+            leave_wal(u)
+
+
+def leave_wal(url: str) -> bool:
+    """Put an SQLite file back in rollback-journal mode, folding its -wal file in, when no other
+    connection has it open (the switch needs the file to itself: a concurrent writer keeps WAL
+    on, and switches back itself when done). Call after closing this process's connections to it
+    (`dispose_engines` does both). Returns whether the file is now in rollback-journal mode."""
+    path = sqlite_path(url)
+    if path is None or not path.is_file():
+        return True
+    try:
+        con = sqlite3.connect(str(path), timeout=0.2, isolation_level=None)
+        try:
+            mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode == "wal":
+                mode = con.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+            return mode != "wal"
+        finally:
+            con.close()
+    except sqlite3.Error as e:   # in use (or not writable here): left as it is
+        log.debug("tuning db %s: stays in WAL mode for now (%s)", path, e)
+        return False
 
 
 def checkpoint(eng: Engine) -> None:
@@ -106,14 +150,61 @@ def checkpoint(eng: Engine) -> None:
 atexit.register(dispose_engines)
 
 
-def _make_engine(url: str, readonly: bool) -> Engine:
+def _dir_writable(folder: Path) -> bool:
+    """Whether this process may create files in `folder` (the -wal and -shm of a WAL file)."""
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def is_wal_file(path: Path) -> bool:
+    """Whether an SQLite file's header says WAL mode (bytes 18-19: 2 for WAL, 1 for rollback)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and head[:16] == b"SQLite format 3\x00" and head[18] == 2
+
+
+def read_only_wal_error(path: Path) -> ReadOnlyWALError:
+    return ReadOnlyWALError(
+        f"tuning db {path}: cannot be read here: it is in WAL mode with a {path.name}-wal file beside "
+        f"it (a writer did not finish with it), and SQLite needs to create {path.name}-shm in "
+        f"{path.parent}, which this process cannot write. Where it is writable, run `autossd export "
+        f"--db {path} --out COPY.sqlite` (or any autossd write to it), which leaves a database in "
+        f"rollback-journal mode that reads anywhere; or copy {path.name} with {path.name}-wal to a "
+        f"writable folder and point AUTOSSD_DB (or --db) at the copy.")
+
+
+def reader_uri(path: Path, immutable: bool = False) -> str:
+    """The URI a reader opens an SQLite file with: read-only (`mode=ro`), which needs no write
+    access to the file; or `immutable=1` for a file nothing writes. A file in rollback-journal
+    mode (as every writer leaves it) is read with no file created beside it. A WAL file in a
+    folder this process cannot write: with no -wal file beside it the file alone is the whole
+    database and no writer can start there, so it is read as immutable; with one, SQLite could
+    read it only by creating -shm there: ReadOnlyWALError says what to do."""
+    q = urllib.parse.quote(str(path))
+    if immutable:
+        return f"file:{q}?immutable=1"
+    if is_wal_file(path) and not _dir_writable(path.parent):
+        wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+        if not wal.exists() or wal.stat().st_size == 0:
+            return f"file:{q}?mode=ro&immutable=1"
+        if not shm.exists():
+            raise read_only_wal_error(path)
+    return f"file:{q}?mode=ro"
+
+
+def _make_engine(url: str, readonly: bool, immutable: bool = False) -> Engine:
     if not is_sqlite(url):
         return sa.create_engine(url, pool_pre_ping=True)
     path = sqlite_path(url)
     if readonly and path is not None:
-        # URI filename: the sqlite3 module opens it read-only; no -wal/-shm files are created
-        eng = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true",
-                               connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+        # a connection per use, none kept open (so none holds a file a writer wants to switch
+        # back to rollback mode); the URI is chosen at each connect, from the file's state then
+        def connect():
+            return sqlite3.connect(reader_uri(path, immutable), uri=True,
+                                   timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        eng = sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.NullPool)
     else:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,10 +233,10 @@ def _make_engine(url: str, readonly: bool) -> Engine:
 
 @contextlib.contextmanager
 def write_transaction(eng: Engine) -> Iterator[sa.Connection]:
-    """A write transaction: BEGIN IMMEDIATE on SQLite, committed on success. The first write
-    through an engine switches its SQLite file to WAL (persistent in the file): writers then
-    never block readers. Only writes do: reading a database (`autossd show --db`, a lookup)
-    leaves a file in rollback-journal mode as it was."""
+    """A write transaction: BEGIN IMMEDIATE on SQLite, committed on success. A write switches
+    its SQLite file to WAL (persistent in the file) while writes go on: writers then never block
+    readers; `leave_wal` switches it back when the writer is done. Only writes do: reading a
+    database (`autossd show --db`, a lookup) leaves a file in rollback-journal mode as it was."""
     with eng.connect() as conn:
         _use_wal(eng, conn)
         conn = conn.execution_options(autossd_write=True)
@@ -154,7 +245,9 @@ def write_transaction(eng: Engine) -> Iterator[sa.Connection]:
 
 
 def _use_wal(eng: Engine, conn: sa.Connection) -> None:
-    if getattr(eng, "_autossd_wal", False) or not is_sqlite(str(eng.url)) or sqlite_path(str(eng.url)) is None:
+    # asked at every write transaction, not once per engine: a writer done with the file (this
+    # process's or another's) may have switched it back since
+    if not is_sqlite(str(eng.url)) or sqlite_path(str(eng.url)) is None:
         return
     # on the DBAPI connection, in autocommit: the journal mode cannot change inside a transaction
     dbapi = conn.connection.dbapi_connection
@@ -163,7 +256,6 @@ def _use_wal(eng: Engine, conn: sa.Connection) -> None:
             dbapi.execute("PRAGMA journal_mode=WAL")   # needs the file to itself for a moment
     except sqlite3.OperationalError as e:   # as SQLAlchemy raises it, so with_retries sees a lock
         raise sa.exc.OperationalError("PRAGMA journal_mode=WAL", None, e) from e
-    eng._autossd_wal = True   # once per engine (the mode stays in the file)
 
 
 def is_locked_error(exc: BaseException) -> bool:
@@ -229,16 +321,37 @@ def migrate(url: str, revision: str = "head") -> str:
             return current_revision(conn)
 
     try:
-        return with_retries(_upgrade)
+        done = with_retries(_upgrade)
     except sa.exc.DatabaseError as e:
         raise TuningDBError(f"tuning db {url}: cannot migrate ({e.orig if hasattr(e, 'orig') else e})") from None
+    dispose_engines(url)   # done writing the schema: back to rollback-journal mode where possible
+    return done
+
+
+def writable(url: str) -> bool:
+    """Whether this process may write an SQLite file and create files beside it (other backends:
+    assumed so)."""
+    path = sqlite_path(url)
+    if path is None:
+        return True
+    return (not path.exists() or os.access(path, os.W_OK)) and _dir_writable(path.parent)
 
 
 def upgrade_if_older(url: str) -> str | None:
     """Migrate an existing database whose schema is an older one of ours (a user database from an
     earlier autossd) to HEAD; leave a newer one alone with a warning (its known columns still
-    read). Returns the schema revision found. Every reader of a user database goes through here."""
-    rev = _revision(get_engine(url))
+    read). Returns the schema revision found. Every reader of a user database goes through here.
+    The revision is read through a read-only connection: a current database needs no write
+    access. An older one that this process cannot write raises TuningDBError saying what to do
+    (the lookup reads such a file through an upgraded temporary copy instead)."""
+    path = sqlite_path(url)
+    rev = _revision(get_engine(url, readonly=path is not None and path.is_file()))
+    if rev in REVISIONS and rev != HEAD and not writable(url):
+        raise TuningDBError(
+            f"tuning db {path}: schema {rev} is older than this autossd's ({HEAD}), and it cannot be "
+            f"upgraded in place because this process cannot write {path} or its folder. Copy it to "
+            f"a writable place, or run `autossd export --db {path} --out COPY.sqlite` (which reads it "
+            f"through an upgraded temporary copy) and use the copy.")
     if rev in REVISIONS and rev != HEAD:
         log.info("tuning db %s: schema %s, migrating to %s", url, rev, HEAD)
         migrate(url)
@@ -253,11 +366,10 @@ def finalize_sqlite(path: Path, vacuum: bool = True) -> None:
     shipping inside the package where it is opened read-only. Closes this process's pooled
     connections to it first."""
     url = to_url(path)
-    for ro in (False, True):
-        eng = _engines.pop((url, ro), None)
-        if eng is not None:
-            eng.dispose()
-    import sqlite3
+    with _engines_lock:
+        engines = [_engines.pop(k) for k in [k for k in _engines if k[0] == url]]
+    for eng in engines:
+        eng.dispose()
     con = sqlite3.connect(str(path), isolation_level=None)
     try:
         con.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import (HEAD, TuningDBError, current_revision, dispose_engines, finalize_sqlite, get_engine,
-                     migrate, sqlite_path, to_url)
+                     migrate, reader_uri, sqlite_path, to_url)
 from .lookup import PROVENANCE_RANK, _freshness, record_time
 from .records import Record, add_records, read_records
 
@@ -37,9 +37,10 @@ class MergeResult:
     conflicts: int   # keys that had more than one record
 
 
-def _read(src: str | os.PathLike, arch: str | None, op: str | None, strict: bool) -> list[Record]:
+def read_source(src: str | os.PathLike, arch: str | None, op: str | None, strict: bool) -> list[Record]:
     """A source's records, leaving the source as it was: an SQLite file is opened read-only, and
-    one with an older schema is migrated in a temporary copy (an older autossd may still use it)."""
+    one with an older schema is migrated in a temporary copy (an older autossd may still use it,
+    or it may sit where this process cannot write)."""
     url = to_url(src)
     path = sqlite_path(url)
     if path is None:   # a server database (or in-memory): read through a normal engine
@@ -56,14 +57,21 @@ def _read(src: str | os.PathLike, arch: str | None, op: str | None, strict: bool
         return read_records(url, arch, op, strict=strict, readonly=True)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / path.name
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as s, sqlite3.connect(copy) as d:
+        s, d = sqlite3.connect(reader_uri(path), uri=True), sqlite3.connect(copy)
+        try:
             s.backup(d)
+        finally:
+            s.close()
+            d.close()
         curl = to_url(copy)
         migrate(curl)
         try:
             return read_records(curl, arch, op, strict=strict)
         finally:
             dispose_engines(curl)
+
+
+_read = read_source   # the name scripts/build_shipped_db.py imports
 
 
 def _write(dest: str | os.PathLike, records: list[Record], overwrite: bool) -> int:
@@ -95,7 +103,7 @@ def export_db(src: str | os.PathLike, dest: str | os.PathLike, arch: str | None 
     """Copy the (validated) records of `src`, optionally only one arch / op, into a new SQLite
     file `dest`. strict: an invalid record raises RecordError; else it is skipped with a warning.
     Returns the number of records written."""
-    return _write(dest, _read(src, arch, op, strict), overwrite)
+    return _write(dest, read_source(src, arch, op, strict), overwrite)
 
 
 def merge_rank(rec: Record, source_index: int, triton_v: str, th: str) -> tuple:
@@ -135,6 +143,6 @@ def merge_dbs(sources: list[str | os.PathLike], dest: str | os.PathLike, arch: s
     """Merge databases into a new SQLite file `dest`, one record per (op, arch, problem) (and
     launch mode, where measured) by the
     conflict rule in the module docstring."""
-    kept, result = merge_records([_read(s, arch, op, strict) for s in sources])
+    kept, result = merge_records([read_source(s, arch, op, strict) for s in sources])
     _write(dest, kept, overwrite)
     return result

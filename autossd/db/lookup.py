@@ -7,9 +7,11 @@
 Sources and precedence
     The user database: an SQLAlchemy URL or path from the `db` argument, else env AUTOSSD_DB,
     else `<cache>/tuning.sqlite` (cache = env AUTOSSD_CACHE_DIR or platformdirs'
-    user_cache_dir("autossd")). It is never created by a lookup; an older schema is migrated.
+    user_cache_dir("autossd")). It is never created by a lookup; an older schema is migrated (in
+    a temporary copy when the file or its folder is read-only). It is read through a read-only
+    connection.
     The shipped database: `<arch>.sqlite` in the package `autossd.tuning_db` (the top-level
-    tuning_db/ folder of a source checkout), opened read-only.
+    tuning_db/ folder of a source checkout), opened immutable (read-only, no locking).
 
 Match tiers, in order
     1. exact: a record whose Problem equals the query in every field (a record tuned with the
@@ -55,7 +57,8 @@ Stale records (policy)
 
 Bad data
     A database that cannot be read (corrupt file, foreign schema) is skipped with a logged
-    warning; a row that fails validation (`records.validate_row`) is skipped with a logged
+    warning (but a user database left in WAL mode in a folder this process cannot write raises
+    `ReadOnlyWALError`, naming the file and what to do: the user's tuning is not dropped unsaid); a row that fails validation (`records.validate_row`) is skipped with a logged
     warning naming the row and field. Lookup then goes on with the other records, down to the
     default, so the user's program runs. Nothing unvalidated reaches `render`.
 """
@@ -66,13 +69,13 @@ import logging
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..knobs import BaseConfig
 from ..ops.registry import get_op
 from ..problem import Problem
-from .engine import TuningDBError, sqlite_path, to_url, upgrade_if_older
+from .engine import ReadOnlyWALError, TuningDBError, sqlite_path, to_url, upgrade_if_older, writable
 from .records import Record, on_write, read_records
 
 log = logging.getLogger("autossd.db")
@@ -152,6 +155,11 @@ def _load_user(url: str, arch: str, op: str) -> list[Record]:
     path = sqlite_path(url)
     if url.startswith("sqlite") and (path is None or not path.exists()):
         return []  # a lookup never creates the user database
+    if not writable(url):
+        # a read-only place (a mounted or shared cache): read as it is, an older schema through
+        # an upgraded temporary copy, never failing for want of write access
+        from .exchange import read_source
+        return [replace(r, origin="user") for r in read_source(url, arch, op, strict=False)]
     upgrade_if_older(url)
     return read_records(url, arch, op, strict=False, origin="user")
 
@@ -160,7 +168,7 @@ def _load_shipped(arch: str, op: str) -> list[Record]:
     path = shipped_db_path(arch)
     if path is None:
         return []
-    return read_records(str(path), arch, op, strict=False, readonly=True, origin="shipped")
+    return read_records(str(path), arch, op, strict=False, readonly=True, immutable=True, origin="shipped")
 
 
 def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None) -> list[Record]:
@@ -175,6 +183,10 @@ def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = 
     for name, load in (("user", lambda: _load_user(url, arch, op)), ("shipped", lambda: _load_shipped(arch, op))):
         try:
             recs.extend(load())
+        except ReadOnlyWALError:
+            # the user's own tuning that cannot be read where it is: say so rather than run on
+            # defaults without it (the error names the file and what to do)
+            raise
         except (TuningDBError, OSError) as e:
             log.warning("autossd: ignoring the %s tuning database: %s; falling back to other records "
                         "and defaults", name, e)

@@ -38,7 +38,8 @@ import sqlalchemy as sa
 from ..arch import ARCHS, get_arch
 from ..knobs import BaseConfig, ConfigError
 from ..ops.registry import Op, get_op
-from .engine import (TuningDBError, checkpoint, current_revision, get_engine, migrate, to_url, with_retries,
+from .engine import (TuningDBError, checkpoint, current_revision, dispose_engines, get_engine, is_wal_file,
+                     migrate, read_only_wal_error, sqlite_path, to_url, with_retries, writable,
                      write_transaction)
 from .models import FIGURE_COLUMNS, KEY_COLUMNS, LAUNCH_MODES, PROVENANCES, TEXT_COLUMNS, tuned_records
 
@@ -354,12 +355,21 @@ def _raw_select(table: sa.Table, arch: str | None, op: str | None) -> sa.Select:
     return q
 
 
+def _reader(url: str, readonly: bool, immutable: bool = False):
+    """The engine a read goes through: an SQLite file is always opened read-only (reading needs
+    no write access to it or its folder); immutable: a file nothing writes (a shipped one)."""
+    path = sqlite_path(url)
+    return get_engine(url, readonly=readonly or (path is not None and path.is_file()), immutable=immutable)
+
+
 def read_rows(url: str, arch: str | None = None, op: str | None = None,
-              readonly: bool = False) -> list[dict[str, Any]]:
+              readonly: bool = False, immutable: bool = False) -> list[dict[str, Any]]:
     """Raw rows (dicts) of a database at the current schema. Raises TuningDBError when the file
-    is not a readable autossd tuning database."""
+    is not a readable autossd tuning database (ReadOnlyWALError when it is one, in WAL mode, in a
+    folder this process cannot write)."""
+    path = sqlite_path(url)
     try:
-        eng = get_engine(url, readonly=readonly)
+        eng = _reader(url, readonly, immutable)
         with eng.connect() as conn:
             rev = current_revision(conn)
             if rev is None:
@@ -369,17 +379,21 @@ def read_rows(url: str, arch: str | None = None, op: str | None = None,
             result = conn.execute(_raw_select(tuned_records, arch, op))
             return [dict(r._mapping) for r in result]
     except sa.exc.DatabaseError as e:
+        if path is not None and is_wal_file(path) and not writable(url):
+            raise read_only_wal_error(path) from None
         raise TuningDBError(f"tuning db {url}: cannot be read ({getattr(e, 'orig', e)})") from None
 
 
 def read_records(db: str, arch: str | None = None, op: str | None = None, *, strict: bool = True,
-                 readonly: bool = False, origin: str = "") -> list[Record]:
+                 readonly: bool = False, origin: str = "", immutable: bool = False) -> list[Record]:
     """Validated records of a database already at the current schema. strict: the first bad row
-    raises RecordError; otherwise bad rows are logged and skipped."""
+    raises RecordError; otherwise bad rows are logged and skipped. An SQLite file is read through
+    a read-only connection (`readonly` matters for other backends only); immutable: a file that
+    nothing writes (a shipped database), read with no locking."""
     url = to_url(db)
     out = []
     skipped = []
-    for row in read_rows(url, arch, op, readonly=readonly):
+    for row in read_rows(url, arch, op, readonly=readonly, immutable=immutable):
         try:
             rec = validate_row(row)
         except RecordError as e:
@@ -488,7 +502,9 @@ def add_records(db: str, records: Iterable[Record], batch_size: int = 500) -> in
     (`models.KEY_COLUMNS`): a record the database already holds is kept once, with the better
     figure (`replaces`), so re-running a finished tune or two identical tunes at once add no
     duplicates. Each batch is one BEGIN IMMEDIATE transaction, retried as a whole on a lock
-    error. Returns the number of records given."""
+    error. When done, an SQLite file goes back to rollback-journal mode unless another writer
+    has it open (`engine.leave_wal`), so it reads from a read-only place. Returns the number of
+    records given."""
     url = to_url(db)
     migrate(url)
     eng = get_engine(url)
@@ -509,6 +525,7 @@ def add_records(db: str, records: Iterable[Record], batch_size: int = 500) -> in
                 if attempt == 2 or eng.dialect.name in ("sqlite", "postgresql"):
                     raise
     checkpoint(eng)
+    dispose_engines(url)   # this writer is done: rollback-journal mode, where no one else writes
     for fn in _listeners:
         fn(url)
     return len(records)
@@ -516,7 +533,7 @@ def add_records(db: str, records: Iterable[Record], batch_size: int = 500) -> in
 
 def row_count(db: str) -> int:
     url = to_url(db)
-    with get_engine(url).connect() as conn:
+    with _reader(url, False).connect() as conn:
         return conn.execute(sa.select(sa.func.count()).select_from(tuned_records)).scalar_one()
 
 
