@@ -11,8 +11,9 @@ import sys
 import types
 
 
-def load_mamba_ssm():
-    """mamba_ssm's `mamba_chunk_scan_combined`, or None when mamba_ssm is not installed."""
+def load_mamba_ssm(module: str = "ssd_combined", name: str = "mamba_chunk_scan_combined"):
+    """A function of mamba_ssm's Triton path (`mamba_ssm.ops.triton.<module>.<name>`; by default
+    `mamba_chunk_scan_combined`), or None when mamba_ssm is not installed."""
     spec = importlib.util.find_spec("mamba_ssm") if "mamba_ssm" not in sys.modules else None
     if "mamba_ssm" not in sys.modules:
         if spec is None or not spec.submodule_search_locations:
@@ -21,7 +22,7 @@ def load_mamba_ssm():
         pkg.__path__ = list(spec.submodule_search_locations)
         sys.modules["mamba_ssm"] = pkg
     try:
-        mod = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+        mod = importlib.import_module(f"mamba_ssm.ops.triton.{module}")
     except ImportError:
         return None
-    return mod.mamba_chunk_scan_combined
+    return getattr(mod, name)

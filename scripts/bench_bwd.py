@@ -57,12 +57,16 @@ def floor_ms(prob: Problem, ceil: dict) -> tuple[float, float, float]:
 
 
 def _peer():
+    from autossd.peer import load_mamba_ssm   # its Triton path, without the package's CUDA extensions
     try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-        return mamba_chunk_scan_combined
-    except Exception as e:   # not installed, or built for another torch
-        print(f"mamba_ssm not importable ({type(e).__name__}: {e}); timing autossd only")
-        return None
+        fn = load_mamba_ssm()
+    except Exception as e:   # noqa: BLE001 - built for another torch, say
+        fn, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "not installed"
+    if fn is None:
+        print(f"mamba_ssm not importable ({why}); timing autossd only")
+    return fn
 
 
 def _step(fn, prob: Problem, t: dict, dout):
