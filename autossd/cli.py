@@ -61,11 +61,15 @@ def _fixed(ctx, param, values) -> dict:
 
 
 def _op(ctx, param, value) -> str:
+    """An op whose problems --shapes describes (the forward's and the backward's: batch x
+    sequence shapes of the SSD layer)."""
     from .ops.registry import get_op, op_names
-    try:
-        return get_op(value).name
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected one of {list(op_names())}", ctx=ctx, param=param) from None
+    from .problem import Problem
+    shaped = [n for n in op_names() if get_op(n).problem_type is Problem]
+    if value not in shaped:
+        raise click.BadParameter(f"{value!r}: expected one of {shaped} (ops whose problems --shapes "
+                                 "describes)", ctx=ctx, param=param)
+    return value
 
 
 def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str):
