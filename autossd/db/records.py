@@ -45,7 +45,7 @@ from .models import FIGURE_COLUMNS, KEY_COLUMNS, LAUNCH_MODES, PROVENANCES, TEXT
 
 log = logging.getLogger("autossd.db")
 
-# Measured ceilings (DESIGN.md: H100 device-to-device copy and bf16 matmul); other archs use
+# Measured ceilings (H100: device-to-device copy and bf16 matmul, as the benchmarks measure them); other archs use
 # their datasheet figures from arch.py.
 MEASURED_CEILINGS = {"sm90": (3000.0, 738.0)}  # GB/s, TFLOP/s
 

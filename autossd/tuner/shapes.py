@@ -1,5 +1,5 @@
 """Problem shapes from the command line: "b=1,l=16384,h=80,p=64,n=128,g=1" or a model preset
-(DESIGN.md's table), optionally with overrides: "mamba2-2.7b:b=4,l=16384"."""
+(the benchmark's table of model shapes), optionally with overrides: "mamba2-2.7b:b=4,l=16384"."""
 from __future__ import annotations
 
 from ..problem import Problem, check_grid
