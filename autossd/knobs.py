@@ -163,3 +163,7 @@ class BaseConfig(Mapping):
             raise ConfigError("config: expected a JSON object")
         return cls(data)
 
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): the padded size a tile covers."""
+    return 1 << max(0, (int(n) - 1).bit_length())

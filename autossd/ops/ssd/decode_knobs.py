@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
 
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -96,10 +96,6 @@ class DecodeProblem:
     def flops(self, chunk_size: int = 0) -> int:
         """Per state element and token: decay, update and the product with C (5 FLOPs)."""
         return 5 * self.batch * self.tokens * self.nheads * self.headdim * self.dstate
-
-
-def pow2_at_least(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def caps(problem: DecodeProblem) -> dict[str, int]:

@@ -8,7 +8,7 @@ the fusion depth.
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
 
 TILES = (16, 32, 64, 128)
 # per-thread register caps: 65536 registers / (128 threads x cap) = 8, 6, 5, 4, 3 CTAs per SM
@@ -161,18 +161,14 @@ class Config(BaseConfig):
     __slots__ = ()
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def caps(problem) -> dict[str, int]:
     """Largest useful tile per knob for a problem: a tile beyond the padded dimension is waste."""
-    p = max(16, _pow2_at_least(problem.headdim))
-    n = max(16, _pow2_at_least(problem.dstate))
+    p = max(16, pow2_at_least(problem.headdim))
+    n = max(16, pow2_at_least(problem.dstate))
     return {"bmm_block_k": n, "state_block_m": p, "state_block_n": n,
             "scan_block_n": p, "scan_block_d": n,
-            "cumsum_block_h": _pow2_at_least(problem.nheads),
-            "pass_block": max(64, _pow2_at_least(problem.headdim * problem.dstate))}
+            "cumsum_block_h": pow2_at_least(problem.nheads),
+            "pass_block": max(64, pow2_at_least(problem.headdim * problem.dstate))}
 
 
 def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
