@@ -75,8 +75,11 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
     out.append(StageCost("state_passing_rev", b * h * _cdiv(p * n, config.pass_block), 2 * st * 4 + st * s, 0.0, 0.0,
                          chain=nc))
     inline = b * nc * h * mm(q, n, q) / 2 if config.cb == "inline" else 0.0
+    # the dx state product runs twice at 16-bit inputs (the state gradient split in two halves)
+    split = 1 if problem.dtype == "fp32" else 2
     out.append(StageCost("dx", nc * b * h * _cdiv(q, config.dx_block_m) * _cdiv(p, config.dx_block_n),
-                         3 * x + bc + st * 4, 0.0, b * nc * h * (mm(q, n, p) + mm(q, q, p) / 2) + inline,
+                         3 * x + bc + st * 4, 0.0,
+                         b * nc * h * (split * mm(q, n, p) + mm(q, q, p) / 2) + inline,
                          (config.dx_block_m, config.dx_block_n, config.dx_block_k), config.dx_stages))
     grid = nc * b * g * config.group_split * _cdiv(q, config.dbc_block_m) * _cdiv(n, config.dbc_block_n)
     for name in ("db", "dc"):

@@ -6,7 +6,7 @@ its own and read by the dx kernel ("stage"), or recomputed by the dx kernel from
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
 
 TILES = (16, 32, 64, 128)
 
@@ -35,6 +35,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dx_block_m", TILES, 64, "rows (time) per dx program", "dx"),
     Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx"),
     Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx"),
+    Knob("dx_block_d", TILES, 64, "dstate step of the dx program's state product", "dx"),
     Knob("dx_warps", (2, 4, 8), 4, "num_warps", "dx"),
     Knob("dx_stages", (1, 2, 3), 2, "num_stages", "dx"),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
@@ -60,17 +61,13 @@ class BwdConfig(BaseConfig):
     __slots__ = ()
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def caps(problem) -> dict[str, int]:
     """Largest useful tile per knob for a problem: a tile beyond the padded dimension is waste."""
-    p = max(16, _pow2_at_least(problem.headdim))
-    n = max(16, _pow2_at_least(problem.dstate))
-    return {"state_block_m": p, "state_block_n": n, "dx_block_n": p, "dbc_block_n": n,
-            "cumsum_block_h": _pow2_at_least(problem.nheads),
-            "pass_block": max(64, _pow2_at_least(problem.headdim * problem.dstate))}
+    p = max(16, pow2_at_least(problem.headdim))
+    n = max(16, pow2_at_least(problem.dstate))
+    return {"state_block_m": p, "state_block_n": n, "dx_block_n": p, "dx_block_d": n, "dbc_block_n": n,
+            "cumsum_block_h": pow2_at_least(problem.nheads),
+            "pass_block": max(64, pow2_at_least(problem.headdim * problem.dstate))}
 
 
 def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
@@ -119,8 +116,21 @@ def default_config(arch: Arch | str, problem=None) -> BwdConfig:
     gradients through the state chain are the most sensitive to rounding)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     base = BwdConfig()
+    # dx, dB and dC hold an fp32 (rows x headdim / dstate) accumulator across a causal loop with
+    # two more fp32 (rows x time step) products per step; a second pipeline stage (async copies of
+    # the next step's tiles) costs ~55 more registers per thread there. Cross-compiled at
+    # mamba2-2.7b (8 x 2048, bf16, chunk 256), one stage each: sm90 dx 166 registers (3 blocks
+    # per SM; 222 and 2 blocks with two stages), db 153 (3; 190 and 2), dc 230 (2; 255 and 2),
+    # nothing spilled anywhere; sm80 likewise spill-free.
+    base = base.replace(dx_stages=1, dbc_stages=1)
     if arch.is_amd:   # 64 KB of LDS: keep pipelining shallow
-        base = base.replace(state_stages=1, dx_stages=1, dbc_stages=1)
+        base = base.replace(state_stages=1)
+    elif arch.name.startswith("sm8"):
+        # mma.sync holds both operands in registers: the 64 x 64 C·Bᵀ tile over dstate 128
+        # spilled (96 registers, 8 bytes) and so did the dstates product at two stages (128,
+        # 8 bytes); a 32-wide bmm tile (50 registers, 6 blocks per SM) and one stage for the
+        # chunk-state products (96-127, 4-5 blocks) spill nothing.
+        base = base.replace(bmm_block_n=32, state_stages=1)
     if problem is not None:
         if problem.chunk_size is not None:
             base = base.replace(chunk_size=problem.chunk_size)
