@@ -54,14 +54,21 @@ def template_hash() -> str:
 
 
 def _code_tokens(source: str) -> str:
-    """The source as its Python tokens without comments, blank lines or the header naming the
-    config: what the compiler sees. A reworded comment, or a knob added later with the old
-    behaviour as its default, leaves this (and so a record's freshness) as it was."""
-    out = []
+    """The source without its comments, trailing blanks or blank lines (the header naming the
+    config is a comment too): what the compiler sees, as text. A reworded comment, or a knob
+    added later with the old behaviour as its default, leaves this (and so a record's freshness)
+    as it was. Only tokenize's COMMENT positions are used, which every Python version reports
+    alike (its other tokens changed in 3.12, and a hash of them differed between versions)."""
+    cut: dict[int, int] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
-            continue
-        out.append(f"{tok.type}:{tok.string}")
+        if tok.type == tokenize.COMMENT:
+            cut[tok.start[0] - 1] = tok.start[1]
+    out = []
+    for i, line in enumerate(source.splitlines()):
+        line = line[:cut[i]] if i in cut else line
+        line = line.rstrip()
+        if line:
+            out.append(line)
     return "\n".join(out)
 
 

@@ -229,3 +229,11 @@ def test_an_unwritable_cache_dir_falls_back_to_a_temporary_one_and_says_so(tmp_p
     assert path == again and path.read_text() == src and not str(path).startswith(str(blocker))
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "AUTOSSD_CACHE_DIR" in said[0] and str(blocker) in said[0] and str(path.parent) in said[0]
+
+
+def test_a_kernels_hash_is_of_its_text_without_comments():
+    """Freshness hashes the rendered text less comments, trailing blanks and blank lines (not
+    tokenize's token stream, whose kinds differ between Python versions, so a record's freshness
+    would depend on the Python that reads it)."""
+    src = "x = 1  # why\n\n# a whole-line comment\ny = '#not a comment'   \n    z = 2\n"
+    assert render._code_tokens(src) == "x = 1\ny = '#not a comment'\n    z = 2"
