@@ -154,7 +154,12 @@ def check(dtypes: list[str]) -> int:
             ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], prob.chunk_size, t["D"], t["z"], t["dt_bias"],
                                t["initial_states"], t["seq_idx"], prob.dt_softplus,
                                kw.get("dt_limit", (0.0, float("inf"))), dout, dfinal)
-            errs = {k: rel_err(leaves[k].grad, ref[k]) for k in ref}
+            # a gradient whose reference is zero (A at a one-token sequence without an initial
+            # state: y does not depend on the decay then) is judged against the size of the
+            # others, not against itself (its relative error would divide by zero)
+            scale = max(float(r.norm()) for r in ref.values())
+            errs = {k: (rel_err(leaves[k].grad, ref[k]) if float(ref[k].norm()) > 1e-12 * scale
+                        else float(leaves[k].grad.double().norm()) / scale) for k in ref}
             worst = max(errs.values())
             ok = worst < TOL[dtype]
             failed += not ok

@@ -148,23 +148,19 @@ def test_show_migrates_a_store_from_an_earlier_autossd(env, tmp_path):
     import sqlalchemy as sa
 
     from autossd.db import HEAD, engine, migrate, to_url
-    from autossd.db.models import tuned_records
     from autossd.db.records import make_record
     from autossd.problem import Problem
     from autossd.ops.ssd.fwd_knobs import Config
+    from test_db import _insert_old, _old_row   # a row as schema 4's writer stored it
     url = to_url(tmp_path / "old.sqlite")
     assert migrate(url, "0004") == "0004"
     with engine.get_engine(url).connect() as conn:
         cols = {c["name"] for c in sa.inspect(conn).get_columns("tuned_records")}
     assert "cfg_scan_maxnreg" not in cols
     prob = Problem(batch=1, seqlen=2048, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16")
-    cfg = json.loads(Config(scan_block_k=32).key())
-    for k in ("scan_maxnreg", "state_maxnreg"):   # as schema 4 wrote it: no such knobs
-        cfg.pop(k)
-    row = make_record(prob, Config(scan_block_k=32), "sm90", provenance="measured", time_ms=0.1).to_row()
-    row = {**{k: v for k, v in row.items() if k in cols}, "config_json": json.dumps(cfg, sort_keys=True)}
-    with engine.get_engine(url).begin() as conn:
-        conn.execute(tuned_records.insert().values({tuned_records.c[k]: v for k, v in row.items()}))
+    rec = make_record(prob, Config(scan_block_k=32), "sm90", provenance="measured", time_ms=0.1)
+    engine.dispose_engines(url)
+    _insert_old(url, [_old_row(rec, cols)])
     r = invoke("show", "--db", str(tmp_path / "old.sqlite"), "--json")
     assert r.exit_code == 0, r.output
     (shown,) = json.loads(r.output)

@@ -447,7 +447,10 @@ def test_tampered_user_db_warns_and_the_program_goes_on(tmp_path, caplog):
     add_records(str(path), [make_record(p, tuned_for(p), "sm90", provenance="measured", time_ms=0.02)])
     dbengine.dispose_engines()
     con = sqlite3.connect(str(path))
-    con.execute("UPDATE tuned_records SET cfg_scan_block_m = 100, device = 'x\"); import os; (\"'")
+    (text,) = con.execute("SELECT config_json FROM tuned_records").fetchone()
+    cfg = {**json.loads(text), "scan_block_m": 100}   # a value outside the knob's declared set
+    con.execute("UPDATE tuned_records SET config_json = ?, device = 'x\"); import os; (\"'",
+                (json.dumps(cfg, sort_keys=True),))
     con.commit()
     con.close()
     runtime.clear_cache()

@@ -332,9 +332,9 @@ def test_a_runner_without_mode_times_saves_one_record(tmp_path):
 
 
 def test_best_records_keep_each_measured_mode_and_drop_a_prediction_beside_them():
-    from autossd.tuner.sinks import best_records, make_record
+    from autossd.tuner.sinks import best_records, make_result
     cfg = default_config("sm90", SMALL)
-    mk = lambda ms, prov="measured", mode=None, p=SMALL: make_record(  # noqa: E731
+    mk = lambda ms, prov="measured", mode=None, p=SMALL: make_result(  # noqa: E731
         "sm90", "dev", p, cfg, ms, prov, launch_mode=mode)
     old = {k: v for k, v in mk(0.09).items() if k != "launch_mode"}   # a record from before modes
     recs = [mk(0.10, mode="eager"), mk(0.08, mode="graph"), mk(0.07, mode="graph"), old,

@@ -85,6 +85,11 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
     dev = x.device
     f32 = torch.float32
     e = lambda *s, dtype=f32: torch.empty(*s, dtype=dtype, device=dev)  # noqa: E731
+    # the partial sums reduced after the kernels (over tiles, heads or positions) start at zero:
+    # a tile or position a short chunk leaves unwritten must add nothing, and the GPU's caching
+    # allocator hands back memory holding whatever it held (an H200 gave dA off by 1e292 at
+    # one-token sequences with these uninitialized)
+    zp = lambda *s, dtype=f32: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
     npb = triton.cdiv(p * n, config.pass_block)
     if saved is None:
         states = e(b, nc, h, p, n, dtype=_TORCH_STATE[config.state_dtype])
@@ -97,15 +102,15 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         dz=torch.empty_like(z, memory_format=torch.contiguous_format) if z is not None and "z" in need else None,
         dt=dtb, dA=dAb, states=states, final=final,
         cb=e(b, nc, g, q, q) if config.cb == "stage" else None,
-        dst=e(b, nc, h, p, n), dlast=e(b, h, nc, npb),
+        dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, npb),
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),
-        ddir=e(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
-        dDp=e(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
-        dBp=e(b, l, config.group_split, g, n) if "B" in need else None,
-        dCp=e(b, l, config.group_split, g, n),
-        dap=e(b, h, nc, triton.cdiv(n, config.dbc_block_n), q),
-        ddt=e(b, l, h, dtype=dt.dtype), dAp=e(b, h, nc), dbp=e(b, h, nc))
+        ddir=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+        dDp=zp(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
+        dBp=zp(b, l, config.group_split, g, n) if "B" in need else None,
+        dCp=zp(b, l, config.group_split, g, n),
+        dap=zp(b, h, nc, triton.cdiv(n, config.dbc_block_n), q),
+        ddt=e(b, l, h, dtype=dt.dtype), dAp=zp(b, h, nc), dbp=zp(b, h, nc))
 
 
 def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda",
