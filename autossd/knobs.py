@@ -167,3 +167,12 @@ class BaseConfig(Mapping):
 def pow2_at_least(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1): the padded size a tile covers."""
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def shrink(config: BaseConfig, limits: Mapping[str, int]) -> BaseConfig:
+    """`config` with each knob named in `limits` that exceeds its limit set to the largest
+    declared value within it (the ops' `fit`: tiles past a problem's padded size or the chunk)."""
+    by_name = config.space.by_name
+    changes = {name: max(v for v in by_name[name].values if v <= cap)
+               for name, cap in limits.items() if config[name] > cap}
+    return config.replace(**changes) if changes else config

@@ -6,7 +6,7 @@ its own and read by the dx kernel ("stage"), or recomputed by the dx kernel from
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
 
 TILES = (16, 32, 64, 128)
 
@@ -95,19 +95,11 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
 
 
 def fit(config: BwdConfig, problem) -> BwdConfig:
-    """Shrink tiles that exceed the problem's padded dims or the chunk (used for defaults)."""
-    changes = {}
-    for name, cap in caps(problem).items():
-        if config[name] > cap:
-            changes[name] = max(v for v in KNOB_BY_NAME[name].values if v <= cap)
+    """Shrink tiles that exceed the problem's padded dims or the chunk (used for defaults), and
+    the head split past the heads of a group."""
     q = config.chunk_size
-    for name in _CHUNK_TILES:
-        if config[name] > q:
-            changes[name] = max(v for v in KNOB_BY_NAME[name].values if v <= q)
-    r = problem.nheads // problem.ngroups
-    if config.group_split > r:
-        changes["group_split"] = max(v for v in KNOB_BY_NAME["group_split"].values if v <= r)
-    return config.replace(**changes) if changes else config
+    return shrink(config, {**caps(problem), **{name: q for name in _CHUNK_TILES},
+                           "group_split": problem.nheads // problem.ngroups})
 
 
 def default_config(arch: Arch | str, problem=None) -> BwdConfig:

@@ -8,7 +8,7 @@ the fusion depth.
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
 
 TILES = (16, 32, 64, 128)
 # per-thread register caps: 65536 registers / (128 threads x cap) = 8, 6, 5, 4, 3 CTAs per SM
@@ -161,6 +161,10 @@ class Config(BaseConfig):
     __slots__ = ()
 
 
+# the tiles along a chunk's tokens: none may exceed the chunk
+_CHUNK_TILES = ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k")
+
+
 def caps(problem) -> dict[str, int]:
     """Largest useful tile per knob for a problem: a tile beyond the padded dimension is waste."""
     p = max(16, pow2_at_least(problem.headdim))
@@ -180,7 +184,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
         if config[knob.name] not in knob.values_on(arch):
             why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
     q = config.chunk_size
-    for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
+    for name in _CHUNK_TILES:
         if config[name] > q:
             why.append(f"{name}={config[name]} exceeds chunk_size={q}")
     if config.launches == 1 and problem is not None and config.state_block_n < caps(problem)["state_block_n"]:
@@ -292,17 +296,12 @@ def _gluon_problem_violations(knob: str, config: Config, problem, dstates: tuple
 
 def fit(config: Config, problem) -> Config:
     """Shrink tiles that exceed the problem's padded dims or the chunk (used for defaults)."""
-    changes = {}
-    for name, cap in caps(problem).items():
-        if config[name] > cap:
-            changes[name] = max(v for v in KNOB_BY_NAME[name].values if v <= cap)
     q = config.chunk_size
-    for name in ("bmm_block_m", "bmm_block_n", "state_block_k", "scan_block_m", "scan_block_k"):
-        if config[name] > q:
-            changes[name] = q if q in KNOB_BY_NAME[name].values else max(KNOB_BY_NAME[name].values)
+    config = shrink(config, {**caps(problem), **{name: q for name in _CHUNK_TILES}})
     if config.launches == 1:   # the whole dstate in one tile, where a tile can hold it
-        changes["state_block_n"] = min(caps(problem)["state_block_n"], max(KNOB_BY_NAME["state_block_n"].values))
-    return config.replace(**changes) if changes else config
+        config = config.replace(state_block_n=min(caps(problem)["state_block_n"],
+                                                  max(KNOB_BY_NAME["state_block_n"].values)))
+    return config
 
 
 def default_config(arch: Arch | str, problem=None, launches: int | None = None) -> Config:
