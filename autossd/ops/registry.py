@@ -117,7 +117,7 @@ class Op:
 
 _OPS: dict[str, Op] = {}
 # which module declares each shipped op (imported by get_op on first use)
-_BUILTIN = {"ssd_fwd": "autossd.ops.ssd.fwd", "ssd_bwd": "autossd.ops.ssd.bwd",
+_BUILTIN = {"ssd_fwd": "autossd.ops.ssd.fwd", "ssd_bwd": "autossd.ops.ssd.bwd", "ssd_varlen": "autossd.ops.ssd.varlen",
             "ssd_decode": "autossd.ops.ssd.decode"}
 
 

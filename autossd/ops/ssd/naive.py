@@ -202,3 +202,35 @@ def state_update_ref(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_sof
     y = torch.where(live[:, None, None, None], y, torch.where(pad, 0.0, float("nan")))
     new_state[slots[live]] = S[live]
     return (y if multi else y[:, 0]), new_state
+
+
+def varlen_ref(x, dt, A, B, C, cu_chunk_seqlens, last_chunk_indices, seq_idx, D=None, z=None, dt_bias=None,
+               initial_states=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    """Float64 packed prefill (the contract of `autossd.ssd_varlen`): x (T, h, p), dt (T, h),
+    B, C (T, g, n), a chunk table. Returns (y (T, h, p), final_states (seqs, h, p, n),
+    chunk_states (nchunks, h, p, n)), float64. Each chunk runs `ssd_chunked` from the state the
+    previous chunk of its sequence ended in (its sequence's initial state, or zero, for its
+    first chunk): the chunk table's cut, computed independently of the kernels' algebra."""
+    bounds = [int(v) for v in cu_chunk_seqlens.tolist()]
+    seqs = [int(v) for v in seq_idx.tolist()]
+    h, p = x.shape[1], x.shape[2]
+    n = B.shape[2]
+    nseq = last_chunk_indices.shape[0]
+    dev = x.device
+
+    def start(s):
+        return (initial_states[s].to(f64).clone() if initial_states is not None
+                else torch.zeros(h, p, n, dtype=f64, device=dev))
+    final = torch.stack([start(s) for s in range(nseq)]) if nseq else torch.zeros(0, h, p, n, dtype=f64)
+    y = torch.zeros(x.shape, dtype=f64, device=dev)
+    chunk_states = torch.zeros(len(seqs), h, p, n, dtype=f64, device=dev)
+    for c, s in enumerate(seqs):
+        a, b = bounds[c], bounds[c + 1]
+        S = final[s] if c > 0 and seqs[c - 1] == s else start(s)
+        yc, Sc, _ = ssd_chunked(x[None, a:b], dt[None, a:b], A, B[None, a:b], C[None, a:b], 256, D=D,
+                                z=None if z is None else z[None, a:b], dt_bias=dt_bias, initial_states=S[None],
+                                dt_softplus=dt_softplus, dt_limit=dt_limit)
+        y[a:b] = yc[0]
+        final[s] = Sc[0]
+        chunk_states[c] = Sc[0]
+    return y, final, chunk_states

@@ -1,0 +1,593 @@
+"""Packed prefill (`ssd_varlen`), declared once, and its entries: the tokens of many sequences
+packed along one axis, each sequence continuing from its own cached state, as inference engines
+run a prefill (chunked prefill and prefix caching included).
+
+The packed axis is cut into a *chunk table*: chunk c holds tokens cu_chunk_seqlens[c] to
+cu_chunk_seqlens[c+1] of sequence seq_idx[c], at most chunk_size of them, and no chunk straddles
+two sequences (`varlen_chunks` builds the table; an engine may pass its own, e.g. one whose first
+chunk of a sequence ends where the cached prefix's last chunk would have). Five launches
+(four with C·Bᵀ computed inline): the cumsum of dt'·A per chunk, C·Bᵀ per chunk and group, each
+chunk's local state, the prefix over each sequence's chunks from its initial state (one program
+per state block, head and sequence: sequences run side by side), and the chunk scan, which
+writes y into the caller's buffer.
+
+Nothing here reads a tensor's values on the host: shapes decide the launches, so a call can be
+captured in a CUDA graph (with a chunk table of fixed length). Outputs: y, each sequence's state
+at its last token, and optionally every chunk's end state.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from ...problem import DTYPES, TORCH_DTYPES
+from ..registry import Op, Stage, register
+from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, default_config, fit,  # noqa: F401
+                           violations)
+
+STAGES = (
+    Stage("cumsum"),
+    Stage("bmm", "bmm_warps", "bmm_stages"),
+    Stage("chunk_state", "state_warps", "state_stages"),
+    Stage("state_passing", "pass_warps"),
+    Stage("chunk_scan", "scan_warps", "scan_stages"),
+)
+SEQUENCES = {"staged": ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
+             "inline": ("cumsum", "chunk_state", "state_passing", "chunk_scan")}
+MAX_GRID_YZ = 65535
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INTS = (torch.int32, torch.int64)
+
+
+def includes(cfg: VarlenConfig, backend: str) -> list[str]:
+    """The template files a config's module holds, in launch order."""
+    out = ["cumsum.jinja"]
+    if cfg.cb == "staged":
+        out.append("bmm.jinja")
+    return out + ["chunk_state.jinja", "state_passing.jinja", "chunk_scan.jinja"]
+
+
+def render_context(cfg: VarlenConfig, backend: str) -> dict:
+    return {}
+
+
+# --- the chunk table ------------------------------------------------------------------------
+def varlen_chunks(cu_seqlens, chunk_size: int, computed_tokens=None):
+    """The chunk table of a packed batch: (cu_chunk_seqlens (nchunks + 1,), last_chunk_indices
+    (seqs,), seq_idx (nchunks,)), int32 on cu_seqlens's device.
+
+    Each sequence is cut into chunks of chunk_size tokens, the last one shorter. With
+    computed_tokens (seqs,) (tokens each sequence already has in the cache: prefix caching,
+    chunked prefill), a sequence's first chunk ends where its logical position reaches a multiple
+    of chunk_size, so every chunk end state lines up with the cache's blocks. An empty sequence
+    has no chunk (its final state is its initial state). Reads cu_seqlens on the host: build the
+    table once per batch, outside any CUDA graph."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError("cu_seqlens: expected a 1-D tensor (seqs + 1,) of cumulative lengths")
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0, got {cu[:8]}...")
+    done = [0] * (len(cu) - 1)
+    if computed_tokens is not None:
+        done = [int(v) for v in torch.as_tensor(computed_tokens).tolist()]
+        if len(done) != len(cu) - 1 or min(done, default=0) < 0:
+            raise ValueError(f"computed_tokens: expected {len(cu) - 1} non-negative counts, got {done[:8]}...")
+    bounds, seq, last = [0], [], []
+    for s, (a, b) in enumerate(zip(cu, cu[1:])):
+        t = a
+        while t < b:
+            room = chunk_size - (done[s] + t - a) % chunk_size
+            t = min(b, t + room)
+            bounds.append(t)
+            seq.append(s)
+        last.append(len(seq) - 1)
+    dev = cu_seqlens.device
+
+    def i32(v):
+        return torch.tensor(v, dtype=torch.int32, device=dev)
+    return i32(bounds), i32(last), i32(seq)
+
+
+# --- validation -----------------------------------------------------------------------------
+def _tensor(name, v, dims, device, dtypes=_FLOATS):
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(v).__name__}")
+    if v.dim() not in dims:
+        raise ValueError(f"{name}: expected {' or '.join(map(str, dims))} dimensions, got shape {tuple(v.shape)}")
+    if v.dtype not in dtypes:
+        raise TypeError(f"{name}: expected {' or '.join(str(d).replace('torch.', '') for d in dtypes)}, "
+                        f"got {v.dtype}")
+    if v.device != device:
+        raise ValueError(f"{name}: on {v.device}, but x is on {device}")
+    return v
+
+
+def _shape(name, v, want, what):
+    if tuple(v.shape) != tuple(want):
+        raise ValueError(f"{name}: expected shape {tuple(want)} ({what}), got {tuple(v.shape)}")
+
+
+def _packed(name, v):
+    """A (1, T, ...) tensor (mamba_ssm's varlen form) as (T, ...)."""
+    return v[0] if isinstance(v, torch.Tensor) and v.dim() >= 3 and v.shape[0] == 1 and name != "initial_states" else v
+
+
+def problem_of(t: dict, chunk_size, dt_softplus, state_dtype) -> VarlenProblem:
+    """Validate a call's tensors and return its problem; ValueError or TypeError naming the
+    argument otherwise. The chunk table's values are not read (that would wait for the device)."""
+    x = t["x"]
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    dev = x.device
+    _tensor("x", x, (3,), dev)
+    T, h, p = x.shape
+    if T < 1:
+        raise ValueError("x: no tokens (shape[0] is 0)")
+    _shape("dt", _tensor("dt", t["dt"], (2,), dev), (T, h), "tokens, nheads of x")
+    _shape("A", _tensor("A", t["A"], (1,), dev, (torch.float32,)), (h,), "one value per head")
+    B = _tensor("B", t["B"], (3,), dev)
+    g, n = B.shape[1], B.shape[2]
+    if g < 1 or h % g:
+        raise ValueError(f"B: ngroups={g} must divide nheads={h}")
+    _shape("B", B, (T, g, n), "tokens, ngroups, dstate")
+    _shape("C", _tensor("C", t["C"], (3,), dev), (T, g, n), "like B")
+    if type(chunk_size) is not int or chunk_size not in (16, 32, 64, 128, 256, 512):
+        raise ValueError(f"chunk_size: expected a power of two from 16 to 512, got {chunk_size!r}")
+    cu = _tensor("cu_seqlens", t["cu_seqlens"], (1,), dev, _INTS)
+    seqs = cu.shape[0] - 1
+    if seqs < 1:
+        raise ValueError("cu_seqlens: expected (seqs + 1,) offsets, got one entry")
+    cuc = _tensor("cu_chunk_seqlens", t["cu_chunk_seqlens"], (1,), dev, _INTS)
+    chunks = cuc.shape[0] - 1
+    if chunks < 1:
+        raise ValueError("cu_chunk_seqlens: expected (nchunks + 1,) offsets, got one entry")
+    if chunks < -(-T // chunk_size):
+        raise ValueError(f"cu_chunk_seqlens: {chunks} chunks cannot hold {T} tokens at chunk_size {chunk_size}")
+    _shape("last_chunk_indices", _tensor("last_chunk_indices", t["last_chunk_indices"], (1,), dev, _INTS),
+           (seqs,), "one per sequence")
+    _shape("seq_idx", _tensor("seq_idx", t["seq_idx"], (1,), dev, _INTS), (chunks,), "one per chunk")
+    for name in ("D", "dt_bias"):
+        v = t.get(name)
+        if v is not None:
+            _tensor(name, v, (1, 2) if name == "D" else (1,), dev)
+            _shape(name, v, (h,) if v.dim() == 1 else (h, p), "nheads, or nheads x headdim")
+    z = t.get("z")
+    if z is not None:
+        _shape("z", _tensor("z", z, (3,), dev), x.shape, "like x")
+    init = t.get("initial_states")
+    if init is not None:
+        _shape("initial_states", _tensor("initial_states", init, (4,), dev), (seqs, h, p, n),
+               "seqs, nheads, headdim, dstate")
+    out = t.get("out")
+    if out is not None:
+        _shape("out", _tensor("out", out, (3,), dev), x.shape, "like x")
+        if out.dtype != x.dtype:
+            raise TypeError(f"out: expected x's dtype {x.dtype}, got {out.dtype}")
+    if state_dtype is not None and state_dtype not in DTYPES:
+        raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype!r}")
+    if type(dt_softplus) is not bool:
+        raise TypeError(f"dt_softplus: expected a bool, got {type(dt_softplus).__name__}")
+    if chunks * chunk_size * h >= 2**31:   # a head's offset into dt' and dA is 32-bit
+        raise ValueError(f"x: {chunks} chunks of {chunk_size} x {h} heads pass 2**31 elements of dt'")
+    if seqs > MAX_GRID_YZ or h > MAX_GRID_YZ:
+        raise ValueError(f"x: {chunks} chunks / {seqs} sequences / {h} heads exceed the launch grid")
+    for name in ("x", "z", "out", "B", "C"):
+        v = t.get(name)
+        if v is not None and max((sz - 1) * st for sz, st in zip(v.shape, v.stride())) >= 2**31:
+            raise ValueError(f"{name}: offsets past 2**31 elements are not supported")
+    D = t.get("D")
+    return VarlenProblem(tokens=T, seqs=seqs, chunks=chunks, nheads=h, headdim=p, dstate=n, ngroups=g,
+                         chunk_size=chunk_size, dtype=DTYPES[x.dtype],
+                         state_dtype=DTYPES[state_dtype] if state_dtype is not None else "fp32",
+                         has_D=D is not None, D_has_hdim=D is not None and D.dim() == 2, has_z=z is not None,
+                         has_dt_bias=t.get("dt_bias") is not None, dt_softplus=dt_softplus,
+                         has_init=init is not None)
+
+
+# --- buffers and launches ---------------------------------------------------------------------
+def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool = False) -> dict:
+    """The intermediates and outputs a call writes (poison: NaN-filled, so an element a kernel
+    fails to write shows up)."""
+    k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
+                        problem.ngroups)
+    sdt = TORCH_DTYPES[problem.state_dtype]
+    make = torch.full if poison else torch.empty
+    kw = dict(device=device)
+
+    def new(*shape, dtype):
+        return make(shape, float("nan"), dtype=dtype, **kw) if poison else make(shape, dtype=dtype, **kw)
+    return dict(dtp=new(h, k, q, dtype=torch.float32), dA=new(h, k, q, dtype=torch.float32),
+                cb=new(k, g, q, q, dtype=TORCH_DTYPES[problem.dtype]) if config.cb == "staged" else None,
+                states=new(k, h, p, n, dtype=sdt), final=new(problem.seqs, h, p, n, dtype=sdt))
+
+
+def _st(v, n):
+    return tuple(v.stride()) if v is not None else (0,) * n
+
+
+def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backend: str = "cuda",
+         dt_limit=(0.0, float("inf"))) -> list:
+    """The launches of a call on validated tensors `t` and buffers `buf` (`allocate`)."""
+    from triton import cdiv
+
+    from .plan import Launch
+    opts = OP.launch_options(config, backend)
+    k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
+                        problem.ngroups)
+    x, dt, B, C, y = t["x"], t["dt"], t["B"], t["C"], t["out"]
+    cuc, last, seq = t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"]
+    D, z, bias, init = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states")
+    dtp, dA, cb, st, fin = buf["dtp"], buf["dA"], buf["cb"], buf["states"], buf["final"]
+    lo, hi = (float(v) for v in dt_limit)
+    s_x, s_B, s_C, s_st = x.stride(), B.stride(), C.stride(), st.stride()
+    s_init = _st(init, 4)
+    launches = [Launch("cumsum", "varlen_cumsum", (k, cdiv(h, config.cumsum_block_h)),
+                       dict(dt_ptr=dt, A_ptr=t["A"], bias_ptr=bias, cu_chunk_ptr=cuc, dt_out_ptr=dtp,
+                            dA_out_ptr=dA, H=h, dt_lo=lo, dt_hi=hi, s_dt_t=dt.stride(0), s_dt_h=dt.stride(1),
+                            s_A_h=t["A"].stride(0), s_bias_h=bias.stride(0) if bias is not None else 0,
+                            s_o_h=dtp.stride(0), s_o_c=dtp.stride(1)),
+                       dict(CHUNK=q, HAS_BIAS=bias is not None, SOFTPLUS=problem.dt_softplus,
+                            HAS_LIMIT=(lo, hi) != (0.0, float("inf"))), opts["cumsum"])]
+    if config.cb == "staged":
+        tiles = cdiv(q, config.bmm_block_m) * cdiv(q, config.bmm_block_n)
+        launches.append(Launch("bmm", "varlen_bmm", (g * tiles, k),
+                               dict(C_ptr=C, B_ptr=B, cu_chunk_ptr=cuc, cb_ptr=cb, N=n,
+                                    s_C_t=s_C[0], s_C_g=s_C[1], s_C_n=s_C[2], s_B_t=s_B[0], s_B_g=s_B[1],
+                                    s_B_n=s_B[2], s_cb_c=cb.stride(0), s_cb_g=cb.stride(1),
+                                    s_cb_i=cb.stride(2), s_cb_j=cb.stride(3)),
+                               dict(CHUNK=q), opts["bmm"]))
+    tiles = cdiv(p, config.state_block_m) * cdiv(n, config.state_block_n)
+    launches.append(Launch("chunk_state", "varlen_chunk_state", (h * tiles, k),
+                           dict(x_ptr=x, B_ptr=B, dt_ptr=dtp, dA_ptr=dA, cu_chunk_ptr=cuc, st_ptr=st,
+                                P=p, N=n, heads_per_group=h // g,
+                                s_x_t=s_x[0], s_x_h=s_x[1], s_x_p=s_x[2], s_B_t=s_B[0], s_B_g=s_B[1],
+                                s_B_n=s_B[2], s_dt_h=dtp.stride(0), s_dt_c=dtp.stride(1),
+                                s_st_c=s_st[0], s_st_h=s_st[1], s_st_p=s_st[2], s_st_n=s_st[3]),
+                           dict(CHUNK=q), opts["chunk_state"]))
+    launches.append(Launch("state_passing", "varlen_state_passing",
+                           (cdiv(p * n, config.pass_block), h, problem.seqs),
+                           dict(st_ptr=st, dA_ptr=dA, cu_chunk_ptr=cuc, last_chunk_ptr=last, init_ptr=init,
+                                final_ptr=fin, N=n, PN=p * n, s_st_c=s_st[0], s_st_h=s_st[1],
+                                s_dA_h=dA.stride(0), s_dA_c=dA.stride(1),
+                                s_init_s=s_init[0], s_init_h=s_init[1], s_init_p=s_init[2], s_init_n=s_init[3],
+                                s_fin_s=fin.stride(0), s_fin_h=fin.stride(1)),
+                           dict(HAS_INIT=init is not None), opts["state_passing"]))
+    tiles = cdiv(q, config.scan_block_m) * cdiv(p, config.scan_block_n)
+    s_z, s_y, s_cb, s_D = _st(z, 3), y.stride(), _st(cb, 4), _st(D, 2)
+    launches.append(Launch("chunk_scan", "varlen_chunk_scan", (h * tiles, k),
+                           dict(x_ptr=x, z_ptr=z, y_ptr=y, C_ptr=C, B_ptr=B, cb_ptr=cb, dt_ptr=dtp, dA_ptr=dA,
+                                st_ptr=st, init_ptr=init, D_ptr=D, cu_chunk_ptr=cuc, chunk_seq_ptr=seq,
+                                P=p, N=n, heads_per_group=h // g,
+                                s_x_t=s_x[0], s_x_h=s_x[1], s_x_p=s_x[2], s_z_t=s_z[0], s_z_h=s_z[1],
+                                s_z_p=s_z[2], s_y_t=s_y[0], s_y_h=s_y[1], s_y_p=s_y[2],
+                                s_C_t=s_C[0], s_C_g=s_C[1], s_C_n=s_C[2], s_B_t=s_B[0], s_B_g=s_B[1],
+                                s_B_n=s_B[2], s_cb_c=s_cb[0], s_cb_g=s_cb[1], s_cb_i=s_cb[2], s_cb_j=s_cb[3],
+                                s_dt_h=dtp.stride(0), s_dt_c=dtp.stride(1),
+                                s_st_c=s_st[0], s_st_h=s_st[1], s_st_p=s_st[2], s_st_n=s_st[3],
+                                s_init_s=s_init[0], s_init_h=s_init[1], s_init_p=s_init[2], s_init_n=s_init[3],
+                                s_D_h=s_D[0], s_D_p=s_D[1] if D is not None and D.dim() == 2 else 0),
+                           dict(CHUNK=q, HAS_INIT=init is not None, HAS_D=D is not None,
+                                D_HAS_HDIM=D is not None and D.dim() == 2, HAS_Z=z is not None),
+                           opts["chunk_scan"]))
+    return launches
+
+
+# --- config choice --------------------------------------------------------------------------
+_SIZE = ("tokens", "seqs", "chunks")
+
+
+def choose(problem: VarlenProblem, arch: str, db=None):
+    """(config, why): a record of the tuning databases for the same dimensions, dtypes and flags
+    (user first, then shipped; measured before static), the one nearest in log2 tokens and
+    sequences, else the arch default. Packed batches change length every call, so an exact match
+    on the token count would almost never hit."""
+    import math
+    recs = []
+    try:
+        from ...db.lookup import load_records
+        recs = load_records(arch, "ssd_varlen", db)
+    except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
+        logging.getLogger("autossd").warning("autossd: varlen records unreadable (%s); using defaults", e)
+    same = {k: v for k, v in problem.key().items() if k not in _SIZE}
+    rank = {"measured": 0, "static": 1, "default": 2}
+
+    def dist(r):
+        return (abs(math.log2(r.problem.tokens / problem.tokens))
+                + 0.5 * abs(math.log2(r.problem.seqs / problem.seqs)))
+    hits = [r for r in recs if r.arch == arch and r.op == "ssd_varlen"
+            and {k: v for k, v in r.problem.key().items() if k not in _SIZE} == same
+            and not violations(fit(r.config, problem), arch, problem)]
+    if hits:
+        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3), round(dist(r), 3),
+                                 r.launch_mode != "eager", r.time_ms if r.time_ms is not None else float("inf"),
+                                 r.config.key()))
+        r = hits[0]
+        return fit(r.config, problem), (f"{r.provenance} record ({r.origin or 'given'} db) at "
+                                        f"{r.problem.tokens} tokens / {r.problem.seqs} sequences")
+    return default_config(arch, problem), f"default config for {arch}"
+
+
+# --- the entries ------------------------------------------------------------------------------
+_choices: dict = {}
+_lock = threading.Lock()
+CHOICES_MAX = 4096
+
+
+def clear_cache() -> None:
+    with _lock:
+        _choices.clear()
+
+
+def _config_for(problem: VarlenProblem, device) -> tuple[VarlenConfig, str, str]:
+    from ...arch import get_arch
+    from ...runtime import arch_of_device
+    arch = arch_of_device(device)
+    key = (problem, arch)
+    hit = _choices.get(key)
+    if hit is None:
+        config, why = choose(problem, arch)
+        hit = (config, why, get_arch(arch).backend)
+        with _lock:
+            if len(_choices) >= CHOICES_MAX:
+                _choices.clear()
+            _choices[key] = hit
+    return hit
+
+
+def run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str, dt_limit=(0.0, float("inf")),
+        poison: bool = False) -> dict:
+    """Launch a call's kernels; returns the buffers (y is t["out"])."""
+    from ...render import load
+    module = load(config, backend)
+    buf = allocate(problem, config, t["x"].device, poison)
+    dev = t["x"].device
+    ctx = torch.cuda.device(dev) if dev.type == "cuda" else _nullcontext()
+    with ctx:
+        for ln in plan(problem, config, t, buf, backend, dt_limit):
+            getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+    return buf
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=None, initial_states=None,
+               dt_softplus=False, dt_limit=(0.0, float("inf")), cu_chunk_seqlens=None, last_chunk_indices=None,
+               seq_idx=None, out=None, return_intermediate_states=False, state_dtype=None, *,
+               config: VarlenConfig | None = None, poison: bool = False):
+    """Packed prefill: the SSD over many sequences packed along the token axis, each from its own
+    initial state. Returns (y, final_states), or (y, final_states, chunk_states) with
+    return_intermediate_states.
+
+    x (T, nheads, headdim) (or (1, T, nheads, headdim)), dt (T, nheads), A (nheads,), B and C
+    (T, ngroups, dstate), D (nheads,) or (nheads, headdim), z like x, dt_bias (nheads,);
+    cu_seqlens (seqs + 1,) int32/int64, the offsets of the sequences; initial_states (seqs,
+    nheads, headdim, dstate), each sequence's state before its first token here (a cached state:
+    chunked prefill, prefix caching); a sequence without one takes zeros (pass a zero row).
+    The chunk table (cu_chunk_seqlens, last_chunk_indices, seq_idx; see `varlen_chunks`) is built
+    from cu_seqlens when not given (which reads cu_seqlens on the host; an engine that captures
+    CUDA graphs passes its own). out (T, nheads, headdim) in x's dtype receives y.
+    final_states (seqs, nheads, headdim, dstate) are each sequence's state after its last token,
+    chunk_states (nchunks, ...) each chunk's end state, both in state_dtype (default float32).
+    config forces a config (tests, the tuner); poison fills intermediates with NaN first (tests)."""
+    x, dt, B, C, z = (_packed(k, v) for k, v in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)))
+    if cu_chunk_seqlens is None or last_chunk_indices is None or seq_idx is None:
+        if not (cu_chunk_seqlens is None and last_chunk_indices is None and seq_idx is None):
+            raise ValueError("cu_chunk_seqlens, last_chunk_indices, seq_idx: pass all three (a chunk table) or none")
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens: expected a torch.Tensor, got {type(cu_seqlens).__name__}")
+        cu_chunk_seqlens, last_chunk_indices, seq_idx = varlen_chunks(cu_seqlens, chunk_size)
+    t = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+             cu_seqlens=cu_seqlens, cu_chunk_seqlens=cu_chunk_seqlens, last_chunk_indices=last_chunk_indices,
+             seq_idx=seq_idx, out=out)
+    sdt = None if state_dtype is None else DTYPES.get(state_dtype, state_dtype)
+    if sdt is not None and sdt not in ("fp32", "bf16", "fp16"):
+        raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype!r}")
+    problem = problem_of(t, chunk_size, dt_softplus, TORCH_DTYPES[sdt] if sdt else None)
+    if not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2:
+        raise ValueError(f"dt_limit: expected (low, high), got {dt_limit!r}")
+    dev = x.device
+    from ...render import interpreting
+    if dev.type == "cpu" and not interpreting():
+        raise RuntimeError("autossd: the inputs are on the CPU, but the kernels need a CUDA or ROCm GPU. Move "
+                           "the tensors to the GPU, or set TRITON_INTERPRET=1 before importing triton to run "
+                           "Triton's (slow) CPU interpreter.")
+    # x, z, B, C with a strided last dimension are copied (the tiles load along it)
+    for k in ("x", "z", "B", "C"):
+        if t[k] is not None and t[k].stride(-1) != 1:
+            t[k] = t[k].contiguous()
+    if t["out"] is None:
+        t["out"] = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    from ...arch import get_arch
+    from ...runtime import arch_of_device
+    if config is None:
+        config, _, backend = _config_for(problem, dev)
+    else:
+        if not isinstance(config, VarlenConfig):
+            raise TypeError(f"config: expected a VarlenConfig, got {type(config).__name__}")
+        arch = arch_of_device(dev)
+        bad = violations(config, arch, problem)
+        if bad:
+            raise ValueError(f"config: {config!r} cannot run {problem} on {arch}: {'; '.join(bad)}")
+        backend = get_arch(arch).backend
+    buf = run(problem, config, t, backend, dt_limit, poison)
+    if return_intermediate_states:
+        return t["out"], buf["final"], buf["states"]
+    return t["out"], buf["final"]
+
+
+def mamba_chunk_scan_combined_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
+                                     last_chunk_indices, seq_idx, out, D=None, z=None, dt_bias=None,
+                                     initial_states=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                     return_intermediate_states=False, state_dtype=None):
+    """The packed-prefill contract inference engines call (vLLM's function of this name): y into
+    `out`; returns each sequence's final state (seqs, nheads, headdim, dstate), or with
+    return_intermediate_states every chunk's end state (nchunks, ...), in state_dtype."""
+    if out is None:
+        raise ValueError("out: expected a (tokens, nheads, headdim) tensor to receive y")
+    _, final, states = ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=D, z=z, dt_bias=dt_bias,
+                                  initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                  cu_chunk_seqlens=cu_chunk_seqlens, last_chunk_indices=last_chunk_indices,
+                                  seq_idx=seq_idx, out=out, return_intermediate_states=True,
+                                  state_dtype=state_dtype)
+    return states if return_intermediate_states else final
+
+
+# --- the tuner's and the compile report's hooks -------------------------------------------------
+def lengths_for(problem: VarlenProblem, seed: int = 0) -> list[int]:
+    """Sequence lengths summing to problem.tokens over problem.seqs sequences, drawn at random
+    (seeded): a serving batch's mix, every sequence at least one token."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(problem.seqs, generator=g) + 0.05
+    extra = problem.tokens - problem.seqs
+    lens = (w / w.sum() * extra).floor().long() + 1
+    lens[0] += problem.tokens - int(lens.sum())
+    return [int(v) for v in lens]
+
+
+def chunks_for(tokens_per_seq: list[int], chunk_size: int) -> int:
+    """Rows of the chunk table `varlen_chunks` cuts these lengths into."""
+    return sum(-(-n // chunk_size) for n in tokens_per_seq)
+
+
+def tune_inputs(problem: VarlenProblem, device="cpu", seed: int = 0) -> dict:
+    """Fresh random inputs (never zeros) for a packed batch of problem.seqs sequences, with the
+    chunk table `varlen_chunks` cuts (its length must be problem.chunks: the lengths are drawn
+    until it is, or the problem's chunk count is taken as given by `problem_for`)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    e = TORCH_DTYPES[problem.dtype]
+    T, s, h, p, n, ng = (problem.tokens, problem.seqs, problem.nheads, problem.headdim, problem.dstate,
+                         problem.ngroups)
+    lens = lengths_for(problem, seed)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    cuc, last, seq = varlen_chunks(cu, problem.chunk_size)
+
+    def rnd(*shape, dtype=e, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+    dt = (torch.rand(T, h, generator=g) * 4 - 4 if problem.dt_softplus
+          else torch.rand(T, h, generator=g) * 0.2 + 0.005).to(e).to(device)
+    return dict(x=rnd(T, h, p), dt=dt, A=(-torch.rand(h, generator=g) * 4 - 0.5).to(device),
+                B=rnd(T, ng, n), C=rnd(T, ng, n),
+                D=(rnd(h, p, dtype=torch.float32) if problem.D_has_hdim else rnd(h, dtype=torch.float32))
+                if problem.has_D else None,
+                z=rnd(T, h, p) if problem.has_z else None,
+                dt_bias=rnd(h, dtype=torch.float32, scale=0.5) if problem.has_dt_bias else None,
+                initial_states=rnd(s, h, p, n, dtype=torch.float32, scale=0.5) if problem.has_init else None,
+                cu_seqlens=cu.to(device), cu_chunk_seqlens=cuc.to(device), last_chunk_indices=last.to(device),
+                seq_idx=seq.to(device), out=None)
+
+
+def problem_for(tokens: int, seqs: int, nheads: int, headdim: int, dstate: int, ngroups: int = 1,
+                chunk_size: int = 256, dtype: str = "bf16", seed: int = 0, **flags) -> VarlenProblem:
+    """The problem of a packed batch of `seqs` sequences and `tokens` tokens as `tune_inputs`
+    draws it (its chunk count follows from the drawn lengths)."""
+    base = VarlenProblem(tokens=tokens, seqs=seqs, chunks=max(1, -(-tokens // chunk_size)), nheads=nheads,
+                         headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size, dtype=dtype,
+                         **flags)
+    return base.replace(chunks=chunks_for(lengths_for(base, seed), chunk_size))
+
+
+def tune_reference(problem: VarlenProblem, t: dict):
+    """float64 (y, final states)."""
+    from .naive import varlen_ref
+    y, final, _ = varlen_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], t["cu_chunk_seqlens"],
+                             t["last_chunk_indices"], t["seq_idx"], D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+                             initial_states=t["initial_states"], dt_softplus=problem.dt_softplus)
+    return y, final
+
+
+def tune_run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str = "cuda"):
+    """The generated kernels of `config` on inputs `t`: (y, final states)."""
+    kw = {k: v for k, v in t.items() if k not in ("x", "dt", "A", "B", "C", "cu_seqlens")}
+    return ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], problem.chunk_size, t["cu_seqlens"],
+                      dt_softplus=problem.dt_softplus, config=config,
+                      state_dtype=TORCH_DTYPES[problem.state_dtype], **kw)
+
+
+def meta_launches(problem: VarlenProblem, config: VarlenConfig, backend: str) -> list:
+    """The plan's launches at `problem`'s shapes on meta tensors (the cross-compile report)."""
+    T, s, k, h, p, n, g = (problem.tokens, problem.seqs, problem.chunks, problem.nheads, problem.headdim,
+                           problem.dstate, problem.ngroups)
+    e = TORCH_DTYPES[problem.dtype]
+
+    def m(*shape, dtype=e):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    i32 = torch.int32
+    t = dict(x=m(T, h, p), dt=m(T, h), A=m(h, dtype=torch.float32), B=m(T, g, n), C=m(T, g, n),
+             D=(m(h, p, dtype=torch.float32) if problem.D_has_hdim else m(h, dtype=torch.float32))
+             if problem.has_D else None,
+             z=m(T, h, p) if problem.has_z else None,
+             dt_bias=m(h, dtype=torch.float32) if problem.has_dt_bias else None,
+             initial_states=m(s, h, p, n, dtype=torch.float32) if problem.has_init else None,
+             cu_seqlens=m(s + 1, dtype=i32), cu_chunk_seqlens=m(k + 1, dtype=i32),
+             last_chunk_indices=m(s, dtype=i32), seq_idx=m(k, dtype=i32), out=m(T, h, p))
+    return plan(problem, config, t, allocate(problem, config, "meta"), backend)
+
+
+def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
+    """Each launch's bytes, FLOPs, grid and tile for the static model (`autossd.tuner.model`): the
+    forward's stages at the chunk table's size (every chunk taken as full)."""
+    from triton import cdiv
+
+    from ...tuner.model import StageCost
+    k, q, T, h, p, n, g = (problem.chunks, problem.chunk_size, problem.tokens, problem.nheads, problem.headdim,
+                           problem.dstate, problem.ngroups)
+    e = 4 if problem.dtype == "fp32" else 2
+    s = 4 if problem.state_dtype == "fp32" else 2
+    ddA = 2 * h * k * q * 4
+    xb, bc, states = T * h * p * e, T * g * n * e, k * h * p * n * s
+    c = config
+    out = [StageCost("cumsum", k * cdiv(h, c.cumsum_block_h), T * h * e + ddA, 0.0, 0.0)]
+    tri = q * (q + 1) / 2
+    if c.cb == "staged":
+        tiles = cdiv(q, c.bmm_block_m) * cdiv(q, c.bmm_block_n)
+        out.append(StageCost("bmm", g * tiles * k, 2 * bc + k * g * q * q * e, 0.0, 2.0 * k * g * tri * n,
+                             (c.bmm_block_m, c.bmm_block_n, c.bmm_block_k), c.bmm_stages))
+    tiles = cdiv(p, c.state_block_m) * cdiv(n, c.state_block_n)
+    out.append(StageCost("chunk_state", h * tiles * k, xb + bc + ddA + states,
+                         (cdiv(p, c.state_block_m) - 1) * bc + (cdiv(n, c.state_block_n) - 1) * xb,
+                         2.0 * T * h * p * n, (c.state_block_m, c.state_block_n, c.state_block_k), c.state_stages))
+    out.append(StageCost("state_passing", cdiv(p * n, c.pass_block) * h * problem.seqs, 2 * states, 0.0,
+                         2.0 * k * h * p * n, (c.pass_block, 1, 1), 1, chain=max(1, k // problem.seqs)))
+    tiles = cdiv(q, c.scan_block_m) * cdiv(p, c.scan_block_n)
+    cbf = 2.0 * k * g * tri * n * (h // g) if c.cb == "inline" else 0.0
+    cbb = 0.0 if c.cb == "inline" else k * g * q * q * e
+    out.append(StageCost("chunk_scan", h * tiles * k, xb * (3 if problem.has_z else 2) + bc + states + cbb + ddA,
+                         (cdiv(p, c.scan_block_n) - 1) * (bc + cbb), 2.0 * k * h * tri * p + 2.0 * T * h * p * n + cbf,
+                         (c.scan_block_m, c.scan_block_n, c.scan_block_k), c.scan_stages))
+    return out
+
+
+OP = register(Op(
+    name="ssd_varlen",
+    space=SPACE,
+    config_type=VarlenConfig,
+    stages=STAGES,
+    sequences=SEQUENCES,
+    template_dir="ssd_varlen",
+    problem_type=VarlenProblem,
+    includes="autossd.ops.ssd.varlen:includes",
+    render_context="autossd.ops.ssd.varlen:render_context",
+    plan="autossd.ops.ssd.varlen:plan",
+    meta_launches="autossd.ops.ssd.varlen:meta_launches",
+    tune_inputs="autossd.ops.ssd.varlen:tune_inputs",
+    tune_reference="autossd.ops.ssd.varlen:tune_reference",
+    tune_run="autossd.ops.ssd.varlen:tune_run",
+    reference="autossd.ops.ssd.naive:varlen_ref",
+    cost_model="autossd.ops.ssd.varlen:stage_costs",
+    default_config="autossd.ops.ssd.varlen_knobs:default_config",
+    violations="autossd.ops.ssd.varlen_knobs:violations",
+    amd_options=(),
+    caps="autossd.ops.ssd.varlen_knobs:caps",
+    doc="Mamba-2 packed prefill: sequences packed along the token axis, each from its own state, "
+        "with a chunk table whose chunks never straddle two sequences",
+))

@@ -1,0 +1,195 @@
+"""Packed prefill's knobs (`ssd_varlen`), declared once, its problem, and the rules that tie them
+to an arch and a problem.
+
+The mode knob is `cb`, where the chunk scan gets C·Bᵀ: "staged" computes it once per chunk and
+group in a launch of its own (five launches), "inline" inside the chunk scan (four launches, and
+C·Bᵀ computed once per head instead of once per group: fewer launches for a prefill of a few
+tokens, more FLOPs for a long one).
+
+The chunk length is not a knob: the caller's chunk table (cu_chunk_seqlens) was cut with the
+model's chunk_size, and prefix caching stores a state per chunk of that length.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ...arch import Arch, get_arch
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
+
+DTYPES = ("fp32", "bf16", "fp16")
+TILES = (16, 32, 64, 128)
+CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("cb", ("staged", "inline"), "staged",
+         "where the chunk scan gets C·Bᵀ: a launch of its own, or computed in the scan"),
+    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum"),
+    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=("staged",)),
+    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=("staged",)),
+    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm", depths=("staged",)),
+    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=("staged",)),
+    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm", depths=("staged",)),
+    Knob("state_block_m", TILES, 64, "headdim per program", "chunk_state"),
+    Knob("state_block_n", TILES, 64, "dstate per program", "chunk_state"),
+    Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
+    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
+    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state"),
+    Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program", "state_passing"),
+    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
+    Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
+    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan"),
+    Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
+    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state (and inline C·Bᵀ) products",
+         "chunk_scan"),
+    Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
+    Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
+)
+SPACE = KnobSpace("ssd_varlen", KNOBS, mode_knob="cb")
+KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
+
+
+class VarlenConfig(BaseConfig):
+    """A validated packed-prefill config: every knob of `KNOBS`, each from its declared set."""
+    space = SPACE
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class VarlenProblem:
+    """One packed prefill's shape, dtypes and flags: what the records key on. `tokens` is the
+    packed length (every sequence's tokens), `seqs` the number of sequences, `chunks` the rows of
+    the chunk table (at least tokens / chunk_size, at most that plus one per sequence)."""
+    tokens: int
+    seqs: int
+    chunks: int
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    chunk_size: int
+    dtype: str                 # x, z and out
+    state_dtype: str = "fp32"  # the chunk states kept (and returned per chunk)
+    has_D: bool = False
+    D_has_hdim: bool = False
+    has_z: bool = False
+    has_dt_bias: bool = False
+    dt_softplus: bool = False
+    has_init: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("tokens", "seqs", "chunks", "nheads", "headdim", "dstate", "ngroups"):
+            v = getattr(self, f)
+            if type(v) is not int or v < (0 if f == "chunks" else 1):
+                raise ValueError(f"{f}: expected a positive int, got {v!r}")
+        if self.chunk_size not in CHUNK_SIZES:
+            raise ValueError(f"chunk_size: expected one of {CHUNK_SIZES}, got {self.chunk_size!r}")
+        if self.nheads % self.ngroups:
+            raise ValueError(f"ngroups: nheads={self.nheads} is not divisible by ngroups={self.ngroups}")
+        for f in ("dtype", "state_dtype"):
+            if getattr(self, f) not in DTYPES:
+                raise ValueError(f"{f}: expected one of {DTYPES}, got {getattr(self, f)!r}")
+        for f in ("has_D", "D_has_hdim", "has_z", "has_dt_bias", "dt_softplus", "has_init"):
+            if type(getattr(self, f)) is not bool:
+                raise ValueError(f"{f}: expected a bool, got {getattr(self, f)!r}")
+
+    def key(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **kw) -> "VarlenProblem":
+        return VarlenProblem(**{**asdict(self), **kw})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    # the names the tuner's reports use for a problem's size
+    @property
+    def batch(self) -> int:
+        return self.seqs
+
+    @property
+    def seqlen(self) -> int:
+        return self.tokens
+
+    def min_bytes(self) -> int:
+        """Each operand read once, each output written once: x, z, y, dt, B, C, the initial states
+        read and the final states written (the chunk states are intermediates)."""
+        e = {"fp32": 4, "bf16": 2, "fp16": 2}[self.dtype]
+        t, h, p, n, g = self.tokens, self.nheads, self.headdim, self.dstate, self.ngroups
+        states = self.seqs * h * p * n * ((4 if self.has_init else 0) + 4)
+        return t * h * p * e * (3 if self.has_z else 2) + t * h * e + 2 * t * g * n * e + states
+
+    def flops(self) -> int:
+        """The causal intra-chunk products (C·Bᵀ per group, its product with x per head), the chunk
+        states and the C·state products: 2 FLOPs per multiply-add."""
+        q, t, h, p, n, g = self.chunk_size, self.tokens, self.nheads, self.headdim, self.dstate, self.ngroups
+        return 2 * t * (q // 2) * (g * n + h * p) + 2 * 2 * t * h * p * n
+
+
+def caps(problem: VarlenProblem) -> dict[str, int]:
+    """Largest useful value per knob: a tile past the padded dimension (or the chunk) is
+    masked-off work."""
+    q = problem.chunk_size
+    p2, n2 = pow2_at_least(problem.headdim), pow2_at_least(problem.dstate)
+    return {"bmm_block_m": q, "bmm_block_n": q, "bmm_block_k": max(16, n2),
+            "state_block_m": max(16, p2), "state_block_n": max(16, n2), "state_block_k": q,
+            "scan_block_m": q, "scan_block_n": max(16, p2), "scan_block_k": q, "scan_block_d": max(16, n2),
+            "cumsum_block_h": pow2_at_least(problem.nheads),
+            "pass_block": max(64, pow2_at_least(problem.headdim * problem.dstate))}
+
+
+# shared memory a tl.dot loop stages per pipeline stage, bytes per element of its operand tiles
+def _smem(config: VarlenConfig, elem: int) -> dict[str, int]:
+    c = config
+    out = {"chunk_state": c.state_stages * (c.state_block_m + c.state_block_n) * c.state_block_k * elem,
+           "chunk_scan": c.scan_stages * (c.scan_block_m * c.scan_block_d + c.scan_block_d * c.scan_block_n
+                                          + c.scan_block_m * c.scan_block_k * 4 + c.scan_block_k * c.scan_block_n) * elem}
+    if c.cb == "staged":
+        out["bmm"] = c.bmm_stages * (c.bmm_block_m + c.bmm_block_n) * c.bmm_block_k * elem
+    return out
+
+
+def violations(config: VarlenConfig, arch: Arch | str, problem: VarlenProblem | None = None) -> list[str]:
+    """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    why = []
+    for knob in KNOBS:
+        if config[knob.name] not in knob.values_on(arch):
+            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    for name in ("bmm_warps", "state_warps", "pass_warps", "scan_warps"):
+        if config[name] * arch.warp_size > 1024:
+            why.append(f"{name}={config[name]} x warp {arch.warp_size} > 1024 threads")
+    elem = 2 if problem is None or problem.dtype != "fp32" else 4
+    for stage, b in _smem(config, elem).items():
+        if b > arch.smem_per_block:
+            why.append(f"{stage}: {b} bytes of pipelined tiles > {arch.smem_per_block} of shared memory")
+    if problem is not None:
+        for name, cap in caps(problem).items():
+            if config[name] > cap and KNOB_BY_NAME[name].shapes(config.cb):
+                why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
+    return why
+
+
+def fit(config: VarlenConfig, problem: VarlenProblem) -> VarlenConfig:
+    """`config` with every tile cut to the problem's padded sizes and chunk length."""
+    return shrink(config, caps(problem))
+
+
+def default_config(arch: Arch | str, problem: VarlenProblem | None = None) -> VarlenConfig:
+    """The per-arch default where no record applies: 64-wide tiles throughout (the forward's tl
+    kernels' defaults), cut to the problem's sizes; on AMD two warps per program take the same
+    threads per program as four on NVIDIA. Short prefills (under two chunks per sequence on
+    average) compute C·Bᵀ inline: the launch it saves is most of such a call's time."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    cfg = VarlenConfig()
+    if arch.is_amd:
+        cfg = cfg.replace(bmm_warps=2, state_warps=2, scan_warps=2, pass_warps=2)
+    if problem is None:
+        return cfg
+    if problem.tokens < 2 * problem.chunk_size * problem.seqs:
+        cfg = cfg.replace(cb="inline")
+    cfg = fit(cfg, problem)
+    while violations(cfg, arch, problem) and cfg.scan_stages > 1:
+        cfg = cfg.replace(scan_stages=cfg.scan_stages - 1, state_stages=max(1, cfg.state_stages - 1),
+                          bmm_stages=max(1, cfg.bmm_stages - 1))
+    return cfg
