@@ -1,0 +1,235 @@
+"""Packed prefill (`ssd_varlen`, `autossd.ssd_varlen`, `autossd.mamba_chunk_scan_combined_varlen`)
+against its float64 reference, in Triton's interpreter on the CPU: mixed lengths (one token, a
+part chunk, several chunks), per-sequence initial states, final and per-chunk states, `out=`,
+poisoned intermediates; the chunk table; the batch drop-in as a second reference; bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autossd
+from autossd import render
+from autossd.ops.registry import get_op
+from autossd.ops.ssd import varlen as vl
+from autossd.ops.ssd.naive import varlen_ref
+from autossd.ops.ssd.varlen_knobs import KNOBS, VarlenConfig, VarlenProblem, default_config, violations
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+# small tiles: the interpreter's time grows with every element of a tile
+SMALL = dict(cumsum_block_h=2, bmm_block_m=16, bmm_block_n=16, bmm_block_k=16, state_block_m=16, state_block_n=16,
+             state_block_k=16, scan_block_m=16, scan_block_n=16, scan_block_k=16, scan_block_d=16, pass_block=64)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def inputs(lens, h=4, p=16, n=16, g=2, dtype=torch.float32, seed=0, D_hdim=False, z=True, init=True):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+
+    def rnd(*s, dt=dtype, scale=1.0):
+        return (torch.randn(*s, generator=gen) * scale).to(dt)
+    return dict(x=rnd(T, h, p), dt=(torch.rand(T, h, generator=gen) * 2 - 2).to(dtype), A=-torch.rand(h, generator=gen) - 0.3,
+                B=rnd(T, g, n), C=rnd(T, g, n), D=rnd(h, p, dt=torch.float32) if D_hdim else rnd(h, dt=torch.float32),
+                z=rnd(T, h, p) if z else None, dt_bias=rnd(h, dt=torch.float32, scale=0.3),
+                initial_states=rnd(len(lens), h, p, n, dt=torch.float32, scale=0.5) if init else None,
+                cu_seqlens=torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32))
+
+
+def check(t, q, cfg, dtype=torch.float32, dt_limit=(0.0, float("inf")), computed=None, state_dtype=None):
+    cuc, last, seq = vl.varlen_chunks(t["cu_seqlens"], q, computed)
+    out = torch.full_like(t["x"], float("nan"))
+    y, fin, st = autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], q, t["cu_seqlens"], D=t["D"], z=t["z"],
+                                    dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,
+                                    dt_limit=dt_limit, cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq,
+                                    out=out, return_intermediate_states=True, state_dtype=state_dtype, config=cfg,
+                                    poison=True)
+    assert y is out
+    yr, fr, sr = varlen_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], cuc, last, seq, D=t["D"], z=t["z"],
+                            dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,
+                            dt_limit=dt_limit)
+    tol = max(TOL[dtype], TOL[state_dtype] if state_dtype is not None else 0.0)   # states kept in that dtype
+    assert torch.isfinite(y).all() and torch.isfinite(fin).all() and torch.isfinite(st).all()
+    assert rel(y, yr) < tol and rel(fin, fr) < tol and rel(st, sr) < tol, (rel(y, yr), rel(fin, fr), rel(st, sr))
+    return y, fin, st
+
+
+@pytest.mark.parametrize("cb", ["staged", "inline"])
+def test_mixed_lengths_match_float64(cb):
+    """One token, a part chunk, an exact chunk and several chunks, each from its own state."""
+    t = inputs([1, 9, 16, 45], D_hdim=cb == "inline")
+    check(t, 16, VarlenConfig(cb=cb, **SMALL))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_and_limits(dtype):
+    t = inputs([23, 3], dtype=dtype, seed=1, z=False, init=False)
+    check(t, 16, VarlenConfig(**SMALL), dtype=dtype, dt_limit=(0.05, 0.5))
+
+
+def test_prefix_aligned_chunks_and_bf16_states():
+    """computed_tokens cuts each sequence's first chunk at its logical chunk boundary; the chunk
+    states (kept in bf16) are the states at those boundaries."""
+    t = inputs([20, 7], seed=2)
+    cuc, last, seq = vl.varlen_chunks(t["cu_seqlens"], 16, computed_tokens=[5, 16])
+    assert cuc.tolist() == [0, 11, 20, 27] and last.tolist() == [1, 2] and seq.tolist() == [0, 0, 1]
+    check(t, 16, VarlenConfig(**SMALL), computed=[5, 16], state_dtype=torch.bfloat16)
+
+
+def test_chunk_table_of_plain_lengths_and_an_empty_sequence():
+    cuc, last, seq = vl.varlen_chunks(torch.tensor([0, 3, 3, 40]), 16)
+    assert cuc.tolist() == [0, 3, 19, 35, 40] and seq.tolist() == [0, 2, 2, 2] and last.tolist() == [0, 0, 3]
+    assert cuc.dtype == torch.int32
+    with pytest.raises(ValueError, match="^cu_seqlens:"):
+        vl.varlen_chunks(torch.tensor([0, 5, 3]), 16)
+    with pytest.raises(ValueError, match="^computed_tokens:"):
+        vl.varlen_chunks(torch.tensor([0, 5]), 16, computed_tokens=[1, 2])
+
+
+def test_an_empty_sequence_keeps_its_initial_state():
+    t = inputs([0, 18], seed=3)
+    t["cu_seqlens"] = torch.tensor([0, 0, 18], dtype=torch.int32)
+    _, fin, _ = check(t, 16, VarlenConfig(**SMALL))
+    assert torch.equal(fin[0], t["initial_states"][0])
+
+
+def test_agrees_with_the_batch_drop_in_per_sequence():
+    """Each sequence of the packed call equals the batch drop-in run on that sequence alone from
+    the same initial state: y and the final state (two computations sharing no kernel code)."""
+    lens = [70, 6]   # the drop-in's chunks are 64 tokens at least
+    t = inputs(lens, seed=4, z=False)
+    y, fin = autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, t["cu_seqlens"], D=t["D"],
+                                dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,
+                                config=VarlenConfig(**SMALL))
+    a = 0
+    for s, ln in enumerate(lens):
+        sl = slice(a, a + ln)
+        ys, fs = autossd.mamba_chunk_scan_combined(
+            t["x"][None, sl], t["dt"][None, sl], t["A"], t["B"][None, sl], t["C"][None, sl], 64, D=t["D"],
+            dt_bias=t["dt_bias"], initial_states=t["initial_states"][s:s + 1], dt_softplus=True,
+            return_final_states=True)
+        assert rel(y[sl], ys[0]) < 1e-4 and rel(fin[s], fs[0]) < 1e-4
+        a += ln
+
+
+def test_vllm_contract_writes_out_and_returns_states():
+    t = inputs([10, 30], seed=5)
+    cuc, last, seq = vl.varlen_chunks(t["cu_seqlens"], 16)
+    kw = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True)
+    out = torch.full_like(t["x"], float("nan"))
+    fin = autossd.mamba_chunk_scan_combined_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 16, t["cu_seqlens"],
+                                                   cuc, last, seq, out, **kw)
+    states = autossd.mamba_chunk_scan_combined_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 16, t["cu_seqlens"],
+                                                      cuc, last, seq, torch.empty_like(out), return_intermediate_states=True,
+                                                      **kw)
+    yr, fr, sr = varlen_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], cuc, last, seq, **kw)
+    assert fin.shape == (2, 4, 16, 16) and states.shape == (len(seq), 4, 16, 16)
+    assert rel(out, yr) < 1e-4 and rel(fin, fr) < 1e-4 and rel(states, sr) < 1e-4
+    # mamba_ssm's varlen form, a leading batch of 1, is taken too
+    y1, _ = autossd.ssd_varlen(t["x"][None], t["dt"][None], t["A"], t["B"][None], t["C"][None], 16, t["cu_seqlens"],
+                               **kw)
+    assert rel(y1, yr) < 1e-4
+
+
+def _args():
+    t = inputs([10, 30], seed=6)
+    return dict(x=t["x"], dt=t["dt"], A=t["A"], B=t["B"], C=t["C"], chunk_size=16, cu_seqlens=t["cu_seqlens"],
+                initial_states=t["initial_states"])
+
+
+@pytest.mark.parametrize("change,exc,name", [
+    (lambda a: a.update(dt=a["dt"][:, :2]), ValueError, "dt"),
+    (lambda a: a.update(A=a["A"].double()), TypeError, "A"),
+    (lambda a: a.update(B=a["B"][:, :, :8]), ValueError, "C"),
+    (lambda a: a.update(chunk_size=48), ValueError, "chunk_size"),
+    (lambda a: a.update(initial_states=a["initial_states"][:1]), ValueError, "initial_states"),
+    (lambda a: a.update(cu_seqlens=a["cu_seqlens"].float()), TypeError, "cu_seqlens"),
+    (lambda a: a.update(out=torch.empty(40, 4, 8)), ValueError, "out"),
+    (lambda a: a.update(seq_idx=torch.zeros(2, dtype=torch.int32)), ValueError, "cu_chunk_seqlens, last_chunk_indices, seq_idx"),
+    (lambda a: a.update(state_dtype=torch.int8), TypeError, "state_dtype"),
+    (lambda a: a.update(dt_softplus=1), TypeError, "dt_softplus"),
+])
+def test_bad_input_names_the_argument(change, exc, name):
+    a = _args()
+    change(a)
+    with pytest.raises(exc, match=rf"^{name}:"):
+        autossd.ssd_varlen(**a)
+
+
+def test_a_chunk_table_too_short_is_refused():
+    a = _args()
+    cuc, last, seq = vl.varlen_chunks(a["cu_seqlens"], 16)
+    with pytest.raises(ValueError, match="^cu_chunk_seqlens:"):
+        autossd.ssd_varlen(**a, cu_chunk_seqlens=cuc[:2], last_chunk_indices=last, seq_idx=seq[:1])
+
+
+# --- knobs, rules, records, hooks -----------------------------------------------------------------
+def test_every_knob_changes_the_rendered_kernel():
+    base = VarlenConfig()
+    h0 = render.kernel_hash(base, "cuda")
+    for knob in KNOBS:
+        other = next(v for v in knob.values if v != base[knob.name])
+        assert render.kernel_hash(base.replace(**{knob.name: other}), "cuda") != h0, knob.name
+    inline = VarlenConfig(cb="inline")
+    assert inline.replace(bmm_block_m=16) == inline   # the C·Bᵀ launch's knobs shape only "staged"
+
+
+def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
+    big = vl.problem_for(65536, 8, 80, 64, 128, 1, 256, "bf16", has_D=True, has_z=True, has_init=True)
+    few = vl.problem_for(40, 4, 24, 64, 128, 1, 256, "fp16")
+    for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
+        for pr in (big, few, VarlenProblem(3, 1, 1, 3, 5, 7, 1, 16, "fp32")):
+            assert violations(default_config(arch, pr), arch, pr) == [], (arch, pr)
+    assert default_config("sm90", few).cb == "inline" and default_config("sm90", big).cb == "staged"
+    assert any("scan_block_m" in w for w in violations(VarlenConfig(scan_block_m=128), "sm90", big.replace(chunk_size=64)))
+    assert any("shared memory" in w for w in violations(
+        VarlenConfig(scan_block_m=128, scan_block_n=128, scan_block_k=128, scan_block_d=256, scan_stages=4), "sm90", big))
+    assert VarlenProblem(**big.key()) == big
+    op = get_op("ssd_varlen")
+    assert op.problem_type is VarlenProblem and op.config_type is VarlenConfig
+    costs = op.fn("cost_model")(big, default_config("sm90", big))
+    assert [c.stage for c in costs] == list(op.sequences["staged"])
+
+
+def test_a_record_near_in_size_is_picked_else_the_default(monkeypatch):
+    pr = vl.problem_for(4096, 4, 8, 16, 16, 1, 64, "fp32")
+    tuned = VarlenConfig(scan_warps=8, state_warps=2)
+
+    class Rec:   # what load_records returns, as far as the pick reads it
+        arch, op, origin, provenance, launch_mode, time_ms = "sm90", "ssd_varlen", "user", "measured", "eager", 0.1
+        problem, config = pr.replace(tokens=5000, chunks=82), tuned
+
+    import autossd.db.lookup as lookup
+    monkeypatch.setattr(lookup, "load_records", lambda arch, op, db=None: [Rec()])
+    assert vl.choose(pr, "sm90")[0] == vl.fit(tuned, pr)   # its tiles cut to this problem's sizes
+    other = pr.replace(headdim=32)   # other dimensions: no record applies
+    assert vl.choose(other, "sm90")[0] == default_config("sm90", other)
+
+
+def test_tuner_hooks_agree_with_the_reference():
+    op = get_op("ssd_varlen")
+    pr = vl.problem_for(50, 3, 4, 16, 16, 2, 16, "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                        has_init=True)
+    t = op.fn("tune_inputs")(pr, "cpu", 0)
+    assert t["cu_chunk_seqlens"].shape[0] - 1 == pr.chunks and int(t["cu_seqlens"][-1]) == pr.tokens
+    y, fin = op.fn("tune_run")(pr, VarlenConfig(**SMALL), t)
+    yr, fr = op.fn("tune_reference")(pr, t)
+    assert rel(y, yr) < 1e-4 and rel(fin, fr) < 1e-4
+    launches = op.fn("meta_launches")(pr, VarlenConfig(**SMALL), "cuda")
+    assert [ln.stage for ln in launches] == list(op.sequences["staged"])
+
+
+@pytest.mark.slow
+def test_cross_compiles_for_nvidia_and_amd_without_spills():
+    """The defaults compile for sm80, sm90, gfx90a and gfx942 on meta tensors (a spawned compile
+    worker: the interpreter cannot compile) with no register spills."""
+    from autossd.compile import compile_config
+    pr = vl.problem_for(16384, 4, 80, 64, 128, 1, 256, "bf16", has_D=True, has_z=True, has_dt_bias=True,
+                        dt_softplus=True, has_init=True)
+    for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
+        inline = default_config(arch, pr).replace(cb="inline")
+        for cfg in (default_config(arch, pr),) + ((inline,) if arch in ("sm90", "gfx942") else ()):
+            rep = compile_config(cfg, arch, pr)
+            assert rep.ok and {s.stage for s in rep.stages} == set(get_op("ssd_varlen").sequences[cfg.cb]), (arch, rep)
+            assert all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
