@@ -26,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="scratch/sweep_decode.json")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--state", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--state", nargs="+", default=["fp32", "bf16", "fp16"])
     a = ap.parse_args()
     import autossd
     from autossd.ops.ssd.decode_knobs import DecodeConfig, default_config
@@ -35,8 +35,8 @@ def main() -> None:
     h, p, n, g = 80, 64, 128, 1
     bw = bd.copy_gbps()
     rows = []
-    grid = itertools.product((2, 4, 8, 16, 32), (1, 2, 4), (1, 2, 4, 8), (1,))
-    configs = [DecodeConfig(block_p=bp, heads=hd, warps=w, stages=s) for bp, hd, w, s in grid]
+    grid = itertools.product((4, 8, 16, 32, 64), (1, 2), (1, 2, 4, 8), (0, 1))
+    configs = [DecodeConfig(block_p=bp, heads=hd, warps=w, stream=s) for bp, hd, w, s in grid]
     for sd in a.state:
         for batch in a.batch:
             nsets = max(1, min(16, -(-bd.L2_BYTES // max(1, bd.nbytes(batch, h, p, n, g, sd)))))

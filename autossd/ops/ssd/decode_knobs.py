@@ -28,6 +28,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled: more loads in flight per program)", "decode"),
     Knob("warps", (1, 2, 4, 8), 4, "num_warps", "decode"),
     Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the token and slice loops)", "decode"),
+    # 1: the state, read once and written once, bypasses the caches' keep-resident policy (load
+    # evict_first, store .cs, streaming): it is the whole of the step's traffic and is not read
+    # again this step, so it should not evict x, B, C and the other rows' data. measured_only: a
+    # cache policy is invisible to the static model.
+    Knob("stream", (0, 1), 0, "1: the state's loads and stores take the streaming cache policy",
+         "decode", measured_only=True, needs=("cuda",)),
 )
 SPACE = KnobSpace("ssd_decode", KNOBS, mode_knob="layout")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
