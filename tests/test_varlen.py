@@ -87,6 +87,11 @@ def test_chunk_table_of_plain_lengths_and_an_empty_sequence():
         vl.varlen_chunks(torch.tensor([0, 5]), 16, computed_tokens=[1, 2])
 
 
+def test_a_one_token_prefill():
+    """One sequence of one token: (1, h, p) is the packed form, not a batch of one."""
+    check(inputs([1], seed=7), 16, VarlenConfig(**SMALL))
+
+
 def test_an_empty_sequence_keeps_its_initial_state():
     t = inputs([0, 18], seed=3)
     t["cu_seqlens"] = torch.tensor([0, 0, 18], dtype=torch.int32)

@@ -112,8 +112,13 @@ def _shape(name, v, want, what):
 
 
 def _packed(name, v):
-    """A (1, T, ...) tensor (mamba_ssm's varlen form) as (T, ...)."""
-    return v[0] if isinstance(v, torch.Tensor) and v.dim() >= 3 and v.shape[0] == 1 and name != "initial_states" else v
+    """mamba_ssm's varlen form, a leading batch of 1 ((1, T, h, p) for x and z, (1, T, h) for
+    dt, (1, T, g, n) for B and C), as the packed form; the rank tells the two apart (a packed
+    call of one token has a leading 1 too)."""
+    packed_dims = {"x": 3, "z": 3, "dt": 2, "B": 3, "C": 3}[name]
+    if isinstance(v, torch.Tensor) and v.dim() == packed_dims + 1 and v.shape[0] == 1:
+        return v[0]
+    return v
 
 
 def problem_of(t: dict, chunk_size, dt_softplus, state_dtype) -> VarlenProblem:
