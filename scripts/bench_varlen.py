@@ -116,7 +116,8 @@ def bench(args, ceilings) -> list[dict]:
                 initial_states=t["initial_states"] if init else None, **kw)
         tok_seq = torch.repeat_interleave(torch.arange(len(lens), device="cuda", dtype=torch.int32),
                                           torch.tensor(lens, device="cuda"))[None]
-        batch = dict(seq_idx=tok_seq, cu_seqlens=t["cu_seqlens"], return_varlen_states=True, **kw)
+        batch = dict(seq_idx=tok_seq, cu_seqlens=t["cu_seqlens"], return_varlen_states=True,
+                     **{**kw, "z": t["z"][None]})
 
         def drop_in():
             return autossd.mamba_chunk_scan_combined(t["x"][None], t["dt"][None], t["A"], t["B"][None], t["C"][None],
@@ -150,10 +151,50 @@ def bench(args, ceilings) -> list[dict]:
     return rows
 
 
+def sweep(args) -> list[dict]:
+    """Graph-timed configs of the packed prefill at one shape (2.7b, 8192 tokens in 16 sequences,
+    bf16): the knobs a measured tune would search, around the default."""
+    import itertools
+
+    import autossd
+    from autossd.ops.ssd.varlen_knobs import VarlenConfig
+    gen = torch.Generator().manual_seed(3)
+    lens = lengths("even:16", 8192, gen)
+    t = make(lens, 80, 64, 128, 1, torch.bfloat16, "cuda")
+    cuc, last, seq = autossd.varlen_chunks(t["cu_seqlens"], 256)
+    out = torch.empty_like(t["x"])
+    rows = []
+    grid = itertools.product(("staged", "inline"), ((64, 64, 64), (128, 64, 64), (64, 64, 32), (128, 32, 64), (64, 32, 64)),
+                             (4, 8), (1, 2, 3), ((64, 64, 64), (64, 128, 32), (32, 128, 64)))
+    for cb, (sm, sn, sk), sw, ss, (tm, tn, tk) in grid:
+        if cb == "inline" and (sm, sn, sk) != (64, 64, 64):
+            continue
+        cfg = VarlenConfig(cb=cb, scan_block_m=sm, scan_block_n=sn, scan_block_k=sk, scan_warps=sw, scan_stages=ss,
+                           state_block_m=tm, state_block_n=tn, state_block_k=tk)
+
+        def fn():
+            return autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["cu_seqlens"], D=t["D"], z=t["z"],
+                                      dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,
+                                      cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq, out=out, config=cfg)
+        try:
+            fn()
+            torch.cuda.synchronize()
+            ms = graph_ms(fn)
+        except Exception as e:  # noqa: BLE001 - an infeasible config is skipped
+            print(f"skip {cfg}: {type(e).__name__}")
+            continue
+        rows.append({"config": cfg.as_dict(), "graph_ms": ms})
+    rows.sort(key=lambda r: r["graph_ms"])
+    for r in rows[:5]:
+        print(f"sweep {r['graph_ms']:.3f} ms  {VarlenConfig(r['config'])!r}")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true", help="correctness against float64 first")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="time configs around the default at one shape")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from autossd.bench import measure_ceilings
@@ -164,6 +205,8 @@ def main() -> None:
         res["ceilings"] = measure_ceilings()
         print(f"ceilings: copy {res['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {res['ceilings']['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
         res["bench"] = bench(args, res["ceilings"])
+    if args.sweep:
+        res["sweep"] = sweep(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
