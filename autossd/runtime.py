@@ -565,10 +565,14 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                                return_varlen_states, state_dtype, keep=True)
         if not (torch.is_grad_enabled() and any_requires_grad(x, dt, A, B, C, D, z, dt_bias, initial_states)):
             return run()   # inference: nothing for autograd to record (no dict built per call)
+        # the backward reads the tensors autograd saved: copy a strided last dimension here, where
+        # the copy is itself recorded (its gradient flows back to the caller's layout)
+        x, z, B, C = (_unit_stride(v) for v in (x, z, B, C))
         return forward_only(run, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                        initial_states=initial_states, seq_idx=seq_idx),
                             _grad_call(chunk_size, dt_softplus, (lo, hi), return_final_states,
                                        return_varlen_states, state_dtype, cu_seqlens))
+    x, z, B, C = (_unit_stride(v) for v in (x, z, B, C))
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         dt_softplus, lo, hi, return_final_states, return_varlen_states, state_dtype)

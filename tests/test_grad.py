@@ -118,3 +118,20 @@ def test_compiled_call_with_grad_on_runs_forward_and_backward(t):
     lin.weight.grad = None
     f(t["x"]).sum().backward()
     assert torch.equal(g, lin.weight.grad)
+
+
+def test_a_strided_last_dimension_trains_like_a_contiguous_one(t):
+    """Mamba-2 layers hand the SSD x, B and C split from a transposed conv output (the last
+    dimension strided): the drop-in copies them, in training too, and the gradients reach the
+    caller's layout equal to those of contiguous inputs."""
+    kw = dict(D=t["D"], dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True)
+    grads = []
+    for strided in (False, True):
+        x = (t["x"].transpose(-1, -2).contiguous().transpose(-1, -2) if strided else t["x"].clone()).requires_grad_()
+        B = (t["B"].transpose(-1, -2).contiguous().transpose(-1, -2) if strided else t["B"].clone()).requires_grad_()
+        assert (x.stride(-1) != 1) == strided
+        y = autossd.mamba_chunk_scan_combined(x, t["dt"], t["A"], B, t["C"], 64, **kw)
+        (y * torch.linspace(-1, 1, y.numel(), device=y.device).reshape(y.shape)).sum().backward()
+        grads.append((y.detach(), x.grad, B.grad))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
