@@ -12,12 +12,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .arch import ARCHS  # noqa: E402
-from .problem import Problem  # noqa: E402
 from .tuner.sinks import mode_of  # noqa: E402
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:150]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+    if len(slug) <= 150:
+        return slug
+    # a long study name (a decode or packed-prefill problem names every field) cut short could
+    # name another study's file: the cut keeps a hash of the whole name
+    import hashlib
+    return slug[:141] + "_" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def history_plot(study, path: str | Path) -> Path:
@@ -52,9 +57,10 @@ def roofline_points(records: Iterable[dict]) -> dict[str, list[tuple[str, float,
     also every measured record from before launch modes: tuner.records.mode_of; the host's
     launch time is in it, so at a small shape the point says how fast the host is, not the
     GPU). Intensity = causal FLOPs / min bytes, rate = FLOPs / time."""
+    from .ops.registry import get_op
     out: dict[str, list] = {"gpu": [], "static": [], "eager": []}
     for r in records:
-        prob = Problem(**r["problem"])
+        prob = get_op(r.get("op", "ssd_fwd")).problem_type(**r["problem"])   # any op's problem type
         flops = prob.flops(r["config"].get("chunk_size", 256))
         group = ("static" if r["provenance"] != "measured"
                  else "eager" if mode_of(r) == "eager" else "gpu")
@@ -89,7 +95,7 @@ def roofline_plot(records: Iterable[dict], path: str | Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / min byte)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title("SSD forward records", fontsize=9)
+    ax.set_title("autossd records", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
 

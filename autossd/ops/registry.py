@@ -83,6 +83,11 @@ class Op:
     # (arch) -> {knob: values whose correctness has never been shown on that arch's hardware}:
     # a tune for an arch not `hardware_validated` leaves them out unless the user opts in
     unvalidated: str | None = None
+    # (problem, config, inputs, backend) -> outputs: what the measured runner times, where it
+    # differs from tune_run (None: tune_run). An op that updates an input in place has tune_run
+    # work on a copy so the gate sees fresh inputs; the copy is no part of the op's time, so its
+    # timed call updates the inputs themselves (the runner gates on a copy of its own)
+    tune_time: str | None = None
     doc: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 

@@ -1,7 +1,21 @@
 """Problem shapes from the command line: "b=1,l=16384,h=80,p=64,n=128,g=1" or a model preset
-(the benchmark's table of model shapes), optionally with overrides: "mamba2-2.7b:b=4,l=16384"."""
+(the benchmark's table of model shapes), optionally with overrides: "mamba2-2.7b:b=4,l=16384".
+
+Each problem type has its own form (`ShapeForm`, looked up by the op's problem type): the
+forward's and the backward's batch x sequence shapes above; the decode step's "b=64[,t=1]" (rows
+per call, tokens per row) and packed prefill's "t=8192,s=16[,q=256]" (total tokens, sequences,
+chunk length), both with a model prefix for h p n g or the keys themselves. The state dtype of
+the decode step's and packed prefill's problems comes from the caller (`state_dtype`), not a key:
+the same letters mean other things in the forms.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ops.ssd.decode_knobs import DecodeProblem
+from ..ops.ssd.varlen_knobs import VarlenProblem
 from ..problem import Problem, check_grid
 
 # model -> (nheads, headdim, dstate, ngroups), and the (batch, seqlen) shapes measured for it
@@ -33,20 +47,111 @@ def _int(raw: str) -> int:
     return int(raw[:-1]) * 1024 if raw.endswith("k") else int(raw)
 
 
-def parse_shape(text: str, dtype: str = "fp16") -> Problem:
-    """One shape. Keys: b l h p n g (required unless a model prefix gives h p n g), q (pins the
-    chunk size), flags d z bias softplus final (0/1; default d=1 bias=1 softplus=1)."""
+def _forward(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> Problem:
+    prob = Problem(dtype=dtype, **vals, **flags)
+    check_grid(prob.batch, prob.seqlen, prob.nheads)   # what the runtime could never run
+    return prob
+
+
+def _decode(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> DecodeProblem:
+    return DecodeProblem(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
+
+
+def _varlen(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> VarlenProblem:
+    if vals["tokens"] < vals["seqs"]:
+        raise ValueError(f"t={vals['tokens']} tokens cannot hold s={vals['seqs']} sequences "
+                         "(each sequence has at least one token)")
+    from ..ops.ssd.varlen import problem_for   # imports torch: only when a packed shape is asked for
+    # the chunk count follows from the sequence lengths the tuner draws (tune_inputs)
+    return problem_for(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
+
+
+@dataclass(frozen=True)
+class ShapeForm:
+    """How one problem type is written on the command line."""
+    keys: dict[str, str]              # key -> problem field (sizes)
+    flags: dict[str, str]             # key -> problem field (0/1)
+    flag_defaults: dict[str, bool]    # what the model's call passes
+    model_sizes: dict[str, int]       # sizes a model prefix sets besides h p n g
+    optional: tuple[str, ...]         # keys that may be left out: the field's `defaults`, else the type's
+    example: str
+    build: Callable[[dict, dict, str, str | None], Any]   # (sizes, flags, dtype, state dtype)
+    states: bool = False              # its problems name the dtype their states are kept in
+    defaults: dict[str, int] = field(default_factory=dict)   # field -> value when its key is left out
+    presets: list[dict[str, int]] = field(default_factory=list)   # sizes of each preset shape
+
+
+_MODEL_KEYS = {"h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups"}
+FORWARD = ShapeForm(KEYS, FLAGS, MODEL_FLAGS, {"batch": 1, "seqlen": 2048}, ("q",),
+                    "b=1,l=16384,h=80,p=64,n=128,g=1", _forward)
+# Mamba-2's decode step passes D, dt_bias and softplus; z only when the layer has no gated norm
+# (the default layer has one, as the forward's presets assume). b: rows per call; t: tokens per
+# row of a multi-token step. Presets: the batches scripts/bench_decode.py measures.
+DECODE = ShapeForm({"b": "batch", "t": "tokens", **_MODEL_KEYS},
+                   {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus"},
+                   MODEL_FLAGS, {"batch": 1}, ("t",), "b=64,h=80,p=64,n=128,g=1", _decode,
+                   states=True, defaults={"tokens": 1}, presets=[{"batch": b} for b in (1, 16, 64)])
+# An engine's packed prefill passes D, dt_bias, softplus and each sequence's initial state (zeros
+# for a fresh one). t: tokens of every sequence together; s: sequences; q: the model's chunk
+# length (256 for Mamba-2). Presets: packed batches scripts/bench_varlen.py times.
+VARLEN = ShapeForm({"t": "tokens", "s": "seqs", "q": "chunk_size", **_MODEL_KEYS},
+                   {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus",
+                    "init": "has_init"},
+                   {**MODEL_FLAGS, "has_init": True}, {"tokens": 2048, "seqs": 1}, ("q",),
+                   "t=8192,s=16,h=80,p=64,n=128,g=1", _varlen, states=True, defaults={"chunk_size": 256},
+                   presets=[{"tokens": t, "seqs": n} for t, n in ((8192, 1), (8192, 16), (8192, 64), (65536, 64))])
+FORMS: dict[type, ShapeForm] = {Problem: FORWARD, DecodeProblem: DECODE, VarlenProblem: VARLEN}
+
+
+def form_of(op: str = "ssd_fwd") -> ShapeForm:
+    """The shape form of `op`'s problems; ShapeError when --shapes cannot describe them."""
+    from ..ops.registry import get_op
+    form = FORMS.get(get_op(op).problem_type)
+    if form is None:
+        raise ShapeError(f"op {op!r}: its problems have no --shapes form")
+    return form
+
+
+def shaped_ops() -> list[str]:
+    """The ops whose problems --shapes describes."""
+    from ..ops.registry import get_op, op_names
+    return [n for n in op_names() if get_op(n).problem_type in FORMS]
+
+
+def describe(problem) -> str:
+    """A problem as a summary line: its sizes in its form's keys, the dtype (and state dtype)."""
+    if isinstance(problem, Problem):
+        p = problem
+        return f"b={p.batch},l={p.seqlen},h={p.nheads},p={p.headdim},n={p.dstate},g={p.ngroups} {p.dtype}"
+    form = FORMS.get(type(problem))
+    if form is None:
+        return str(problem.key())
+    sizes = ",".join(f"{k}={getattr(problem, f)}" for k, f in form.keys.items())
+    state = f" state {problem.state_dtype}" if form.states else ""
+    return f"{sizes} {problem.dtype}{state}"
+
+
+def parse_shape(text: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype: str | None = None):
+    """One shape of `op`'s problem type (the forward's by default). Forward keys: b l h p n g
+    (required unless a model prefix gives h p n g), q (pins the chunk size), flags d z bias
+    softplus final (0/1; default d=1 bias=1 softplus=1). Other forms: see the module docstring
+    and `ShapeForm`. `state_dtype`: the state dtype of a form whose problems name one (default
+    fp32)."""
+    form = form_of(op)
+    if state_dtype is not None and not form.states:
+        raise ShapeError(f"op {op!r}: its problems name no state dtype")
     text = text.strip()
     model = None
     if ":" in text or text in MODELS:
         model, _, text = text.partition(":")
         if model not in MODELS:
             raise ShapeError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
-    vals: dict = {}
-    flags = dict(MODEL_FLAGS)
+    vals: dict = dict(form.defaults)
+    flags = dict(form.flag_defaults)
     if model:
         h, p, n, g = MODELS[model]
-        vals.update(nheads=h, headdim=p, dstate=n, ngroups=g, batch=1, seqlen=2048)
+        vals.update(nheads=h, headdim=p, dstate=n, ngroups=g, **form.model_sizes)
+    keys, flag_keys = form.keys, form.flags
     seen = set()
     for part in filter(None, (s.strip() for s in text.split(","))):
         key, eq, raw = part.partition("=")
@@ -56,39 +161,44 @@ def parse_shape(text: str, dtype: str = "fp16") -> Problem:
         if key in seen:
             raise ShapeError(f"{key!r} given twice in {text!r}")
         seen.add(key)
-        if key not in KEYS and key not in FLAGS:
-            raise ShapeError(f"unknown key {key!r} in {part!r}; expected {sorted(KEYS) + sorted(FLAGS)}")
+        if key not in keys and key not in flag_keys:
+            raise ShapeError(f"unknown key {key!r} in {part!r}; expected {sorted(keys) + sorted(flag_keys)}")
         try:
             num = _int(raw)
         except ValueError:
             raise ShapeError(f"{part!r}: {raw.strip()!r} is not an integer") from None
-        if key in FLAGS:
+        if key in flag_keys:
             if num not in (0, 1):
                 raise ShapeError(f"{part!r}: flags take 0 or 1")
-            flags[FLAGS[key]] = bool(num)
+            flags[flag_keys[key]] = bool(num)
         else:
-            vals[KEYS[key]] = num
-    missing = [k for k, f in KEYS.items() if f not in vals and k != "q"]
+            vals[keys[key]] = num
+    missing = [k for k, f in keys.items() if f not in vals and k not in form.optional]
     if missing:
-        raise ShapeError(f"missing {', '.join(missing)} in {text!r} (e.g. b=1,l=16384,h=80,p=64,n=128,g=1)")
+        raise ShapeError(f"missing {', '.join(missing)} in {text!r} (e.g. {form.example})")
     try:
-        prob = Problem(dtype=dtype, **vals, **flags)
-        check_grid(prob.batch, prob.seqlen, prob.nheads)   # what the runtime could never run
-    except ValueError as e:
+        return form.build(vals, flags, dtype, state_dtype)
+    except (ValueError, TypeError) as e:
         raise ShapeError(str(e)) from None
-    return prob
 
 
-def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16") -> list[Problem]:
+def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16", op: str = "ssd_fwd",
+                 state_dtype: str | None = None) -> list:
     """Several shapes: repeated options and/or ';'-separated."""
     out = []
     for t in texts:
         for one in filter(None, (s.strip() for s in t.split(";"))):
-            out.append(parse_shape(one, dtype))
+            out.append(parse_shape(one, dtype, op, state_dtype))
     return out
 
 
-def preset(name: str, dtype: str = "fp16") -> list[Problem]:
+def preset(name: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype: str | None = None) -> list:
+    """Every shape of a model's preset for `op`'s problem type."""
     if name not in MODELS:
         raise ShapeError(f"unknown preset {name!r}; expected one of {sorted(MODELS)}")
-    return [parse_shape(f"{name}:b={b},l={l}", dtype) for b, l in PRESET_SHAPES[name]]
+    form = form_of(op)
+    if form is FORWARD:
+        return [parse_shape(f"{name}:b={b},l={l}", dtype) for b, l in PRESET_SHAPES[name]]
+    keys = {f: k for k, f in form.keys.items()}
+    return [parse_shape(f"{name}:" + ",".join(f"{keys[f]}={v}" for f, v in sizes.items()), dtype, op, state_dtype)
+            for sizes in form.presets]

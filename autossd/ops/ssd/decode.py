@@ -366,6 +366,14 @@ def tune_run(problem: DecodeProblem, config: DecodeConfig, t: dict, backend: str
     return out, state
 
 
+def tune_time(problem: DecodeProblem, config: DecodeConfig, t: dict, backend: str = "cuda"):
+    """What a measured tune times: the step on the inputs' own state, updated in place as a model
+    updates its cache (tune_run's copy of the state would double the bytes timed). The state stays
+    finite over repeated steps: each decays by exp(dt A) < 1 before its update."""
+    return selective_state_update(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
+                                  t["dt_bias"], problem.dt_softplus, config=config)
+
+
 def meta_launches(problem: DecodeProblem, config: DecodeConfig, backend: str) -> list:
     """The launch at `problem`'s shapes on meta tensors (the cross-compile report)."""
     return plan(problem, config, _meta_inputs(problem), None, backend)
@@ -414,6 +422,7 @@ OP = register(Op(
     tune_inputs="autossd.ops.ssd.decode:tune_inputs",
     tune_reference="autossd.ops.ssd.decode:tune_reference",
     tune_run="autossd.ops.ssd.decode:tune_run",
+    tune_time="autossd.ops.ssd.decode:tune_time",
     reference="autossd.ops.ssd.naive:state_update_ref",
     cost_model="autossd.ops.ssd.decode:stage_costs",
     default_config="autossd.ops.ssd.decode_knobs:default_config",

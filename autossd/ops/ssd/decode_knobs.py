@@ -135,7 +135,8 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
     return why
 
 
-def default_config(arch: Arch | str, problem: DecodeProblem | None = None) -> DecodeConfig:
+def default_config(arch: Arch | str, problem: DecodeProblem | None = None,
+                   layout: str | None = None) -> DecodeConfig:
     """The per-arch default, used where no record applies: the whole dstate per program, a tile of
     4 KB of state and 32 state elements per thread, one head per program. Measured on an H200 at
     mamba2-2.7b dimensions (2026-11-26, a sweep of tiles, heads and warps, graph-timed): with fp32
@@ -143,16 +144,17 @@ def default_config(arch: Arch | str, problem: DecodeProblem | None = None) -> De
     warps (8 elements per thread) reached 85%; with bf16 states 16 rows on two warps reached 83%
     where 8 rows on four warps reached 56%: each thread needs that many loads in flight to stream.
     AMD (never run) takes 16 elements per lane of its 64-wide wavefronts, the same per wavefront.
-    A dstate too wide for that (over 1024 at one headdim row) walks it in slices."""
+    A dstate too wide for that (over 1024 at one headdim row) walks it in slices. `layout`: the
+    default at that layout (the tuner asks for it when the layout is pinned)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     base = DecodeConfig(warps=2 if arch.is_amd else 4)
     if problem is None:
-        return base
+        return base if layout is None else base.replace(layout=layout)
     n2 = max(16, pow2_at_least(problem.dstate))
     p2 = pow2_at_least(problem.headdim)
-    if n2 > 1024 and problem.tokens == 1:
+    if layout == "tiled" or (layout is None and n2 > 1024 and problem.tokens == 1):
         block_p = max(v for v in KNOB_BY_NAME["block_p"].values if v <= min(p2, 16))
-        return base.replace(layout="tiled", block_n=128, block_p=block_p)
+        return base.replace(layout="tiled", block_n=min(128, n2), block_p=block_p)
     state_bytes = 4 if problem.state_dtype == "fp32" else 2
     block_p = max(1, min(p2, 4096 // (n2 * state_bytes), 128))
     per_thread = 32 if not arch.is_amd else 16   # the same elements per warp or wavefront

@@ -46,7 +46,8 @@ def compile_job(config: dict, arch: str, problem: dict, op: str = "ssd_fwd") -> 
 
     from ...compile import compile_config
     from ...ops.registry import get_op
-    rep = compile_config(get_op(op).config(config), arch, Problem(**problem))
+    o = get_op(op)
+    rep = compile_config(o.config(config), arch, o.problem_type(**problem))
     return {"reasons": rep.reasons, "stages": [asdict(s) for s in rep.stages]}
 
 

@@ -47,6 +47,22 @@ def _cuda_alive() -> bool:
         return False
 
 
+def _copy(t: dict) -> dict:
+    """Another input set like `t`: each tensor copied with its strides, except those expanded over
+    a dimension (stride 0: the forms Mamba-2 passes dt, A, D and dt_bias in), which are shared. A
+    clone of an expanded tensor is a dense one, which an entry may refuse (the decode step takes
+    A only in its per-head form), and no call can update an expanded tensor in place."""
+    import torch
+
+    def one(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        if any(st == 0 and n > 1 for st, n in zip(v.stride(), v.shape)):
+            return v
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v)
+    return {k: one(v) for k, v in t.items()}
+
+
 def _input_sets(problem: Problem, device: str, max_sets: int = 8, op: str = "ssd_fwd") -> list[dict]:
     """The first set, plus copies enough to exceed twice the L2 when one set fits in it."""
     from ..gate import input_bytes, make_inputs
@@ -63,7 +79,7 @@ def _input_sets(problem: Problem, device: str, max_sets: int = 8, op: str = "ssd
     n = max(1, min(n, int(free * 0.25 // size)))
     sets = [first]
     for _ in range(n - 1):
-        sets.append({k: (v.clone() if hasattr(v, "clone") else v) for k, v in first.items()})
+        sets.append(_copy(first))
     return sets
 
 
@@ -181,16 +197,22 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
     from . import faults
 
     die_with_parent(*opts.get("lifeline", (None,)))   # a killed tuner takes this worker with it
-    prob = Problem(**problem)
     device = opts["device"]
     backend = opts.get("backend", "cuda")
     op = opts.get("op", "ssd_fwd")
+    prob = get_op(op).problem_type(**problem)
     sets = _input_sets(prob, device, op=op)
     ref = reference(prob, sets[0], op)
+    # an op whose timed call updates its inputs in place (Op.tune_time) is gated on a copy that
+    # no timing touches, so each candidate's gate sees the inputs the reference was computed from
+    timed = get_op(op).tune_time
+    gate_set = _copy(sets[0]) if timed else sets[0]
+    time_fn = get_op(op).fn("tune_time") if timed else None
     # the runner's probe said whether this device captures graphs (probe_graph_capture)
     no_graphs = opts.get("no_graphs") if device == "cuda" else "no CUDA graphs on the CPU"
     conn.send({"ready": True, "sets": len(sets)})
     run = lambda p, c, t: default_run(p, c, t, backend)  # noqa: E731
+    timed_run = (lambda p, c, t: time_fn(p, c, t, backend)) if time_fn else run  # noqa: E731
     while True:
         try:
             msg = conn.recv()
@@ -201,14 +223,15 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
         cfg = get_op(op).config(msg["config"])
         inject = msg.get("inject")
         this_run = faults.wrap(run, inject) if inject else run
+        this_timed = faults.wrap(timed_run, inject) if inject else timed_run
         res: dict[str, Any]
-        gate = check(prob, cfg, sets[0], ref, this_run)
+        gate = check(prob, cfg, gate_set, ref, this_run)
         if not gate.ok:
             res = {"ok": False, "why": f"gate: {gate.why}", "gate": gate.as_dict()}
         else:
             try:
                 calls = iter(range(1 << 62))
-                fn = lambda: this_run(prob, cfg, sets[next(calls) % len(sets)])  # noqa: E731
+                fn = lambda: this_timed(prob, cfg, sets[next(calls) % len(sets)])  # noqa: E731
                 warm, rep = opts.get("warmup_ms", 25), opts.get("rep_ms", 100)
                 rounds = ROUNDS if device == "cuda" else 1
                 eager = lambda: _time_ms(fn, device, warm, rep, len(sets))  # noqa: E731
