@@ -119,13 +119,11 @@ def test_packed_sequences_see_nothing_of_each_other():
 def test_gradcheck_float64():
     """torch's own finite-difference check, through the Triton kernels in float64."""
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 9, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
+    x = torch.randn(1, 7, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
     w = torch.randn(3, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
     b = torch.randn(3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
-    seq = _seq(1, 9, (4,))
-    blocks = cc.Blocks(block_l=4, block_c=2, bwd_block_l=4, bwd_block_c=2, bwd_tiles=1)
-    assert torch.autograd.gradcheck(lambda *a: cc.causal_conv1d(*a, seq, "silu", blocks=blocks), (x, w, b),
-                                    fast_mode=True)
+    seq = _seq(1, 7, (4,))
+    assert torch.autograd.gradcheck(lambda *a: cc.causal_conv1d(*a, seq, "silu"), (x, w, b), fast_mode=True)
 
 
 def test_bad_arguments_are_named():

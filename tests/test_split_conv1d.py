@@ -8,6 +8,11 @@ without bias and absent, seq_idx, initial states, dt_limit, every activation and
 part of zxbcdt. Buffers the conv1d and the norm write start as NaN."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -20,7 +25,7 @@ from autossd.testing import rel_err
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 measures ~1e-6 on every output and gradient. bf16: the conv output, the SSD and the norm
 # each round to bf16 and the SSD's own bf16 gradients reach ~1e-2 (test_backward); measured here
-# up to ~6e-3. A wrong split, tap, gate or group gives ~1e-1 to 1.
+# up to ~7e-3 (dt_bias). A wrong split, tap, gate or group gives ~1e-1 to 1.
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1.5e-2}
 
 
@@ -63,12 +68,12 @@ CASES = {
     # Mamba-2's defaults: D per head, the gate before the norm, conv bias, projection with bias
     "fp32-mamba2": (torch.float32, dict(), dict(seq_idx=11, return_final_states=True, norm_before_gate=False)),
     "fp32-Dhdim-gate-after-2groups": (
-        torch.float32, dict(D_hdim=True, g=2, width=3, conv_bias=False, outproj=None, init=False),
+        torch.float32, dict(b=1, D_hdim=True, g=2, width=3, conv_bias=False, outproj=None, init=False),
         dict(norm_before_gate=True, dt_limit=(0.05, 0.5), activation="swish", ngroups=2)),
-    "fp32-nonorm-mlp-noact": (torch.float32, dict(norm=False, d_mlp=4, outproj="nobias", width=2),
+    "fp32-nonorm-mlp-noact": (torch.float32, dict(b=1, norm=False, d_mlp=4, outproj="nobias", width=2),
                               dict(activation=None, return_final_states=True, seq_idx=7)),
     "bf16-mamba2": (torch.bfloat16, dict(), dict(seq_idx=11, return_final_states=True, norm_before_gate=False)),
-    "bf16-Dhdim-nonorm": (torch.bfloat16, dict(D_hdim=True, norm=False, outproj=None),
+    "bf16-Dhdim-nonorm": (torch.bfloat16, dict(b=1, D_hdim=True, norm=False, outproj=None),
                           dict(return_final_states=True)),
 }
 
@@ -155,3 +160,49 @@ def test_bad_arguments_are_named():
     _bad(r"outproj_bias: expected shape \(12,\)", outproj_bias=torch.randn(11))
     _bad("outproj_bias: given without outproj_weight", outproj_weight=None)
     _bad("seq_idx: expected shape", seq_idx=torch.zeros(1, 5, dtype=torch.int32))
+
+
+_COMPILE = r'''
+import inspect, json
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from autossd.compile import _nvidia_resources
+from autossd.ops.conv1d import causal_conv1d as cc
+from autossd.ops.norm import gated_rmsnorm as gn
+
+POINTERS = dict(X="*bf16", Out="*bf16", DY="*bf16", DX="*bf16", Z="*bf16", Y="*bf16", DZ="*bf16", W="*fp32",
+                Bias="*fp32", Seq="*i32", DWp="*fp32", DBp="*fp32", Rstd="*fp32")
+
+def build(fn, consts, warps, target):
+    sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "eps" else "i32")
+           for n in inspect.signature(fn.fn).parameters}
+    k = triton.compile(ASTSource(fn, sig, consts, {}), target=target, options=dict(num_warps=warps))
+    return _nvidia_resources(k.asm["cubin"])   # (registers, spilled bytes)
+
+out = {}
+d = cc.DEFAULT
+target = GPUTarget("cuda", 90, 32)
+bl, bc = cc._tiles(2048, 5376, d.bwd_block_l, d.bwd_block_c)
+out["conv bwd"] = build(cc._conv_bwd, dict(WIDTH=4, WPAD=4, HAS_BIAS=True, HAS_SEQ=True, SILU=True, ACC=tl.float32,
+                                           BLOCK_L=bl, BLOCK_C=bc), d.bwd_warps, target)
+bm, bn, warps = gn._tile(16384, 5120, gn.DEFAULT)   # Mamba-2 2.7b's one group of 5120
+out["norm bwd"] = build(gn._norm_bwd, dict(HAS_Z=True, NORM_BEFORE_GATE=False, ACC=tl.float32, BLOCK_M=bm, BLOCK_N=bn,
+                                           ONE_CHUNK=5120 <= bn), warps, target)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_the_triton_kernels_cross_compile_without_spills():
+    """The backward kernels of the conv1d and the norm (the ones that hold the most: 2 * width - 1
+    shifted tiles of x; the gate's terms), at their default tiles, bf16 with every option on, at
+    Mamba-2 2.7b's widths, compile for sm90 (in a fresh interpreter: the CPU interpreter cannot
+    compile) with no register spills. Two kernels only: each compile takes seconds."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 2
+    spills = {k: v for k, v in report.items() if v[1]}
+    assert not spills, f"(registers, spilled bytes): {report}"

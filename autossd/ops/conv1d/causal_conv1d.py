@@ -32,8 +32,9 @@ ACTIVATIONS = (None, "silu", "swish")
 @dataclass(frozen=True)
 class Blocks:
     """The kernels' tile sizes (powers of two; clipped to the problem's padded sizes). The
-    defaults compile for sm90 without spills: the forward at 80 registers, the backward, which
-    holds 2 * width - 1 shifted tiles of x, at 128."""
+    defaults compile for sm90 without spills (cross-compiled, bf16, width 4: the forward takes 80
+    registers, the backward, which holds 2 * width - 1 shifted tiles of x, 128); larger backward
+    tiles spill. Not timed on a GPU yet."""
     block_l: int = 32        # forward: tokens per tile
     block_c: int = 64        # forward: channels per tile
     num_warps: int = 8
