@@ -3,6 +3,11 @@ mamba2-2.7b dimensions, for a few batches and state dtypes (what a measured tune
 would search; this prints the whole table). Each config is checked against float64 once first.
 
     python experiments/sweep_decode.py [--out scratch/sweep_decode.json] [--batch 1 16 64]
+
+The JSON names the device, the call timed (the DecodeProblem fields besides batch and state
+dtype), the triton version, the date and each config's kernel hash, so that
+`scripts/build_shipped_db.py --decode-sweep FILE` can ship each shape's fastest config as a
+measured record that turns stale when the kernels change.
 """
 from __future__ import annotations
 
@@ -28,8 +33,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--state", nargs="+", default=["fp32", "bf16", "fp16"])
     a = ap.parse_args()
+    import datetime
+
+    import triton
+
     import autossd
     from autossd.ops.ssd.decode_knobs import DecodeConfig, default_config
+    from autossd.render import kernel_hash
     from autossd.ops.ssd.naive import state_update_ref
     from autossd.testing import rel_err
     h, p, n, g = 80, 64, 128, 1
@@ -59,7 +69,7 @@ def main() -> None:
                     continue
                 us = bd.graph_us([bd.call_of(fn, common, s) for s in sets])
                 row = {"state": sd, "batch": batch, "config": cfg.as_dict(), "graph_us": us,
-                       "pct_copy": 100 * size / (us * 1e-6) / 1e9 / bw}
+                       "pct_copy": 100 * size / (us * 1e-6) / 1e9 / bw, "kernel_hash": kernel_hash(cfg, "cuda")}
                 rows.append(row)
                 if best is None or us < best["graph_us"]:
                     best = row
@@ -68,7 +78,12 @@ def main() -> None:
                   f"{ {k: v for k, v in best['config'].items() if v != dflt[k]} }", flush=True)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": bw, "rows": rows}, f, indent=1)
+        # the call scripts/bench_decode.py's make() builds: bf16 x, z, B and C; D, dt_bias, softplus
+        call = dict(nheads=h, headdim=p, dstate=n, ngroups=g, dtype="bf16", has_D=True, has_z=True,
+                    has_dt_bias=True, dt_softplus=True, tokens=1)
+        json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": bw, "triton": triton.__version__,
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "call": call, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,18 @@ since the code's default_config is the fallback anyway and shipped copies of it 
     python scripts/build_shipped_db.py --merge h100.sqlite   # add measured records
     python scripts/build_shipped_db.py --merge tuning_db/sm90.sqlite --rehash-from REV
 
+--decode-sweep FILE: each (state dtype, batch)'s fastest config of an experiments/sweep_decode.py
+JSON becomes a measured ssd_decode record (launch mode graph: the sweep times CUDA-graph replays),
+with the device the file names, for the call the file names (its "call": mamba2-2.7b dimensions, bf16
+inputs, z given, D, dt_bias, softplus). The file's triton version, date and per-config kernel
+hashes are kept, so a record turns stale when the decode kernels change. A file from before the
+sweep wrote those is refused unless --assume-current-code stamps them as made by the code now
+running: check first that the decode kernels are unchanged since the sweep (git log -- templates/
+ssd_decode autossd/ops/ssd/decode*.py; or compare render.kernel_hash of its configs at the sweep's
+revision and now). The sweep's --arch must be the arch of the device in the file (H100/H200: sm90).
+
+    python scripts/build_shipped_db.py --merge tuning_db/sm90.sqlite --decode-sweep sweep_decode.json
+
 --rehash-from REV: a record made by the code at git revision REV (it stores REV's hash of every
 template, or REV's kernel hash of its config) gets the current kernel hash, but only when each
 kernel its config launches is the same code in both versions, as REV's own code renders it: the
@@ -54,6 +66,46 @@ def shipped_problems() -> list[Problem]:
                 for final in (False, True):
                     out.append(Problem(b, l, h, p, n, g, dtype, 256, has_D=True, has_dt_bias=True,
                                        dt_softplus=True, return_final_states=final))
+    return out
+
+
+# The call experiments/sweep_decode.py timed before it wrote it in its JSON (scripts/bench_decode.py's
+# make(): mamba2-2.7b dimensions, bf16 x, z, B and C; D, dt_bias and softplus; one token per row)
+SWEEP_CALL = dict(nheads=80, headdim=64, dstate=128, ngroups=1, dtype="bf16", has_D=True, has_z=True,
+                  has_dt_bias=True, dt_softplus=True, tokens=1)
+
+
+def decode_sweep_records(path: str | Path, arch: str, assume_current: bool = False) -> list:
+    """The measured ssd_decode records of a sweep file: per (state dtype, batch), its fastest row."""
+    from autossd.ops.registry import get_op
+    from autossd.ops.ssd.decode_knobs import DecodeProblem
+    from autossd.tuner.sinks import _UNSAFE
+    data = json.loads(Path(path).read_text())
+    rows = data.get("rows") or []
+    if not rows:
+        raise SystemExit(f"--decode-sweep {path}: no rows")
+    dated = "triton" in data and "date" in data and all("kernel_hash" in r for r in rows)
+    if not dated and not assume_current:
+        raise SystemExit(f"--decode-sweep {path}: the file names no triton version, date or kernel hashes "
+                         "(a sweep from before it wrote them); re-run experiments/sweep_decode.py, or pass "
+                         "--assume-current-code once the decode kernels are known unchanged since the sweep")
+    best: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        k = (r["state"], r["batch"])
+        if k not in best or r["graph_us"] < best[k]["graph_us"]:
+            best[k] = r
+    op = get_op("ssd_decode")
+    call = data.get("call", SWEEP_CALL)
+    device = _UNSAFE.sub("-", data.get("device", ""))[:128]
+    out = []
+    for (state, batch), r in sorted(best.items()):
+        made = {"triton_version": str(data["triton"]), "template_hash": r["kernel_hash"],
+                "created_at": str(data["date"])} if dated else None
+        out.append(make_record(DecodeProblem(batch=batch, state_dtype=state, **call), op.config(r["config"]), arch,
+                               op=op.name, provenance="measured", time_ms=r["graph_us"] * 1e-3, device=device,
+                               launch_mode="graph", made=made,
+                               notes=f"fastest of {sum(1 for x in rows if (x['state'], x['batch']) == (state, batch))} "
+                                     f"configs in {_UNSAFE.sub('-', Path(path).name)}"))
     return out
 
 
@@ -185,12 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--defaults", action="store_true", help="also ship default-provenance records")
     ap.add_argument("--rehash-from", default=None, metavar="REV",
                     help="re-hash records made from the templates at git REV whose kernels are unchanged")
+    ap.add_argument("--decode-sweep", nargs="*", default=[], metavar="JSON",
+                    help="experiments/sweep_decode.py output: each shape's fastest config as a measured record")
+    ap.add_argument("--assume-current-code", action="store_true",
+                    help="--decode-sweep files without kernel hashes: stamp them with the current code's")
     args = ap.parse_args(argv)
     if args.rehash_from and not args.merge:
         ap.error("--rehash-from re-stamps the records of the --merge sources: give at least one")
     out = args.out or ROOT / "tuning_db" / f"{args.arch}.sqlite"
     recs = [make_record(p, default_config(args.arch, p), args.arch, provenance="default",
                         notes="shipped default") for p in shipped_problems()] if args.defaults else []
+    for src in args.decode_sweep:
+        swept = decode_sweep_records(src, args.arch, args.assume_current_code)
+        print(f"{src}: {len(swept)} measured ssd_decode records")
+        recs += swept
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "defaults.sqlite"
         add_records(str(base), recs)

@@ -926,6 +926,52 @@ def _build_script():
     return b, root
 
 
+def test_a_decode_sweep_ships_each_shapes_fastest_config_as_a_measured_record(monkeypatch, tmp_path):
+    """scripts/build_shipped_db.py --decode-sweep: per (state dtype, batch) the fastest row of an
+    experiments/sweep_decode.py file, measured, graph-timed, on the file's device, dated and
+    hashed as the file says (a kernel changed since makes it stale); the decode step picks it."""
+    from autossd.db.records import current_kernel_hash
+    from autossd.ops.ssd import decode
+    from autossd.ops.ssd.decode_knobs import DecodeConfig, DecodeProblem
+    monkeypatch.setattr(sys, "path", list(sys.path))   # the script puts the repo first
+    b, _ = _build_script()
+    call = dict(nheads=4, headdim=16, dstate=16, ngroups=1, dtype="bf16", has_D=True, has_z=True,
+                has_dt_bias=True, dt_softplus=True, tokens=1)
+    fast, slow = DecodeConfig(block_p=4, warps=1), DecodeConfig(block_p=8, warps=2)
+
+    def row(state, batch, cfg, us, kh=None):
+        return {"state": state, "batch": batch, "config": cfg.as_dict(), "graph_us": us, "pct_copy": 50.0,
+                "kernel_hash": kh or render.kernel_hash(cfg, "cuda")}
+    sweep = {"device": "NVIDIA H200", "copy_gbps": 4000.0, "triton": "3.6.0", "date": "2026-11-26T10:00:00+00:00",
+             "call": call, "rows": [row("fp32", 2, slow, 9.0), row("fp32", 2, fast, 4.0),
+                                    row("bf16", 2, slow, 3.0, kh="0123456789abcdef")]}
+    src, out = tmp_path / "sweep.json", tmp_path / "sm90.sqlite"
+    src.write_text(json.dumps(sweep))
+    assert b.main(["--out", str(out), "--decode-sweep", str(src)]) == 0
+    recs = {r.problem.state_dtype: r for r in read_records(str(out), "sm90", "ssd_decode")}
+    fp32 = recs["fp32"]
+    assert fp32.problem == DecodeProblem(batch=2, state_dtype="fp32", **call) and fp32.config == fast
+    assert (fp32.provenance, fp32.launch_mode, fp32.device, fp32.time_ms) == ("measured", "graph", "NVIDIA H200", 0.004)
+    assert fp32.created_at.startswith("2026-11-26T10:00") and fp32.triton_version == "3.6.0"
+    assert fp32.template_hash == current_kernel_hash(fast, "sm90")
+    assert recs["bf16"].stale_reasons("3.6.0", "x")   # its kernels are not the ones that run now
+    monkeypatch.setattr(dblookup, "shipped_db_path", lambda arch: out)
+    dblookup.clear_cache()
+    try:
+        assert decode.choose(fp32.problem, "sm90")[0] == fast
+        assert decode.choose(fp32.problem.replace(has_z=False), "sm90")[1].startswith("default")
+    finally:
+        dblookup.clear_cache()
+    # a file from before the sweep wrote its code's hashes: refused unless stamped as current
+    del sweep["triton"]
+    src.write_text(json.dumps(sweep))
+    with pytest.raises(SystemExit, match="assume-current-code"):
+        b.main(["--out", str(out), "--decode-sweep", str(src)])
+    assert b.main(["--out", str(out), "--decode-sweep", str(src), "--assume-current-code"]) == 0
+    assert {r.template_hash for r in read_records(str(out), "sm90", "ssd_decode")} == \
+        {current_kernel_hash(fast, "sm90"), current_kernel_hash(slow, "sm90")}
+
+
 def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(monkeypatch):
     """scripts/remeasure_records.py: every stored config as it is, then once per set of knob
     changes where the changed config is feasible for its problem, each (shape, dtype, config) once."""
