@@ -14,6 +14,7 @@ from autossd.ops.ssd import varlen as vl
 from autossd.ops.ssd.naive import varlen_ref
 from autossd.ops.ssd.varlen_knobs import KNOBS, VarlenConfig, VarlenProblem, default_config, violations
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 # small tiles: the interpreter's time grows with every element of a tile
 SMALL = dict(cumsum_block_h=2, bmm_block_m=16, bmm_block_n=16, bmm_block_k=16, state_block_m=16, state_block_n=16,
@@ -29,12 +30,13 @@ def inputs(lens, h=4, p=16, n=16, g=2, dtype=torch.float32, seed=0, D_hdim=False
     T = sum(lens)
 
     def rnd(*s, dt=dtype, scale=1.0):
-        return (torch.randn(*s, generator=gen) * scale).to(dt)
-    return dict(x=rnd(T, h, p), dt=(torch.rand(T, h, generator=gen) * 2 - 2).to(dtype), A=-torch.rand(h, generator=gen) - 0.3,
+        return (torch.randn(*s, generator=gen) * scale).to(dt).to(DEV)
+    return dict(x=rnd(T, h, p), dt=(torch.rand(T, h, generator=gen) * 2 - 2).to(dtype).to(DEV),
+                A=(-torch.rand(h, generator=gen) - 0.3).to(DEV),
                 B=rnd(T, g, n), C=rnd(T, g, n), D=rnd(h, p, dt=torch.float32) if D_hdim else rnd(h, dt=torch.float32),
                 z=rnd(T, h, p) if z else None, dt_bias=rnd(h, dt=torch.float32, scale=0.3),
                 initial_states=rnd(len(lens), h, p, n, dt=torch.float32, scale=0.5) if init else None,
-                cu_seqlens=torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32))
+                cu_seqlens=torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV))
 
 
 def check(t, q, cfg, dtype=torch.float32, dt_limit=(0.0, float("inf")), computed=None, state_dtype=None):
@@ -94,7 +96,7 @@ def test_a_one_token_prefill():
 
 def test_an_empty_sequence_keeps_its_initial_state():
     t = inputs([0, 18], seed=3)
-    t["cu_seqlens"] = torch.tensor([0, 0, 18], dtype=torch.int32)
+    t["cu_seqlens"] = torch.tensor([0, 0, 18], dtype=torch.int32, device=DEV)
     _, fin, _ = check(t, 16, VarlenConfig(**SMALL))
     assert torch.equal(fin[0], t["initial_states"][0])
 
@@ -150,8 +152,8 @@ def _args():
     (lambda a: a.update(chunk_size=48), ValueError, "chunk_size"),
     (lambda a: a.update(initial_states=a["initial_states"][:1]), ValueError, "initial_states"),
     (lambda a: a.update(cu_seqlens=a["cu_seqlens"].float()), TypeError, "cu_seqlens"),
-    (lambda a: a.update(out=torch.empty(40, 4, 8)), ValueError, "out"),
-    (lambda a: a.update(seq_idx=torch.zeros(2, dtype=torch.int32)), ValueError, "cu_chunk_seqlens, last_chunk_indices, seq_idx"),
+    (lambda a: a.update(out=torch.empty(40, 4, 8, device=DEV)), ValueError, "out"),
+    (lambda a: a.update(seq_idx=torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError, "cu_chunk_seqlens, last_chunk_indices, seq_idx"),
     (lambda a: a.update(state_dtype=torch.int8), TypeError, "state_dtype"),
     (lambda a: a.update(dt_softplus=1), TypeError, "dt_softplus"),
 ])
@@ -216,7 +218,7 @@ def test_tuner_hooks_agree_with_the_reference():
     op = get_op("ssd_varlen")
     pr = vl.problem_for(50, 3, 4, 16, 16, 2, 16, "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
                         has_init=True)
-    t = op.fn("tune_inputs")(pr, "cpu", 0)
+    t = op.fn("tune_inputs")(pr, DEV, 0)
     assert t["cu_chunk_seqlens"].shape[0] - 1 == pr.chunks and int(t["cu_seqlens"][-1]) == pr.tokens
     y, fin = op.fn("tune_run")(pr, VarlenConfig(**SMALL), t)
     yr, fr = op.fn("tune_reference")(pr, t)
