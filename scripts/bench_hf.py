@@ -298,6 +298,10 @@ def main(argv=None) -> int:
 
     results = {p: {"skipped": why} for p, why in skipped.items()}
     ref_logits, ref_tokens = None, {}
+    # every path's logits and tokens, to compare the kernel paths with each other too: a deep
+    # random-init model amplifies bf16 rounding from layer to layer, so two correct paths can
+    # drift apart, and the torch path computes the SSD in fp32 where the kernels take bf16
+    kept_logits, kept_tokens = {}, {}
     for p in run_paths:
         r = results[p] = {}
         with paths.use(p):
@@ -310,6 +314,10 @@ def main(argv=None) -> int:
                     ref_logits = logits
                 elif ref_logits is not None:
                     r["logits_vs_torch"] = compare_logits(logits, ref_logits)
+                for q, other in kept_logits.items():
+                    if q != "torch":
+                        r[f"logits_vs_{q}"] = compare_logits(logits, other)
+                kept_logits[p] = logits
                 del logits
             r["decode"] = {}
             for b in a.batches:
@@ -321,6 +329,10 @@ def main(argv=None) -> int:
                 if gbps:
                     fl, wb, sb = decode_floor_s(model, state, conv, cfg.num_hidden_layers, gbps)
                     d.update(floor_ms_per_step=1e3 * fl, floor_tokens_per_s=b / fl, weight_bytes=wb, state_bytes=sb)
+                for q, other in kept_tokens.items():
+                    if q != "torch" and b in other:
+                        d[f"tokens_agree_vs_{q}"] = float((toks == other[b]).float().mean())
+                kept_tokens.setdefault(p, {})[b] = toks
                 if p == "torch":
                     ref_tokens[b] = toks
                 elif b in ref_tokens:
@@ -347,6 +359,15 @@ def main(argv=None) -> int:
                 print(f"  {p:10s} max rel diff {c['max_rel_diff']:.2e} (max |diff| {c['max_abs_diff']:.3g} of "
                       f"max |logit| {c['max_abs_ref']:.3g}), rel L2 {c['rel_l2']:.2e}, argmax agrees at "
                       f"{100 * c['argmax_agree']:.1f}% of positions")
+    for p in run_paths:
+        for k, c in results[p].items():
+            if k.startswith("logits_vs_") and k != "logits_vs_torch":
+                print(f"  {p} against {k[len('logits_vs_'):]}: rel L2 {c['rel_l2']:.2e}, argmax agrees at "
+                      f"{100 * c['argmax_agree']:.1f}% of positions")
+        for b, d in results[p].get("decode", {}).items():
+            for k, v in d.items():
+                if k.startswith("tokens_agree_vs_") and k != "tokens_agree_vs_torch":
+                    print(f"  decode batch {b}: {p}'s greedy tokens equal {k[len('tokens_agree_vs_'):]}'s at {100 * v:.1f}%")
     print(f"decode, {a.new} greedy steps after a {a.prompt}-token prompt (eager, the model's cache):")
     for b in a.batches:
         for p in run_paths:
