@@ -164,14 +164,14 @@ def sweep(args) -> list[dict]:
     cuc, last, seq = autossd.varlen_chunks(t["cu_seqlens"], 256)
     out = torch.empty_like(t["x"])
     rows = []
-    grid = itertools.product(("staged", "inline"), ((64, 64, 64), (128, 64, 64), (64, 64, 32), (128, 32, 64), (64, 32, 64)),
-                             (4, 8), (1, 2, 3), ((64, 64, 64), (64, 128, 32), (32, 128, 64)))
-    for cb, (sm, sn, sk), sw, ss, (tm, tn, tk) in grid:
-        if cb == "inline" and (sm, sn, sk) != (64, 64, 64):
-            continue
-        cfg = VarlenConfig(cb=cb, scan_block_m=sm, scan_block_n=sn, scan_block_k=sk, scan_warps=sw, scan_stages=ss,
-                           state_block_m=tm, state_block_n=tn, state_block_k=tk)
-
+    base = VarlenConfig()
+    grid = itertools.product((False, True), (64, 128), ((64, 64, 64), (64, 128, 64)), ((4, 2), (2, 3)), (0, 128),
+                             (64, 128))
+    configs = [base.replace(decay_split=ds, scan_block_d=sd, state_block_m=tm, state_block_n=tn, state_block_k=tk,
+                            state_warps=sw, state_stages=ss, scan_maxnreg=mr, scan_block_m=sm)
+               for ds, sd, (tm, tn, tk), (sw, ss), mr, sm in grid]
+    configs += [base.replace(cb="inline"), base.replace(cb="inline", decay_split=True)]
+    for cfg in configs:
         def fn():
             return autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["cu_seqlens"], D=t["D"], z=t["z"],
                                       dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,

@@ -57,11 +57,12 @@ def check(t, q, cfg, dtype=torch.float32, dt_limit=(0.0, float("inf")), computed
     return y, fin, st
 
 
-@pytest.mark.parametrize("cb", ["staged", "inline"])
-def test_mixed_lengths_match_float64(cb):
-    """One token, a part chunk, an exact chunk and several chunks, each from its own state."""
-    t = inputs([1, 9, 16, 45], D_hdim=cb == "inline")
-    check(t, 16, VarlenConfig(cb=cb, **SMALL))
+@pytest.mark.parametrize("cb,split", [("staged", False), ("inline", True), ("staged", True)])
+def test_mixed_lengths_match_float64(cb, split):
+    """One token, a part chunk, an exact chunk and several chunks, each from its own state; chunks
+    of two row tiles, so that decay_split has blocks before the diagonal to factor."""
+    t = inputs([1, 9, 32, 75], D_hdim=cb == "inline")
+    check(t, 32, VarlenConfig(cb=cb, decay_split=split, **SMALL))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -30,9 +30,9 @@ from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, default_con
 STAGES = (
     Stage("cumsum"),
     Stage("bmm", "bmm_warps", "bmm_stages"),
-    Stage("chunk_state", "state_warps", "state_stages"),
+    Stage("chunk_state", "state_warps", "state_stages", "state_maxnreg"),
     Stage("state_passing", "pass_warps"),
-    Stage("chunk_scan", "scan_warps", "scan_stages"),
+    Stage("chunk_scan", "scan_warps", "scan_stages", "scan_maxnreg"),
 )
 SEQUENCES = {"staged": ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
              "inline": ("cumsum", "chunk_state", "state_passing", "chunk_scan")}

@@ -19,6 +19,7 @@ from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, sh
 DTYPES = ("fp32", "bf16", "fp16")
 TILES = (16, 32, 64, 128)
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
+MAXNREG = (0, 64, 80, 96, 128, 168)
 
 KNOBS: tuple[Knob, ...] = (
     Knob("cb", ("staged", "inline"), "staged",
@@ -34,6 +35,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
     Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
     Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state"),
+    # register caps per thread (ptxas -maxnreg), 0 = ptxas's choice: a cap buys resident programs
+    # for these latency-bound loops at the risk of spills, which only a GPU run can weigh
+    Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
+         measured_only=True, needs=("maxnreg",)),
     Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program", "state_passing"),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
     Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
@@ -41,10 +46,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
     Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state (and inline C·Bᵀ) products",
          "chunk_scan"),
+    Knob("decay_split", (False, True), False,
+         "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
+         "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
     Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
     # 1 by default: at 2.7b, 8192 tokens in 16 sequences (bf16, H200) the scan took 0.457 ms of
     # graph-timed call time at 1 stage against 0.625 at 2 (the other knobs at their defaults)
     Knob("scan_stages", (1, 2, 3, 4), 1, "num_stages", "chunk_scan"),
+    Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_scan",
+         measured_only=True, needs=("maxnreg",)),
 )
 SPACE = KnobSpace("ssd_varlen", KNOBS, mode_knob="cb")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
