@@ -65,3 +65,36 @@ def test_disable_restores_transformers_functions():
     assert (m.mamba2_chunk_scan, m.mamba2_selective_state_update) == before
     with pytest.raises(ValueError, match="models"):
         hf.enable(("mamba3",))
+
+
+def test_training_runs_the_whole_layer_and_its_gradients_match(model):
+    """In training mode without a cache, transformers calls the whole-layer function: enabled, it
+    is autossd's (conv1d, SSD, gated norm in Triton), and the loss and every parameter's gradient
+    match transformers' own PyTorch path."""
+    import copy
+    from autossd.ops.ssd import split_conv1d
+    from transformers.models.mamba2 import modeling_mamba2 as m
+    ids = torch.randint(3, 64, (2, 70), generator=torch.Generator().manual_seed(2))
+    ref_model, got_model = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+    ref_loss = ref_model(ids, labels=ids).loss
+    ref_loss.backward()
+    calls = []
+    real = split_conv1d.mamba_split_conv1d_scan_combined
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    try:
+        hf.enable(("mamba2",))
+        split_conv1d.mamba_split_conv1d_scan_combined = counting
+        assert m.mamba2_split_conv1d_scan_combined.autossd_replaces is not None
+        loss = got_model(ids, labels=ids).loss
+        loss.backward()
+    finally:
+        split_conv1d.mamba_split_conv1d_scan_combined = real
+        hf.disable()
+    assert calls == [1]
+    assert abs(loss.item() - ref_loss.item()) < 1e-4 * abs(ref_loss.item())
+    for (name, p), q in zip(got_model.named_parameters(), ref_model.parameters()):
+        assert p.grad is not None and q.grad is not None, name
+        assert ((p.grad - q.grad).norm() / q.grad.norm().clamp_min(1e-30)).item() < 1e-3, name
