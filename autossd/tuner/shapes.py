@@ -18,12 +18,50 @@ from ..ops.ssd.decode_knobs import DecodeProblem
 from ..ops.ssd.varlen_knobs import VarlenProblem
 from ..problem import Problem, check_grid
 
-# model -> (nheads, headdim, dstate, ngroups), and the (batch, seqlen) shapes measured for it
+# model -> (nheads, headdim, dstate, ngroups) of its SSD layers, the dims a --shapes prefix sets.
+# Mamba-2: d_model 768 / 1024 / 1536 / 2048 / 2560, expand 2, headdim 64, d_state 128, one group,
+# so nheads = 2 * d_model / 64. Codestral Mamba 7B: 128 heads of 64, d_state 128, 8 groups. The
+# hybrids' values are their published configs' fields: Granite 4.0-H and Bamba mamba_n_heads,
+# mamba_d_head, mamba_d_state, mamba_n_groups; Nemotron-H mamba_num_heads, mamba_head_dim,
+# ssm_state_size, n_groups; Zamba2 hidden_size * 2 / mamba_headdim heads, state_size and
+# mamba_ngroups (1 where the config names none: its default); Falcon-H1 mamba_n_heads,
+# mamba_d_head, mamba_d_state, mamba_n_groups. Not read from a config: Nemotron-H 47B/56B's 8
+# groups (the family's default), Falcon-H1 3B's one group, and Bamba's 128 heads and one group
+# (the config class's defaults; its hidden_size 4096 and d_state 128 are the checkpoint's).
 MODELS: dict[str, tuple[int, int, int, int]] = {
     "mamba2-130m": (24, 64, 128, 1),
     "mamba2-2.7b": (80, 64, 128, 1),
     "codestral-7b": (128, 64, 128, 8),
+    "mamba2-370m": (32, 64, 128, 1),
+    "mamba2-780m": (48, 64, 128, 1),
+    "mamba2-1.3b": (64, 64, 128, 1),
+    "granite-4.0-h-tiny": (48, 64, 128, 1),
+    "granite-4.0-h-small": (128, 64, 128, 1),
+    "nemotron-h-8b": (128, 64, 128, 8),
+    "nemotron-h-47b": (256, 64, 256, 8),
+    "nemotron-h-56b": (256, 64, 256, 8),
+    "zamba2-1.2b": (64, 64, 128, 1),
+    "zamba2-2.7b": (80, 64, 64, 1),
+    "zamba2-7b": (112, 64, 64, 2),
+    "falcon-h1-0.5b": (24, 64, 128, 1),
+    "falcon-h1-1.5b": (48, 64, 256, 1),
+    "falcon-h1-3b": (32, 128, 256, 1),
+    "falcon-h1-7b": (24, 128, 256, 1),
+    "falcon-h1-34b": (32, 128, 256, 2),
+    "bamba-9b": (128, 64, 128, 1),
 }
+
+# The grid the shipped databases cover: every distinct SSD layer above x (batch, seqlen) across
+# prefill and training x fp16 and bf16. Batch and length step by 4x, so a shape between grid
+# points is within 2x of one in each: the lookup's nearest tier (same dims and dtype, at most
+# 2 in summed |log2| ratios) reaches it. The token cap keeps the largest calls to what one GPU
+# holds in a training step (64 x 8k, 16 x 32k, 4 x 128k).
+GRID_BATCHES = (1, 4, 16, 64)
+GRID_SEQLENS = (512, 2048, 8192, 32768, 131072)
+GRID_MAX_TOKENS = 2 ** 19
+GRID_DTYPES = ("fp16", "bf16")
+
+# (batch, seqlen) shapes per model: the benchmark's for the first three; the grid's for the rest
 PRESET_SHAPES: dict[str, list[tuple[int, int]]] = {
     "mamba2-130m": [(1, 2048), (1, 131072)],
     "mamba2-2.7b": [(1, 2048), (8, 2048), (4, 16384), (1, 131072)],
@@ -192,13 +230,39 @@ def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16", op: st
     return out
 
 
+def grid_dims() -> list[tuple[int, int, int, int]]:
+    """The distinct (nheads, headdim, dstate, ngroups) of MODELS (models sharing a layer's dims
+    share its records), ordered by headdim and dstate, then groups and heads."""
+    return sorted(set(MODELS.values()), key=lambda d: (d[1], d[2], d[3], d[0]))
+
+
+def grid_sizes() -> list[tuple[int, int]]:
+    """The grid's (batch, seqlen) pairs: GRID_BATCHES x GRID_SEQLENS up to GRID_MAX_TOKENS."""
+    return [(b, l) for l in GRID_SEQLENS for b in GRID_BATCHES if b * l <= GRID_MAX_TOKENS]
+
+
+def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, op: str = "ssd_fwd") -> list:
+    """Every grid shape as a problem of `op` (the forward's or the backward's: batch x sequence
+    problems), with the flags Mamba-2's layer passes. Ordered for a tune: by dtype, then headdim
+    and dstate (the kernels' tile sizes), then groups and heads, then size, so that shapes whose
+    candidates compile to the same kernels come one after another and the later ones find them
+    in Triton's cache."""
+    if form_of(op) is not FORWARD:
+        raise ShapeError(f"op {op!r}: the grid is batch x sequence shapes, which its problems are not")
+    return [parse_shape(f"b={b},l={l},h={h},p={p},n={n},g={g}", dtype, op)
+            for dtype in dtypes for h, p, n, g in grid_dims() for b, l in grid_sizes()]
+
+
 def preset(name: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype: str | None = None) -> list:
-    """Every shape of a model's preset for `op`'s problem type."""
+    """Every shape of a model's preset for `op`'s problem type; "grid": the grid at `dtype`."""
+    if name == "grid":
+        return grid((dtype,), op)
     if name not in MODELS:
-        raise ShapeError(f"unknown preset {name!r}; expected one of {sorted(MODELS)}")
+        raise ShapeError(f"unknown preset {name!r}; expected one of {sorted(MODELS) + ['grid']}")
     form = form_of(op)
     if form is FORWARD:
-        return [parse_shape(f"{name}:b={b},l={l}", dtype) for b, l in PRESET_SHAPES[name]]
+        sizes = PRESET_SHAPES.get(name, grid_sizes())
+        return [parse_shape(f"{name}:b={b},l={l}", dtype, op) for b, l in sizes]
     keys = {f: k for k, f in form.keys.items()}
     return [parse_shape(f"{name}:" + ",".join(f"{keys[f]}={v}" for f, v in sizes.items()), dtype, op, state_dtype)
             for sizes in form.presets]

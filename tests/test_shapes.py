@@ -1,0 +1,63 @@
+"""The model grid of autossd/tuner/shapes.py: what the shipped databases are tuned over."""
+import itertools
+
+import pytest
+
+from autossd.problem import Problem
+from autossd.tuner.shapes import (GRID_MAX_TOKENS, MODELS, PRESET_SHAPES, ShapeError, grid, grid_dims,
+                                  grid_sizes, parse_shape, preset)
+
+
+def test_every_model_layer_is_in_the_grid_once():
+    dims = grid_dims()
+    assert len(dims) == len(set(dims)) == len(set(MODELS.values()))
+    assert set(dims) == set(MODELS.values())
+    # aliases share one layer: Nemotron-H 8B's is Codestral's, Bamba's is Granite 4.0-H Small's
+    assert MODELS["nemotron-h-8b"] == MODELS["codestral-7b"]
+    assert MODELS["bamba-9b"] == MODELS["granite-4.0-h-small"]
+    for h, p, n, g in dims:
+        assert h % g == 0
+
+
+def test_the_sizes_span_prefill_and_training_under_the_token_cap():
+    sizes = grid_sizes()
+    assert len(sizes) == len(set(sizes))
+    assert min(b for b, _ in sizes) == 1 and max(b for b, _ in sizes) == 64
+    assert min(l for _, l in sizes) == 512 and max(l for _, l in sizes) == 131072
+    assert all(b * l <= GRID_MAX_TOKENS for b, l in sizes)
+    # every batch 1..64 and length 512..128k (powers of 2) is within 2x of a grid point in each,
+    # the reach of the lookup's nearest tier
+    for b, l in itertools.product([2 ** i for i in range(7)], [2 ** i for i in range(9, 18)]):
+        if b * l <= GRID_MAX_TOKENS:
+            assert any(max(b / gb, gb / b) <= 2 and max(l / gl, gl / l) <= 2 for gb, gl in sizes), (b, l)
+
+
+def test_grid_problems_are_the_layer_call_ordered_by_what_compiles_alike():
+    probs = grid()
+    assert len(probs) == len(grid_dims()) * len(grid_sizes()) * 2
+    assert len({(p.dtype, *sorted(p.key().items())) for p in probs}) == len(probs)
+    assert all(isinstance(p, Problem) and p.has_D and p.has_dt_bias and p.dt_softplus and not p.has_z
+               for p in probs)
+    # dtype, then (headdim, dstate) change only at group boundaries: each group is contiguous
+    keys = [(p.dtype, p.headdim, p.dstate) for p in probs]
+    groups = [k for k, _ in itertools.groupby(keys)]
+    assert len(groups) == len(set(groups))
+    assert [p.dtype for p in grid(("bf16",))] == ["bf16"] * (len(probs) // 2)
+
+
+def test_presets_keep_the_benchmark_shapes_and_add_grid():
+    assert [(p.batch, p.seqlen) for p in preset("mamba2-2.7b")] == PRESET_SHAPES["mamba2-2.7b"]
+    z = preset("zamba2-7b", "bf16")
+    assert [(p.batch, p.seqlen) for p in z] == grid_sizes()
+    assert {(p.nheads, p.headdim, p.dstate, p.ngroups, p.dtype) for p in z} == {(112, 64, 64, 2, "bf16")}
+    assert preset("grid", "bf16") == grid(("bf16",))
+    assert preset("grid", "fp16", op="ssd_bwd") == grid(("fp16",), op="ssd_bwd")
+    with pytest.raises(ShapeError, match="grid"):
+        preset("gpt-9")
+    with pytest.raises(ShapeError, match="batch x sequence"):
+        grid(op="ssd_decode")
+
+
+def test_a_model_prefix_sets_its_layer():
+    p = parse_shape("falcon-h1-34b:b=2,l=4k", "bf16")
+    assert (p.batch, p.seqlen, p.nheads, p.headdim, p.dstate, p.ngroups) == (2, 4096, 32, 128, 256, 2)
