@@ -148,8 +148,10 @@ def main() -> None:
 @click.option("--trials", type=click.IntRange(1), default=20, show_default=True,
               help="evaluated candidates per shape (a resumed study counts its earlier ones)")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="seconds per shape")
-@click.option("--db", default=None, help="record store: a .jsonl file, or a database (autossd.db)")
-@click.option("--storage", default=None, help="Optuna storage: journal file path (default) or RDB URL")
+@click.option("--db", default=None, help="record store: a .jsonl file, or a database (a path, or an "
+              "SQLAlchemy URL such as postgresql+psycopg://USER@HOST/DB for a fleet of workers)")
+@click.option("--storage", default=None, help="Optuna storage: a journal file path or an RDB URL "
+              "(default: the record store's URL when that is a database server, else the journal)")
 @click.option("--sampler", type=click.Choice(["tpe", "gp", "cmaes", "brute", "random"]), default="tpe",
               show_default=True)
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
@@ -200,6 +202,10 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     except RuntimeError as e:
         where = "'--db'" if db else ("AUTOSSD_DB" if os.environ.get("AUTOSSD_DB") else "the user database")
         raise click.BadParameter(str(e), ctx=ctx, param_hint=where) from None
+    if storage is None:
+        # workers sharing a server database share their studies there too: a fleet needs
+        # nothing but the one URL
+        storage = _server_url(getattr(sink, "url", None))
     if mode == "measured":
         click.echo(f"== MEASURED tuning on the local GPU ({arch}): every candidate is checked "
                    "against the float64 reference, then timed ==")
@@ -261,6 +267,13 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
             click.echo(f"plot: {p}")
     if not any(r.best_config is not None for r in results):
         raise click.ClickException("no candidate passed; nothing stored")
+
+
+def _server_url(url: str | None) -> str | None:
+    """`url` when it names a database server (a store several hosts can share), else None."""
+    from .tuner.sinks import db_layer
+    layer = db_layer()
+    return url if url and layer is not None and layer.engine.is_server(url) else None
 
 
 def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
@@ -404,8 +417,16 @@ def export(db, out_path, arch, overwrite) -> None:
     click.echo(f"exported {len(recs)} records -> {out_path}")
 
 
+def _sources(ctx, param, values):
+    """Files that must exist, or database URLs (a fleet's server database)."""
+    for v in values:
+        if "://" not in v and not os.path.isfile(v):
+            raise click.BadParameter(f"{v}: no such file", ctx=ctx, param=param)
+    return values
+
+
 @main.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("sources", nargs=-1, required=True, callback=_sources)
 @click.option("--into", "into", required=True, help="destination store (.sqlite or .jsonl); kept records "
               "already there take part in the merge")
 def merge(sources, into) -> None:
@@ -420,6 +441,10 @@ def merge(sources, into) -> None:
         bad = str(e).split(":")[0]
         raise click.BadParameter(str(e), param_hint="'--into'" if os.path.abspath(bad) == os.path.abspath(into)
                                  else "SOURCES") from None
+    if "://" in into:
+        # merge builds a new file and renames it over the destination: no database server
+        raise click.BadParameter(f"{into}: merge writes a file (.sqlite or .jsonl); a server database "
+                                 "can be a source", param_hint="'--into'")
     layer = db_layer()
     if layer is not None and not into.endswith(".jsonl"):
         dbs = [s for s in sources if not s.endswith(".jsonl")]
@@ -465,13 +490,16 @@ def merge(sources, into) -> None:
 
 @main.command()
 @click.option("--db", default=None, help="record store for the roofline")
-@click.option("--storage", default=None, help="Optuna storage with the studies (default journal)")
+@click.option("--storage", default=None, help="Optuna storage with the studies (default: --db when it "
+              "is a database server, else the journal)")
 @click.option("--arch", callback=_arch, default=None)
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False))
 def plot(db, storage, arch, out_dir) -> None:
     """Tuning-history plots of the studies and a roofline of the records (PNG files)."""
     from .plots import plot_all
     from .tuner.storage import JournalError
+    if storage is None and db is not None and "://" in db:
+        storage = _server_url(db)
     try:
         paths = plot_all(storage, _load_records(db), out_dir, arch)
     except JournalError as e:   # names the journal and says what to do
@@ -495,7 +523,7 @@ def doctor() -> None:
     arch = local_arch()
     lines = [("python", platform.python_version()), ("torch", torch.__version__),
              ("triton", triton.__version__)]
-    for mod in ("optuna", "sqlalchemy", "scipy", "cmaes", "mamba_ssm"):
+    for mod in ("optuna", "sqlalchemy", "psycopg", "scipy", "cmaes", "mamba_ssm"):
         try:
             lines.append((mod, getattr(__import__(mod), "__version__", "installed")))
         except Exception:  # noqa: BLE001

@@ -20,6 +20,11 @@ left in WAL mode in a folder this process cannot write is read whole from the fi
 file is beside it (no one can be writing there), and otherwise refused with `ReadOnlyWALError`
 saying what to do.
 
+A server database (PostgreSQL through psycopg, for a fleet of tuning workers on several hosts)
+needs none of that: its engine pools connections (pre-pinged), concurrent migrators serialize on
+an advisory lock, and writers rely on the upsert of `records.add_records`; its deadlock and
+serialization failures are retried like SQLite's lock errors.
+
 Migrations are alembic's, shipped in `autossd/db/migrations` and run through its command API
 with `script_location` set here; there is no alembic.ini. Alembic is imported only when a
 database actually needs upgrading, so the read path stays fast.
@@ -68,11 +73,42 @@ def is_sqlite(url: str) -> bool:
 
 
 def to_url(db: str | os.PathLike) -> str:
-    """An SQLAlchemy URL for a URL or a filesystem path (taken as an SQLite file)."""
+    """An SQLAlchemy URL for a URL or a filesystem path (taken as an SQLite file). A PostgreSQL
+    URL naming no driver gets psycopg (v3) when psycopg2, SQLAlchemy's default, is absent."""
     s = os.fspath(db)
     if "://" in s:
-        return s
+        return _pg_driver(s)
     return f"sqlite:///{Path(s).expanduser().resolve()}"
+
+
+def _pg_driver(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    if scheme not in ("postgresql", "postgres"):
+        return url
+    import importlib.util
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    return f"postgresql://{rest}"
+
+
+def is_server(url: str) -> bool:
+    """Whether `url` names a database server (PostgreSQL, MySQL, ...): a store that workers on
+    several hosts can share, unlike an SQLite file or a JSON-lines file."""
+    return "://" in url and not is_sqlite(url)
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql", "postgres:"))
+
+
+def shown(url: str) -> str:
+    """A URL as messages print it: without its password."""
+    if not is_server(url):
+        return url
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return url
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -259,8 +295,12 @@ def _use_wal(eng: Engine, conn: sa.Connection) -> None:
 
 
 def is_locked_error(exc: BaseException) -> bool:
+    """A transient conflict with another writer, worth running the transaction again: SQLite's
+    lock errors, and PostgreSQL's deadlock and serialization failures (the server rolls one of
+    the transactions back)."""
     msg = str(getattr(exc, "orig", exc)).lower()
-    return "database is locked" in msg or "database is busy" in msg or "database table is locked" in msg
+    return any(m in msg for m in ("database is locked", "database is busy", "database table is locked",
+                                  "deadlock detected", "could not serialize access"))
 
 
 def with_retries(fn: Callable[[], T], attempts: int = 8) -> T:
@@ -301,10 +341,17 @@ def alembic_config():
     return cfg
 
 
+# The PostgreSQL advisory lock that migrators of one database take (any constant of our own:
+# advisory locks are named by a number, per database)
+MIGRATION_LOCK = 0x6175746F737364   # "autossd"
+
+
 def migrate(url: str, revision: str = "head") -> str:
     """Create or upgrade the database at `url` to `revision` (default: the newest schema).
-    Safe with concurrent callers: the upgrade runs inside one BEGIN IMMEDIATE transaction, so a
-    second process waits, then finds the schema current. Returns the revision now stamped."""
+    Safe with concurrent callers: the upgrade runs inside one transaction that takes the write
+    lock first (SQLite: BEGIN IMMEDIATE; PostgreSQL: a transaction-scoped advisory lock, since
+    its DDL takes no lock that would keep two processes from creating the same table at once),
+    so a second process waits, then finds the schema current. Returns the revision now stamped."""
     eng = get_engine(url)
     target = HEAD if revision == "head" else revision
     rev = _revision(eng)
@@ -315,6 +362,8 @@ def migrate(url: str, revision: str = "head") -> str:
         from alembic import command
         cfg = alembic_config()
         with write_transaction(eng) as conn:  # BEGIN IMMEDIATE: migrators serialize here
+            if conn.dialect.name == "postgresql":   # held until this transaction ends
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
             if current_revision(conn) != target:
                 command.upgrade(cfg, revision)
@@ -323,7 +372,7 @@ def migrate(url: str, revision: str = "head") -> str:
     try:
         done = with_retries(_upgrade)
     except sa.exc.DatabaseError as e:
-        raise TuningDBError(f"tuning db {url}: cannot migrate ({e.orig if hasattr(e, 'orig') else e})") from None
+        raise TuningDBError(f"tuning db {shown(url)}: cannot migrate ({e.orig if hasattr(e, 'orig') else e})") from None
     dispose_engines(url)   # done writing the schema: back to rollback-journal mode where possible
     return done
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import (HEAD, TuningDBError, current_revision, dispose_engines, finalize_sqlite, get_engine,
-                     migrate, reader_uri, sqlite_path, to_url)
+                     migrate, reader_uri, shown, sqlite_path, to_url)
 from .lookup import PROVENANCE_RANK, _freshness, record_time
 from .records import Record, add_records, read_records
 
@@ -47,7 +47,7 @@ def read_source(src: str | os.PathLike, arch: str | None, op: str | None, strict
         with get_engine(url).connect() as conn:
             rev = current_revision(conn)
         if rev is not None and rev != HEAD:
-            raise TuningDBError(f"tuning db {url}: schema {rev}, not {HEAD}; migrate it first (autossd.db.migrate)")
+            raise TuningDBError(f"tuning db {shown(url)}: schema {rev}, not {HEAD}; migrate it first (autossd.db.migrate)")
         return read_records(url, arch, op, strict=strict)
     if not path.is_file():
         raise TuningDBError(f"tuning db {path}: no such file")

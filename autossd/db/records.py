@@ -39,7 +39,7 @@ from ..arch import ARCHS, get_arch
 from ..knobs import BaseConfig, ConfigError
 from ..ops.registry import Op, get_op
 from .engine import (TuningDBError, checkpoint, current_revision, dispose_engines, get_engine, is_wal_file,
-                     migrate, read_only_wal_error, sqlite_path, to_url, with_retries, writable,
+                     migrate, read_only_wal_error, shown, sqlite_path, to_url, with_retries, writable,
                      write_transaction)
 from .models import FIGURE_COLUMNS, KEY_COLUMNS, LAUNCH_MODES, PROVENANCES, TEXT_COLUMNS, tuned_records
 
@@ -373,15 +373,15 @@ def read_rows(url: str, arch: str | None = None, op: str | None = None,
         with eng.connect() as conn:
             rev = current_revision(conn)
             if rev is None:
-                raise TuningDBError(f"tuning db {url}: not an autossd tuning database (no schema version)")
+                raise TuningDBError(f"tuning db {shown(url)}: not an autossd tuning database (no schema version)")
             if not sa.inspect(conn).has_table(tuned_records.name):
-                raise TuningDBError(f"tuning db {url}: schema {rev} has no table {tuned_records.name!r}")
+                raise TuningDBError(f"tuning db {shown(url)}: schema {rev} has no table {tuned_records.name!r}")
             result = conn.execute(_raw_select(tuned_records, arch, op))
             return [dict(r._mapping) for r in result]
     except sa.exc.DatabaseError as e:
         if path is not None and is_wal_file(path) and not writable(url):
             raise read_only_wal_error(path) from None
-        raise TuningDBError(f"tuning db {url}: cannot be read ({getattr(e, 'orig', e)})") from None
+        raise TuningDBError(f"tuning db {shown(url)}: cannot be read ({getattr(e, 'orig', e)})") from None
 
 
 def read_records(db: str, arch: str | None = None, op: str | None = None, *, strict: bool = True,
@@ -399,10 +399,10 @@ def read_records(db: str, arch: str | None = None, op: str | None = None, *, str
         except RecordError as e:
             if strict:
                 raise
-            log.warning("%s (in %s); record skipped", e, url)
+            log.warning("%s (in %s); record skipped", e, shown(url))
             skipped.append(str(e))
             continue
-        out.append(replace(rec, origin=origin or url))
+        out.append(replace(rec, origin=origin or shown(url)))
     _rejected[(url, arch, op)] = skipped
     return out
 
@@ -444,12 +444,17 @@ def replaces(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
     return str(new.get("created_at")) > str(old.get("created_at"))
 
 
-def _replaces_sql(new, old) -> sa.ColumnElement[bool]:
+def _replaces_sql(new, old, dialect: str = "sqlite") -> sa.ColumnElement[bool]:
     same_code = sa.and_(new.triton_version == old.triton_version, new.template_hash == old.template_hash)
     nt = sa.func.coalesce(new.time_ms, new.predicted_ms)
     ot = sa.func.coalesce(old.time_ms, old.predicted_ms)
     faster = sa.and_(nt.is_not(None), sa.or_(ot.is_(None), nt < ot))
-    return sa.or_(sa.and_(same_code, faster), sa.and_(sa.not_(same_code), new.created_at > old.created_at))
+    newer = new.created_at > old.created_at
+    if dialect == "postgresql":
+        # dates compare as Python compares them (code points); a database's locale collation
+        # may order text by other rules
+        newer = sa.collate(new.created_at, "C") > sa.collate(old.created_at, "C")
+    return sa.or_(sa.and_(same_code, faster), sa.and_(sa.not_(same_code), newer))
 
 
 def _key(row: Mapping[str, Any]) -> tuple:
@@ -482,7 +487,7 @@ def _upsert(conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         ins = insert(tuned_records)
         stmt = ins.on_conflict_do_update(index_elements=list(KEY_COLUMNS),
                                          set_={c: ins.excluded[c] for c in _UPDATED},
-                                         where=_replaces_sql(ins.excluded, tuned_records.c))
+                                         where=_replaces_sql(ins.excluded, tuned_records.c, name))
         conn.execute(stmt, rows)
         return
     # other backends: look the key up in the same write transaction; a writer that inserts the

@@ -11,7 +11,7 @@ from ..arch import get_arch, local_arch
 from ..problem import Problem
 from .sinks import Sink
 from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best,
-                    say_resumed, seed, summarize)
+                    say_resumed, seed, summarize, wait_for_others)
 
 MODES = ("auto", "measured", "static")
 
@@ -77,9 +77,9 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
         try:
             study, space = open_study(arch, prob, mode, runner.device, settings, None,
                                       getattr(runner, "objective", None))
-            reap_stale(study)
+            reap_stale(study, storage=settings.storage)
             say_resumed(study)
-            seed(study, arch, prob, space, settings.extra_seeds)
+            seed(study, arch, prob, space, settings.extra_seeds, settings.storage)
             if workers <= 1:
                 run_trials(study, space, arch, prob, runner, settings)
             else:
@@ -92,6 +92,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                     p.start()
                 for p in procs:
                     p.join()
+            wait_for_others(study, settings.storage)   # workers of other runs sharing the study
             result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
             confirm(result, study, runner, settings.confirm)
             save_best(result, study, runner.provenance, sink, settings.sampler)

@@ -194,7 +194,8 @@ class DbSink:
             self.layer.migrate(self.url)
         except Exception as e:  # SQLAlchemy, alembic, OS: all mean "cannot store records here"
             why = str(getattr(e, "orig", None) or e).splitlines()[0]
-            raise RuntimeError(f"{self.url}: cannot store tuning records there ({why})") from None
+            raise RuntimeError(f"{self.layer.engine.shown(self.url)}: cannot store tuning records there "
+                               f"({why})") from None
         return self
 
     def save(self, record: dict) -> None:
@@ -231,7 +232,7 @@ class DbSink:
         return [db_record_dict(r) for r in recs]
 
     def __repr__(self) -> str:
-        return f"DbSink({self.url!r})"
+        return f"DbSink({self.layer.engine.shown(self.url)!r})"
 
 
 def _exists(url: str) -> bool:

@@ -9,9 +9,18 @@ with the reason in the trial's user attrs, so it can never be the study's best.
 `trials` is the number of evaluated candidates the *study* should reach, so a resumed or a
 multi-worker run shares one budget. Trials left RUNNING by a killed process of this host are
 failed and their params re-enqueued on resume: a kill loses only the work in flight.
+
+Several workers (`--workers`, or `autossd tune` started on several hosts against one PostgreSQL
+storage) share a study: each claims its next batch under the study's lock (`storage.study_lock`),
+counting the trials evaluated and those other workers are evaluating, so together they evaluate
+exactly `trials` candidates, none twice. A worker whose share is done waits for the others'
+trials in flight before it stores the best (`wait_for_others`), so every worker of a fleet
+stores the same, final best: one record per problem (in measured mode, each worker's own
+re-timing of the finalists, `confirm`, may still pick another).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -36,7 +45,7 @@ from .model import floor_ms
 from .sinks import _UNSAFE, OP, DbSink, Sink, make_result, mode_of
 from .search_space import SearchSpace, build_space, seed_configs
 from . import failures
-from .storage import open_storage
+from .storage import open_storage, study_lock
 from .strategies import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -139,10 +148,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reap_stale(study: optuna.Study, grace_s: float = 120.0) -> int:
+# `storage` of a function that takes the study's lock when given one: the caller holds it already
+# (or shares the study with no one)
+_NO_LOCK = object()
+
+
+def _locked(storage, name: str):
+    return contextlib.nullcontext() if storage is _NO_LOCK else study_lock(storage, name)
+
+
+def reap_stale(study: optuna.Study, grace_s: float = 120.0, storage=_NO_LOCK) -> int:
     """Fail the RUNNING trials whose process (on this host) is gone, and enqueue their params
     again once, so that a killed run loses no candidate. A trial killed between its creation
-    and its first attribute write names no process: it is reaped once older than `grace_s`."""
+    and its first attribute write names no process: it is reaped once older than `grace_s`.
+    `storage`: take the study's lock there (workers of one host may reap at the same moment)."""
+    with _locked(storage, study.study_name):
+        return _reap(study, grace_s)
+
+
+def _reap(study: optuna.Study, grace_s: float) -> int:
     import datetime as _dt
     host = socket.gethostname()
     now = _dt.datetime.now()
@@ -153,7 +177,10 @@ def reap_stale(study: optuna.Study, grace_s: float = 120.0) -> int:
                 continue
         elif t.datetime_start is None or (now - t.datetime_start).total_seconds() < grace_s:
             continue
-        study.tell(t.number, state=TrialState.FAIL)
+        try:
+            study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            continue   # finished meanwhile by a caller that did not take the lock
         study.set_user_attr(f"reaped_{t.number}", "process gone (killed?)")
         if t.params and "retry_of" not in t.user_attrs:
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
@@ -201,15 +228,16 @@ def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Se
     space = space or build_space(arch, problem, settings.fixed, static=mode == "static", op=settings.op,
                                  allow_unvalidated=settings.allow_unvalidated or mode == "measured")
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    study = optuna.create_study(study_name=study_name(arch, problem, mode, device, objective, settings.fixed,
-                                                                  settings.op),
-                                storage=open_storage(settings.storage), sampler=sampler,
-                                direction="minimize", load_if_exists=True)
-    if "problem" not in study.user_attrs:
-        for k, v in {"arch": arch, "op": settings.op, "problem": problem.key(), "mode": mode,
-                     "device": device, "space": {d.name: list(d.values) for d in space.dims},
-                     "pinned": dict(space.pinned)}.items():
-            study.set_user_attr(k, v)
+    name = study_name(arch, problem, mode, device, objective, settings.fixed, settings.op)
+    # under the lock: workers starting together would otherwise write the attributes at once
+    with study_lock(settings.storage, name):
+        study = optuna.create_study(study_name=name, storage=open_storage(settings.storage), sampler=sampler,
+                                    direction="minimize", load_if_exists=True)
+        if "problem" not in study.user_attrs:
+            for k, v in {"arch": arch, "op": settings.op, "problem": problem.key(), "mode": mode,
+                         "device": device, "space": {d.name: list(d.values) for d in space.dims},
+                         "pinned": dict(space.pinned)}.items():
+                study.set_user_attr(k, v)
     return study, space
 
 
@@ -218,26 +246,37 @@ def _evaluated(study: optuna.Study) -> int:
                if t.user_attrs.get("evaluated"))
 
 
-def _known(study: optuna.Study) -> dict[str, float | None]:
+def _known(study: optuna.Study, trials: list | None = None, seen: set[int] | None = None
+           ) -> dict[str, float | None]:
+    """Config key -> time (None: failed) of the study's evaluated trials. `trials`: the study's
+    trials as just read; `seen`: numbers of trials already taken (skipped, and added to)."""
     out: dict[str, float | None] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+    if trials is None:
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+    for t in trials:
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or (seen is not None and t.number in seen):
+            continue
         cfg = t.user_attrs.get("config")
         if cfg and t.user_attrs.get("evaluated"):
             out[_config(_op_of(study), cfg).key()] = t.value if t.state == TrialState.COMPLETE else None
+            if seen is not None:
+                seen.add(t.number)
     return out
 
 
 def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
-         extra: list[dict]) -> None:
-    """Enqueue the known-good configs (once per study: skip_if_exists)."""
+         extra: list[dict], storage=_NO_LOCK) -> None:
+    """Enqueue the known-good configs (once per study: skip_if_exists, under the study's lock
+    in `storage`, so that workers seeding the study at once enqueue each config once)."""
     if isinstance(study.sampler, optuna.samplers.GridSampler):
         return  # brute force visits every point anyway
     configs = seed_configs(arch, problem, space) + [_config(space.op, c) for c in extra]
-    for i, cfg in enumerate(configs):
-        params = space.params(cfg)
-        if params is not None:
-            study.enqueue_trial(params, user_attrs={"seed": "default" if i == 0 else "known"},
-                                skip_if_exists=True)
+    with _locked(storage, study.study_name):
+        for i, cfg in enumerate(configs):
+            params = space.params(cfg)
+            if params is not None:
+                study.enqueue_trial(params, user_attrs={"seed": "default" if i == 0 else "known"},
+                                    skip_if_exists=True)
 
 
 def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Problem, runner,
@@ -247,7 +286,8 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
 
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else math.inf
     host, pid = socket.gethostname(), os.getpid()
-    known = _known(study)
+    seen: set[int] = set()
+    known = _known(study, seen=seen)
     done = _evaluated(study)
     asks, max_asks = 0, 50 * settings.trials + 100   # bounds the loop when most points are pruned
     grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
@@ -260,30 +300,53 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
             if grid is not None and grid.is_exhausted(study):
                 break
             batch: list[tuple[optuna.Trial, Config]] = []
-            want = max(1, min(settings.batch, settings.trials - done))
-            while len(batch) < want and asks < max_asks:
-                if grid is not None and grid.is_exhausted(study):
-                    break
-                trial = study.ask()
-                asks += 1
-                trial.set_user_attr("host", host)
-                trial.set_user_attr("pid", pid)
-                cfg = space.suggest(trial)
-                why = get_op(space.op).fn("violations")(cfg, arch, problem)
-                if why:   # infeasible: pruned before it costs a compile
-                    trial.set_user_attr("pruned", why[:3])
-                    study.tell(trial, state=TrialState.PRUNED)
-                    continue
-                key = cfg.key()
-                if key in known or any(c.key() == key for _, c in batch):
-                    value = known.get(key)
-                    trial.set_user_attr("duplicate", True)
-                    if value is None:
-                        study.tell(trial, state=TrialState.FAIL)
-                    else:
-                        study.tell(trial, value)
-                    continue
-                batch.append((trial, cfg))
+            # The claim: what the study holds now (every worker's trials) sets how many
+            # candidates this worker may still take. Trials are asked for, checked and, when
+            # pruned or duplicates, told inside the lock, so outside it every RUNNING trial is
+            # one that some worker is evaluating.
+            with study_lock(settings.storage, study.study_name):
+                _reap(study, 120.0)   # a worker of this host killed since: its trials go back
+                trials = study.get_trials(deepcopy=False)
+                known.update(_known(study, trials, seen))
+                done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+                           and t.user_attrs.get("evaluated"))
+                busy = _in_flight(trials, space)
+                room = settings.trials - done - len(busy)
+                bar.n = min(done, settings.trials)
+                bar.refresh()
+                if room <= 0:
+                    break   # the rest of the budget is being evaluated by other workers
+                want = min(settings.batch, room)
+                while len(batch) < want and asks < max_asks:
+                    if grid is not None and grid.is_exhausted(study):
+                        break
+                    trial = study.ask()
+                    asks += 1
+                    trial.set_user_attr("host", host)
+                    trial.set_user_attr("pid", pid)
+                    cfg = space.suggest(trial)
+                    why = get_op(space.op).fn("violations")(cfg, arch, problem)
+                    if why:   # infeasible: pruned before it costs a compile
+                        trial.set_user_attr("pruned", why[:3])
+                        study.tell(trial, state=TrialState.PRUNED)
+                        continue
+                    key = cfg.key()
+                    if key in busy:
+                        # another worker is evaluating it: its time is not known yet, and a
+                        # second evaluation would spend the budget on nothing new
+                        trial.set_user_attr("duplicate", True)
+                        trial.set_user_attr("pruned", [f"being evaluated in trial {busy[key]}"])
+                        study.tell(trial, state=TrialState.PRUNED)
+                        continue
+                    if key in known or any(c.key() == key for _, c in batch):
+                        value = known.get(key)
+                        trial.set_user_attr("duplicate", True)
+                        if value is None:
+                            study.tell(trial, state=TrialState.FAIL)
+                        else:
+                            study.tell(trial, value)
+                        continue
+                    batch.append((trial, cfg))
             if not batch:
                 continue
             prepared = runner.prepare([c for _, c in batch])
@@ -317,10 +380,48 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
                 best = [v for v in known.values() if v is not None]
                 if best:
                     bar.set_postfix_str(f"best {min(best):.4g} ms")
-            done = max(done, _evaluated(study))   # other workers count too
     finally:
         bar.close()
     return evaluated
+
+
+def _in_flight(trials: list, space: SearchSpace) -> dict[str, int]:
+    """Config key -> trial number of the RUNNING trials (being evaluated by some worker)."""
+    out: dict[str, int] = {}
+    for t in trials:
+        if t.state == TrialState.RUNNING:
+            try:
+                out[space.config_from_params(t.params).key()] = t.number
+            except (KeyError, ValueError, TypeError):   # a trial killed before its params: no config
+                out[f"trial {t.number}"] = t.number
+    return out
+
+
+# How long a worker whose share of a study is done waits for other workers' trials before it
+# stores the best anyway, and the age past which a RUNNING trial of another host is taken for
+# one whose process is gone (this host's are checked by pid).
+FLEET_WAIT_S = 900.0
+
+
+def wait_for_others(study: optuna.Study, storage=_NO_LOCK, poll_s: float = 0.5) -> int:
+    """Wait until no other worker is evaluating a trial of the study (at most FLEET_WAIT_S), so
+    that the best this worker stores is the study's final one. Returns the trials waited for."""
+    import datetime as _dt
+    end = time.monotonic() + FLEET_WAIT_S
+    first = None
+    while True:
+        reap_stale(study, storage=storage)   # this host's: by pid; the live ones stay RUNNING
+        now = _dt.datetime.now()
+        live = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.datetime_start is not None and (now - t.datetime_start).total_seconds() < FLEET_WAIT_S]
+        if first is None:
+            first = len(live)
+            if live:
+                _say(f"{study.study_name}: waiting for {len(live)} trial(s) that other workers are "
+                     "evaluating, to store the study's final best")
+        if not live or time.monotonic() >= end:
+            return first
+        time.sleep(poll_s)
 
 
 def _jsonable(v: Any) -> Any:
@@ -457,10 +558,11 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     arch = get_arch(arch).name
     study, space = open_study(arch, problem, runner.mode, runner.device, settings, space,
                               getattr(runner, "objective", None))
-    reap_stale(study)
+    reap_stale(study, storage=settings.storage)
     say_resumed(study)
-    seed(study, arch, problem, space, settings.extra_seeds)
+    seed(study, arch, problem, space, settings.extra_seeds, settings.storage)
     run_trials(study, space, arch, problem, runner, settings)
+    wait_for_others(study, settings.storage)
     result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
     confirm(result, study, runner, settings.confirm)
     if runner.mode != "simulated":
