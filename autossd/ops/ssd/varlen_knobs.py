@@ -188,7 +188,7 @@ def fit(config: VarlenConfig, problem: VarlenProblem) -> VarlenConfig:
     return shrink(config, caps(problem))
 
 
-def default_config(arch: Arch | str, problem: VarlenProblem | None = None) -> VarlenConfig:
+def default_config(arch: Arch | str, problem: VarlenProblem | None = None, cb: str | None = None) -> VarlenConfig:
     """The per-arch default where no record applies, cut to the problem's sizes. From a sweep of
     66 configs at 2.7b, 8192 tokens in 16 sequences (bf16, H200, graph-timed): the row x column
     decay before the diagonal, a 64 x 128 chunk-state tile on two warps with three stages, and a
@@ -196,16 +196,19 @@ def default_config(arch: Arch | str, problem: VarlenProblem | None = None) -> Va
     throughout. On AMD two warps per program take the threads of four on NVIDIA, and pipeline
     stages are cut until the tiles fit its 64 KB of shared memory. Short prefills (under two
     chunks per sequence on average) compute C·Bᵀ inline: the launch it saves is most of such a
-    call's time."""
+    call's time. `cb`: the default with that mode (the tuner asks for it when the mode is pinned,
+    and for each mode's values of the knobs a static tune cannot rank)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     cfg = VarlenConfig(decay_split=True, state_block_n=128, state_warps=2, state_stages=3)
     if arch.has("maxnreg"):
         cfg = cfg.replace(scan_maxnreg=128)
     if arch.is_amd:
         cfg = cfg.replace(bmm_warps=2, state_warps=2, scan_warps=2, pass_warps=2)
+    if cb is not None:
+        cfg = cfg.replace(cb=cb)
     if problem is None:
         return cfg
-    if problem.tokens < 2 * problem.chunk_size * problem.seqs:
+    if cb is None and problem.tokens < 2 * problem.chunk_size * problem.seqs:
         cfg = cfg.replace(cb="inline")
     cfg = fit(cfg, problem)
     while violations(cfg, arch, problem) and max(cfg.scan_stages, cfg.state_stages, cfg.bmm_stages) > 1:
