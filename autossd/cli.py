@@ -61,27 +61,38 @@ def _fixed(ctx, param, values) -> dict:
 
 
 def _op(ctx, param, value) -> str:
-    """An op whose problems --shapes describes (the forward's and the backward's: batch x
-    sequence shapes of the SSD layer)."""
-    from .ops.registry import get_op, op_names
-    from .problem import Problem
-    shaped = [n for n in op_names() if get_op(n).problem_type is Problem]
+    """An op whose problems --shapes describes (autossd/tuner/shapes.py: the forward's and the
+    backward's batch x sequence shapes, the decode step's batches, packed prefill's batches)."""
+    from .tuner.shapes import shaped_ops
+    shaped = shaped_ops()
     if value not in shaped:
         raise click.BadParameter(f"{value!r}: expected one of {shaped} (ops whose problems --shapes "
                                  "describes)", ctx=ctx, param=param)
     return value
 
 
-def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str):
-    from .tuner.shapes import ShapeError, parse_shapes, preset
+def _known_op(ctx, param, values) -> tuple[str, ...]:
+    from .ops.registry import op_names
+    for v in values:
+        if v not in op_names():
+            raise click.BadParameter(f"{v!r}: expected one of {list(op_names())}", ctx=ctx, param=param)
+    return values
+
+
+def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str, op: str = "ssd_fwd",
+              state_dtype: str | None = None):
+    from .tuner.shapes import ShapeError, form_of, parse_shapes, preset
+    if state_dtype is not None and not form_of(op).states:
+        raise click.BadParameter(f"the problems of {op} name no state dtype (a config knob, where the "
+                                 "op has one: --fix state_dtype=...)", ctx=ctx, param_hint="'--state-dtype'")
     probs = []
     try:
-        probs += parse_shapes(shapes, dtype)
+        probs += parse_shapes(shapes, dtype, op, state_dtype)
     except ShapeError as e:
         raise click.BadParameter(str(e), ctx=ctx, param_hint="'--shapes'") from None
     for p in presets:
         try:
-            probs += preset(p, dtype)
+            probs += preset(p, dtype, op, state_dtype)
         except ShapeError as e:
             raise click.BadParameter(str(e), ctx=ctx, param_hint="'--preset'") from None
     if not probs:
@@ -90,7 +101,8 @@ def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str
 
 
 def _shape_str(p) -> str:
-    return f"b={p.batch},l={p.seqlen},h={p.nheads},p={p.headdim},n={p.dstate},g={p.ngroups} {p.dtype}"
+    from .tuner.shapes import describe
+    return describe(p)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -141,10 +153,20 @@ def main() -> None:
 @click.option("--shapes", multiple=True, metavar="SHAPE",
               help='e.g. "b=1,l=16384,h=80,p=64,n=128,g=1" or "mamba2-2.7b:b=4,l=16k"; ";" separates. '
                    "Keys b l h p n g, q (pins the chunk size); flags d z bias softplus final (0/1), "
-                   "default d=1,bias=1,softplus=1: the call Mamba-2's layer makes")
+                   "default d=1,bias=1,softplus=1: the call Mamba-2's layer makes. "
+                   '--op ssd_decode: "mamba2-2.7b:b=64" or "b=64,h=80,p=64,n=128,g=1"; keys b (rows per '
+                   "call), t (tokens per row, default 1), h p n g; flags d z bias softplus, default "
+                   'd=1,bias=1,softplus=1 (z=0: the gated norm applies z). --op ssd_varlen: '
+                   '"mamba2-2.7b:t=8192,s=16"; keys t (tokens of all sequences), s (sequences), q (chunk '
+                   "length, default 256), h p n g; flags d z bias softplus init, default "
+                   "d=1,bias=1,softplus=1,init=1 (an engine passes each sequence's initial state)")
 @click.option("--preset", multiple=True, type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b"]),
-              help="every shape benchmarked for a model (autossd/tuner/shapes.py, PRESET_SHAPES)")
+              help="every shape benchmarked for a model (autossd/tuner/shapes.py: the forward's PRESET_SHAPES; "
+                   "batches 1, 16, 64 for ssd_decode; packed batches for ssd_varlen)")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
+@click.option("--state-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
+              help="--op ssd_decode / ssd_varlen: the dtype the caller keeps its states in (the decode "
+                   "cache; packed prefill's chunk states), part of each problem [default: fp32]")
 @click.option("--trials", type=click.IntRange(1), default=20, show_default=True,
               help="evaluated candidates per shape (a resumed study counts its earlier ones)")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="seconds per shape")
@@ -180,8 +202,8 @@ def main() -> None:
 @click.option("--plot-dir", type=click.Path(file_okay=False), default=None, help="write plots here")
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
-def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler, workers, mode, op, fix,
-         allow_unvalidated,
+def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, storage, sampler, workers, mode,
+         op, fix, allow_unvalidated,
          seed, compile_workers, eval_timeout, objective, confirm, plot_dir, progress) -> None:
     """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
     from .tuner import Settings, choose_mode, open_sink, tune as run_tune
@@ -192,7 +214,7 @@ def tune(ctx, arch, shapes, preset, dtype, trials, timeout, db, storage, sampler
     if arch is None:
         raise click.BadParameter("no local GPU; name a target arch for static tuning "
                                  f"(one of {sorted(ARCHS)})", ctx=ctx, param_hint="'--arch'")
-    probs = _problems(ctx, shapes, preset, dtype)
+    probs = _problems(ctx, shapes, preset, dtype, op, state_dtype)
     try:
         mode = choose_mode(arch, mode, local)
     except ValueError as e:
@@ -318,13 +340,18 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
 @click.option("--arch", callback=_arch, default=None, help="only this arch")
 @click.option("--all", "show_all", is_flag=True, help="every record, not only the best per problem")
 @click.option("--shipped", is_flag=True, help="include the databases shipped with autossd")
+@click.option("--op", "ops", multiple=True, callback=_known_op, metavar="OP",
+              help="only this op's records (repeatable; default: every op's)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def show(db, arch, show_all, shipped, as_json) -> None:
-    """Stored tuning records, with provenance (measured / static = predicted)."""
-    from .tuner.sinks import best_records, mode_of
+def show(db, arch, show_all, shipped, ops, as_json) -> None:
+    """Stored tuning records of every op, with provenance (measured / static = predicted)."""
+    from .ops.registry import get_op
+    from .tuner.sinks import OP, best_records, mode_of
     recs = _load_records(db, shipped)
     if arch:
         recs = [r for r in recs if r["arch"] == arch]
+    if ops:
+        recs = [r for r in recs if r.get("op", OP) in ops]
     if not show_all:
         recs = best_records(recs)
     if as_json:
@@ -333,13 +360,17 @@ def show(db, arch, show_all, shipped, as_json) -> None:
     if not recs:
         click.echo("no records")
         return
-    from .problem import Problem
-    from .ops.ssd.fwd_knobs import Config
-    rows = [[r["arch"], r["device"], _shape_str(Problem(**r["problem"])), r["provenance"],
-             mode_of(r),
-             _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
-             r["date"][:16], r.get("origin", ""), repr(Config(r["config"]))[7:-1][:80]] for r in recs]
-    click.echo(_table(rows, ["arch", "device", "shape", "provenance", "timed by", "ms", "date", "from",
+
+    def config_str(op, values) -> str:
+        text = repr(op.config(values))   # "<ConfigType>({knobs off their default})"
+        return text[text.index("(") + 1:-1][:80]
+    rows = []
+    for r in recs:
+        op = get_op(r.get("op", OP))
+        rows.append([r["arch"], op.name, r["device"], _shape_str(op.problem_type(**r["problem"])), r["provenance"],
+                     mode_of(r), _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
+                     r["date"][:16], r.get("origin", ""), config_str(op, r["config"])])
+    click.echo(_table(rows, ["arch", "op", "device", "shape", "provenance", "timed by", "ms", "date", "from",
                              "config (vs default)"]))
 
 

@@ -70,6 +70,95 @@ def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
     assert len(json.loads(invoke("show", "--db", merged, "--json").output)) == 1
 
 
+def _interpreted(monkeypatch):
+    """Kernels of this process on the CPU interpreter: the runtime's calls run there, and the
+    tune's in-process compiles go to autossd.compile's spawned compiler (a process whose Triton
+    was imported interpreted cannot compile)."""
+    import triton
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
+
+
+def _tune(env, monkeypatch, *args):
+    _interpreted(monkeypatch)
+    r = invoke("tune", "--arch", "sm90", "--trials", 3, "--seed", 0, "--db", env / "tuning.sqlite",
+               "--storage", env / "studies.journal", "--compile-workers", 0, "--no-progress", *args)
+    assert r.exit_code == 0, r.output
+    assert "STATIC tuning for sm90" in r.output
+    return r
+
+
+def test_static_tune_of_the_decode_step_is_stored_and_the_step_runs_its_record(env, monkeypatch, no_shipped_db):
+    from autossd.db import lookup, read_records
+    from autossd.ops.ssd import decode
+    db = env / "tuning.sqlite"
+    r = _tune(env, monkeypatch, "--op", "ssd_decode", "--shapes", "b=2,h=4,p=16,n=16,g=1", "--dtype", "bf16",
+              "--state-dtype", "bf16")
+    assert "b=2,t=1,h=4,p=16,n=16,g=1 bf16 state bf16" in r.output
+    recs = json.loads(invoke("show", "--db", db, "--op", "ssd_decode", "--json").output)
+    assert len(recs) == 1 and recs[0]["op"] == "ssd_decode" and recs[0]["provenance"] == "static"
+    assert recs[0]["problem"] == {"batch": 2, "tokens": 1, "nheads": 4, "headdim": 16, "dstate": 16,
+                                  "ngroups": 1, "dtype": "bf16", "state_dtype": "bf16", "has_D": True,
+                                  "has_z": False, "has_dt_bias": True, "dt_softplus": True}
+    [rec] = read_records(str(db), "sm90", "ssd_decode")   # strict: the store's validation passes
+    assert rec.config.as_dict() == recs[0]["config"]
+    table = invoke("show", "--db", db).output           # every op's records, the op named
+    assert "ssd_decode" in table and "b=2,t=1,h=4,p=16,n=16,g=1 bf16 state bf16" in table
+    assert invoke("show", "--db", db, "--op", "ssd_varlen").output.strip() == "no records"
+
+    # a call of that shape (the interpreter emulates sm90) runs the stored config
+    monkeypatch.setenv("AUTOSSD_DB", str(db))
+    lookup.clear_cache()
+    t = decode.tune_inputs(rec.problem)
+    prob, cfg, why = decode.kernel_for(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"],
+                                       dt_bias=t["dt_bias"], dt_softplus=True)
+    assert prob == rec.problem and cfg == rec.config and why.startswith("exact match: static record")
+    # another state dtype is another problem: no record applies
+    st = t["state"].float()
+    assert "default" in decode.kernel_for(st, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"],
+                                          dt_bias=t["dt_bias"], dt_softplus=True)[2]
+
+
+def test_static_tune_of_packed_prefill_is_stored_and_picked_for_nearby_batches(env, monkeypatch, no_shipped_db):
+    from autossd.db import read_records
+    from autossd.ops.ssd import varlen
+    db = env / "tuning.sqlite"
+    r = _tune(env, monkeypatch, "--op", "ssd_varlen", "--shapes", "t=100,s=3,q=32,h=4,p=16,n=16,g=1", "--dtype", "bf16")
+    assert "t=100,s=3,q=32,h=4,p=16,n=16,g=1 bf16 state fp32" in r.output
+    recs = json.loads(invoke("show", "--db", db, "--op", "ssd_varlen", "--json").output)
+    want = varlen.problem_for(100, 3, 4, 16, 16, 1, 32, "bf16", has_D=True, has_dt_bias=True, dt_softplus=True,
+                              has_init=True)
+    assert len(recs) == 1 and recs[0]["op"] == "ssd_varlen" and recs[0]["problem"] == want.key()
+    [rec] = read_records(str(db), "sm90", "ssd_varlen")
+    cfg, why = varlen.choose(want, "sm90", db=str(db))
+    assert cfg == varlen.fit(rec.config, want) and why.startswith("static record")
+    near = varlen.problem_for(120, 3, 4, 16, 16, 1, 32, "bf16", has_D=True, has_dt_bias=True, dt_softplus=True,
+                              has_init=True)
+    assert varlen.choose(near, "sm90", db=str(db))[1].startswith("static record")
+    assert varlen.choose(near.replace(has_init=False), "sm90", db=str(db))[1].startswith("default")
+
+
+def test_a_measured_packed_prefill_record_merges_with_its_figures_and_plots(env):
+    from autossd.db import read_records
+    from autossd.ops.ssd import varlen
+    from autossd.tuner.sinks import JsonlSink, make_result
+    p = varlen.problem_for(100, 3, 4, 16, 16, 1, 32, "bf16", has_D=True)
+    src, db = env / "a.jsonl", env / "m.sqlite"
+    JsonlSink(src).save(make_result("sm90", "NVIDIA H100", p, varlen.default_config("sm90", p), 0.05, "measured"))
+    assert invoke("merge", src, "--into", db).exit_code == 0
+    [rec] = read_records(str(db), "sm90", "ssd_varlen")
+    assert rec.problem == p and rec.time_ms == 0.05 and rec.tflops > 0 and rec.gbps > 0 and rec.pct_of_floor > 0
+    r = invoke("plot", "--db", db, "--storage", env / "none.journal", "--out-dir", env / "p")
+    assert r.exit_code == 0 and (env / "p" / "roofline.png").stat().st_size > 1000
+
+
+def test_state_dtype_is_refused_for_ops_whose_problems_name_none(env):
+    r = invoke("tune", "--arch", "sm90", "--shapes", SHAPE, "--state-dtype", "bf16")
+    assert r.exit_code == 2 and "'--state-dtype'" in r.output and "no state dtype" in r.output
+    r = invoke("tune", "--arch", "sm90", "--op", "ssd_decode", "--shapes", "mamba2-2.7b:l=2048")
+    assert r.exit_code == 2 and "'--shapes'" in r.output and "unknown key 'l'" in r.output
+
+
 @pytest.mark.parametrize("args, option, msg", [
     (["--arch", "gfx9", "--shapes", SHAPE], "'--arch'", "unknown architecture 'gfx9'"),
     (["--arch", "gfx942", "--shapes", "b=1,l=abc,h=4,p=32,n=32,g=1"], "'--shapes'", "not an integer"),

@@ -83,6 +83,38 @@ def test_parse_shape_errors(text, msg):
         parse_shapes([text])
 
 
+def test_decode_and_packed_prefill_shapes_take_their_own_keys_and_the_model_call_flags():
+    d = parse_shape("mamba2-2.7b:b=64", "bf16", op="ssd_decode")
+    assert (d.batch, d.tokens, d.nheads, d.headdim, d.dstate, d.ngroups, d.dtype, d.state_dtype) == \
+        (64, 1, 80, 64, 128, 1, "bf16", "fp32")
+    assert d.has_D and d.has_dt_bias and d.dt_softplus and not d.has_z   # Mamba-2's decode call
+    d = parse_shape("b=2,t=4,h=4,p=16,n=16,g=2,z=1", "fp16", op="ssd_decode", state_dtype="bf16")
+    assert (d.batch, d.tokens, d.ngroups, d.has_z, d.state_dtype) == (2, 4, 2, True, "bf16")
+    v = parse_shape("mamba2-2.7b:t=8192,s=16", "bf16", op="ssd_varlen")
+    assert (v.tokens, v.seqs, v.chunk_size, v.nheads) == (8192, 16, 256, 80)
+    assert v.has_D and v.has_dt_bias and v.dt_softplus and v.has_init and not v.has_z
+    from autossd.ops.ssd.varlen import problem_for   # the chunk count tune_inputs draws
+    assert v == problem_for(8192, 16, 80, 64, 128, 1, 256, "bf16", has_D=True, has_dt_bias=True,
+                            dt_softplus=True, has_init=True)
+    assert parse_shape("t=100,s=3,q=32,h=4,p=16,n=16,g=1,init=0", op="ssd_varlen").has_init is False
+    assert [p.batch for p in preset("mamba2-130m", "bf16", op="ssd_decode")] == [1, 16, 64]
+    assert all(p.nheads == 24 for p in preset("mamba2-130m", op="ssd_varlen"))
+
+
+@pytest.mark.parametrize("op, text, msg", [
+    ("ssd_decode", "mamba2-2.7b:l=2048", "unknown key 'l'"),
+    ("ssd_decode", "h=4,p=16,n=16,g=1", "missing b"),
+    ("ssd_varlen", "mamba2-2.7b:t=3,s=5", "cannot hold s=5 sequences"),
+    ("ssd_varlen", "mamba2-2.7b:t=4096,q=48", "chunk_size"),
+    ("ssd_varlen", "b=1,h=4,p=16,n=16,g=1", "unknown key 'b'"),
+])
+def test_decode_and_packed_prefill_shape_errors(op, text, msg):
+    with pytest.raises(ShapeError, match=msg):
+        parse_shapes([text], "bf16", op=op)
+    with pytest.raises(ShapeError, match="no state dtype"):
+        parse_shape("b=1,l=64,h=2,p=16,n=16,g=1", state_dtype="bf16")   # the forward's problems name none
+
+
 # --- space ------------------------------------------------------------------------------------
 
 def test_space_drops_values_over_the_problem_and_pins_single_values():
@@ -360,6 +392,23 @@ def test_study_naming_separates_modes_devices_problems_and_pins():
     assert a != study_name("sm90", SMALL, "measured", "NVIDIA H100", pinned={"launches": 5})
     assert study_name("sm90", SMALL, "measured", "NVIDIA H100", pinned={"launches": 5, "chunk_size": 256}) == \
         study_name("sm90", SMALL, "measured", "NVIDIA H100", pinned={"chunk_size": 256, "launches": 5})
+
+
+def test_studies_of_other_problem_types_are_named_by_every_field_of_their_key():
+    from autossd.ops.ssd.varlen import problem_for
+    d = parse_shape("b=2,h=4,p=16,n=16,g=1", "bf16", op="ssd_decode")
+    v = problem_for(100, 3, 4, 16, 16, 1, 32, "bf16", has_D=True, has_init=True)
+    assert bucket(d) == ("batch2-nheads4-headdim16-dstate16-ngroups1-dtypebf16-state_dtypefp32-tokens1"
+                         "-fhas_D+has_dt_bias+dt_softplus")
+    assert bucket(v).startswith("tokens100-seqs3-chunks") and bucket(v).endswith("-fhas_D+has_init")
+    # each field apart: a study's times are its own problem's
+    for other in (d.replace(state_dtype="bf16"), d.replace(tokens=2), d.replace(has_z=True), d.replace(batch=3)):
+        assert bucket(other) != bucket(d)
+    assert bucket(v.replace(seqs=4)) != bucket(v)
+    name = study_name("sm90", d, "static", "H100 model", op="ssd_decode")
+    assert name.startswith("ssd_decode:sm90:batch2-") and name.count(":") == 4
+    # the forward's names are as they were (existing studies resume under them)
+    assert bucket(SMALL) == "h8p64n128g1-fp16-b1-l2048-qany-fDbs"
 
 
 def test_a_resumed_storage_never_stores_a_best_from_another_shape_or_other_pins(tmp_path):

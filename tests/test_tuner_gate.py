@@ -93,6 +93,67 @@ def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
     assert res.default_ms is not None and runner.worker.restarts >= 2
 
 
+def _decode(**kw):
+    from autossd.ops.ssd.decode_knobs import DecodeProblem
+    return DecodeProblem(**{**dict(batch=3, nheads=4, headdim=16, dstate=16, ngroups=1, dtype="fp32",
+                                   state_dtype="bf16", has_D=True, has_dt_bias=True, dt_softplus=True), **kw})
+
+
+def _varlen(**kw):
+    from autossd.ops.ssd.varlen import problem_for
+    return problem_for(60, 3, 4, 16, 16, 1, 16, **{"dtype": "fp16", "has_D": True, "has_dt_bias": True,
+                                                   "dt_softplus": True, "has_init": True, **kw})
+
+
+@pytest.mark.parametrize("op, problem", [
+    ("ssd_decode", _decode()),     # the updated state in bf16: its rounding, not the inputs', bounds it
+    ("ssd_varlen", _varlen()),     # final states of half inputs carry the inputs' precision
+    ("ssd_fwd", TINY.replace(return_final_states=True)),
+], ids=["decode-bf16-state", "varlen-fp16", "fwd-final-states"])
+def test_both_outputs_are_judged_at_the_looser_of_the_problems_dtypes(interpret, op, problem):
+    from autossd.ops.registry import get_op
+    cfg = get_op(op).fn("default_config")("sm90", problem)
+    cfg = cfg.replace(chunk_size=64) if op == "ssd_fwd" else cfg
+    t = make_inputs(problem, "cpu", op=op)
+    ref = reference(problem, t, op)
+    assert ref[1] is not None
+    res = check(problem, cfg, t, ref)
+    assert res.ok, res.why
+
+    def corrupt_second(p, c, t):
+        y, s = default_run(p, c, t)
+        s = s.clone()
+        s.view(-1)[3] += 5 * float(s.abs().max()) + 1.0
+        return y, s
+
+    res = check(problem, cfg, t, ref, corrupt_second)
+    assert not res.ok and res.why.startswith("states: max error")
+    res = check(problem, cfg, t, ref, lambda p, c, t: default_run(p, c, t)[0])
+    assert not res.ok and "second output" in res.why
+
+
+def test_a_measured_decode_tune_gates_every_candidate_on_the_inputs_of_its_reference(interpret, tmp_path):
+    """The decode step is timed updating its state in place (as a model's cache is), its inputs in
+    the forms Mamba-2 passes (dt, A, D, dt_bias expanded with stride 0): every candidate's gate
+    still sees the state the reference was computed from, so none fails, and the record stored
+    is a valid measured one."""
+    from autossd.db import read_records
+    from autossd.tuner.sinks import DbSink
+    op, problem = "ssd_decode", _decode(dtype="fp16", state_dtype="fp32")
+    db = str(tmp_path / "t.sqlite")
+    runner = MeasuredRunner("sm90", problem, device="cpu", compile_workers=0, precompile=False, op=op)
+    st = Settings(trials=2, sampler="random", seed=0, storage=str(tmp_path / "j.journal"), progress=False,
+                  op=op, confirm=0)
+    try:
+        res = tune_problem("sm90", problem, runner, st, DbSink(db).prepare())
+    finally:
+        runner.close()
+    assert res.complete == 2 and res.failed == 0, res.failures
+    [rec] = read_records(db, "sm90", op)
+    assert rec.provenance == "measured" and rec.launch_mode == "eager" and rec.problem == problem
+    assert rec.config == res.best_config and rec.time_ms > 0 and rec.gbps > 0 and rec.tflops > 0
+
+
 def test_graph_objective_falls_back_to_eager_where_capture_fails(monkeypatch):
     """Some ROCm stacks cannot capture graphs: a graph-objective study there would time no
     candidate at all. The runner asks its worker before the study is named, and minimizes eager

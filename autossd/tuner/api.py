@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from ..arch import get_arch, local_arch
+from ..ops.registry import get_op
 from ..problem import Problem
 from .sinks import Sink
 from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best,
@@ -49,8 +50,8 @@ def _worker(index: int, gpu: str | None, arch: str, problem: dict, mode: str, se
     die_with_parent()   # a killed tuner takes this worker (and so its compile workers) with it
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before anything touches CUDA in this process
-    prob = Problem(**problem)
     st = Settings(**{**settings, "worker": index})
+    prob = get_op(st.op).problem_type(**problem)   # the problem type of the op tuned
     runner = make_runner(mode, arch, prob, op=st.op, **runner_kw)
     try:
         study, space = open_study(arch, prob, mode, runner.device, st, None, getattr(runner, "objective", None))

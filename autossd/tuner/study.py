@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import socket
 import sys
@@ -112,11 +113,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def bucket(problem: Problem) -> str:
+def bucket(problem) -> str:
     """The problem part of a study's name: dims, dtype, flags, batch and seqlen, exactly. Every
     time a study holds was measured (or predicted) on this problem, so its best can be stored as
     this problem's record. (Batch and seqlen were once rounded up to powers of two, and a study
-    resumed for another shape of the bucket stored the first shape's times as its own.)"""
+    resumed for another shape of the bucket stored the first shape's times as its own.)
+    A problem of another type (the decode step's, packed prefill's) is named by every field of
+    its key(), in the type's field order: `_key_bucket`."""
+    if not isinstance(problem, Problem):
+        return _key_bucket(problem.key())
     codes = {"has_D": "D", "D_has_hdim": "P", "has_z": "z", "has_dt_bias": "b", "dt_softplus": "s",
              "has_dt_limit": "l", "has_initial_states": "i", "has_seq_idx": "q",
              "return_final_states": "f", "return_varlen_states": "v"}
@@ -124,6 +129,29 @@ def bucket(problem: Problem) -> str:
     return (f"h{problem.nheads}p{problem.headdim}n{problem.dstate}g{problem.ngroups}-{problem.dtype}"
             f"-b{problem.batch}-l{problem.seqlen}-q{problem.chunk_size or 'any'}"
             f"-f{flags or '0'}")
+
+
+def _size(problem) -> str:
+    """A problem's size for the progress bar: batch x seqlen, or its shape as --shapes writes it."""
+    if isinstance(problem, Problem):
+        return f"{problem.batch}x{problem.seqlen}"
+    from .shapes import describe
+    return describe(problem).split(" ")[0]
+
+
+def _key_bucket(key: Mapping[str, Any]) -> str:
+    """A problem key as a name: each field that is no flag as its name and value, then the flags
+    that are set, by name. Two problems of one type differ in some field, so in the name; the
+    characters stay within what a file name and the journal take (the failure log is named
+    after the study)."""
+    sizes, flags = [], []
+    for k, v in key.items():
+        if isinstance(v, bool):
+            if v:
+                flags.append(k)
+        else:
+            sizes.append(f"{k}{v}")
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", "-".join(sizes) + "-f" + ("+".join(flags) or "0"))
 
 
 def study_name(arch: str, problem: Problem, mode: str, device: str, objective: str | None = None,
@@ -292,7 +320,7 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
     asks, max_asks = 0, 50 * settings.trials + 100   # bounds the loop when most points are pruned
     grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     bar = tqdm(total=settings.trials, initial=min(done, settings.trials), disable=not settings.progress,
-               desc=f"{arch} {problem.batch}x{problem.seqlen}", unit="cand", position=settings.worker,
+               desc=f"{arch} {_size(problem)}", unit="cand", position=settings.worker,
                leave=True, dynamic_ncols=True)
     evaluated = 0
     try:
