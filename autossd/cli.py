@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 
 import click
 
@@ -92,7 +93,11 @@ def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str
         raise click.BadParameter(str(e), ctx=ctx, param_hint="'--shapes'") from None
     for p in presets:
         try:
-            probs += preset(p, dtype, op, state_dtype)
+            if p == "grid" and ctx.get_parameter_source("dtype") is click.core.ParameterSource.DEFAULT:
+                from .tuner.shapes import grid
+                probs += grid(op=op)   # the grid is both half dtypes; --dtype narrows it to one
+            else:
+                probs += preset(p, dtype, op, state_dtype)
         except ShapeError as e:
             raise click.BadParameter(str(e), ctx=ctx, param_hint="'--preset'") from None
     if not probs:
@@ -160,9 +165,12 @@ def main() -> None:
                    '"mamba2-2.7b:t=8192,s=16"; keys t (tokens of all sequences), s (sequences), q (chunk '
                    "length, default 256), h p n g; flags d z bias softplus init, default "
                    "d=1,bias=1,softplus=1,init=1 (an engine passes each sequence's initial state)")
-@click.option("--preset", multiple=True, type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b"]),
+@click.option("--preset", multiple=True,
+              type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b", "grid"]),
               help="every shape benchmarked for a model (autossd/tuner/shapes.py: the forward's PRESET_SHAPES; "
-                   "batches 1, 16, 64 for ssd_decode; packed batches for ssd_varlen)")
+                   "batches 1, 16, 64 for ssd_decode; packed batches for ssd_varlen). grid: the model grid "
+                   "the shipped databases cover (every distinct SSD layer of the models in shapes.py x "
+                   "batch 1-64 x length 512-128k), fp16 and bf16 unless --dtype is given")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--state-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
               help="--op ssd_decode / ssd_varlen: the dtype the caller keeps its states in (the decode "
@@ -247,7 +255,15 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
         runner_kw["objective"] = objective
     try:
         with _sigterm_unwinds():
-            results = run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
+            results = []
+            start = time.monotonic()
+            for i, prob in enumerate(probs):
+                if progress and len(probs) > 1:
+                    # a grid's thousand shapes: where the run is, and when it should end
+                    took = time.monotonic() - start
+                    eta = f", ~{took / i * (len(probs) - i) / 60:.0f} min left" if i else ""
+                    click.echo(f"[{i + 1}/{len(probs)}] {_shape_str(prob)} ({took / 60:.1f} min{eta})")
+                results += run_tune(arch, [prob], mode, settings, sink, workers=workers, runner_kw=runner_kw)
     except (ValueError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     unit = "predicted ms" if mode == "static" else "ms"

@@ -176,6 +176,23 @@ def test_bad_arguments_name_the_option(env, args, option, msg):
     assert option in r.output and msg in r.output
 
 
+def test_preset_grid_tunes_the_whole_grid_in_order_with_progress(env, monkeypatch):
+    # the tune itself is the library's (tested on its own); here: which shapes, in which order,
+    # and a line per shape saying where the run is
+    import autossd.tuner
+    from autossd.tuner.shapes import grid
+    seen = []
+    monkeypatch.setattr(autossd.tuner, "tune", lambda arch, probs, *a, **kw: seen.extend(probs) or [])
+    r = invoke("tune", "--arch", "gfx942", "--preset", "grid", "--db", env / "g.sqlite")
+    assert seen == grid() and {p.dtype for p in seen} == {"fp16", "bf16"}
+    assert f"[1/{len(seen)}] " in r.output and f"[{len(seen)}/{len(seen)}] " in r.output
+    seen.clear()
+    invoke("tune", "--arch", "gfx942", "--preset", "grid", "--dtype", "bf16", "--db", env / "g.sqlite")
+    assert seen == grid(("bf16",))
+    r = invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode")
+    assert r.exit_code == 2 and "'--preset'" in r.output and "batch x sequence" in r.output
+
+
 @pytest.mark.parametrize("raw, value", [("False", False), ("0", False), ("no", False),
                                         ("True", True), ("1", True), ("yes", True)])
 def test_fix_reads_a_bool_knob_by_its_word(raw, value):
