@@ -241,3 +241,27 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
             rep = compile_config(cfg, arch, pr)
             assert rep.ok and {s.stage for s in rep.stages} == set(get_op("ssd_varlen").sequences[cfg.cb]), (arch, rep)
             assert all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
+
+
+def test_with_a_chunk_table_nothing_is_read_on_the_host(monkeypatch):
+    """What makes a call capturable in a CUDA graph: given the chunk table, the entry reads no
+    tensor's values on the host (no .item(), .tolist(), bool() or int() of a tensor)."""
+    t = inputs([12, 20], seed=8)
+    cuc, last, seq = vl.varlen_chunks(t["cu_seqlens"], 16)
+    cfg = VarlenConfig(**SMALL)
+    autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 16, t["cu_seqlens"], cu_chunk_seqlens=cuc,
+                       last_chunk_indices=last, seq_idx=seq, config=cfg)   # compiled / rendered first
+
+    def host_read(*a, **k):
+        raise AssertionError("a tensor's value was read on the host")
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    if DEV == "cpu":   # the interpreter itself reads values: plan the launches, launch none
+        def plan_only(problem, config, t, backend, dt_limit, poison):
+            buf = vl.allocate(problem, config, t["x"].device)
+            assert len(vl.plan(problem, config, t, buf, backend, dt_limit)) == 5
+            return buf
+        monkeypatch.setattr(vl, "run", plan_only)
+    y, fin = autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 16, t["cu_seqlens"], cu_chunk_seqlens=cuc,
+                                last_chunk_indices=last, seq_idx=seq, initial_states=t["initial_states"], config=cfg)
+    assert y.shape == t["x"].shape and fin.shape == (2, 4, 16, 16)
