@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, Iterator
 
 from .arch import Arch
@@ -162,6 +162,22 @@ class BaseConfig(Mapping):
         if not isinstance(data, dict):
             raise ConfigError("config: expected a JSON object")
         return cls(data)
+
+
+class ProblemFields:
+    """What every op's problem type (a frozen dataclass) offers the store and the tuner: its fields
+    as the record's key, a copy with some changed (validated again by the constructor), and the
+    field names."""
+
+    def key(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **kw):
+        return type(self)(**{**asdict(self), **kw})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
 
 
 def pow2_at_least(n: int) -> int:

@@ -7,9 +7,11 @@ the offending argument, so bad input never reaches a kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import torch
+
+from .knobs import ProblemFields
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
@@ -19,7 +21,7 @@ MAX_GRID_YZ = 65535  # CUDA/HIP limit on grid dims 1 and 2
 
 
 @dataclass(frozen=True)
-class Problem:
+class Problem(ProblemFields):
     batch: int
     seqlen: int
     nheads: int
@@ -51,15 +53,6 @@ class Problem:
         if self.chunk_size is not None and self.chunk_size not in CHUNK_SIZES:
             raise ValueError(f"chunk_size: expected one of {CHUNK_SIZES}, got {self.chunk_size!r}")
 
-    def key(self) -> dict:
-        return asdict(self)
-
-    def replace(self, **kw) -> "Problem":
-        return Problem(**{**asdict(self), **kw})
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
     # --- speed-of-light figures ---------------------------------------------------------
     def min_bytes(self) -> int:

@@ -9,10 +9,10 @@ the output of a token sums over every slice).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
 
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -46,7 +46,7 @@ class DecodeConfig(BaseConfig):
 
 
 @dataclass(frozen=True)
-class DecodeProblem:
+class DecodeProblem(ProblemFields):
     """One decode call's shape, dtypes and flags: what the records key on. `batch` is the rows of
     the call (not the cache slots of the state); `tokens` is T, the tokens per row of a
     multi-token step (1: the ordinary decode step)."""
@@ -78,15 +78,6 @@ class DecodeProblem:
             if type(getattr(self, f)) is not bool:
                 raise ValueError(f"{f}: expected a bool, got {getattr(self, f)!r}")
 
-    def key(self) -> dict:
-        return asdict(self)
-
-    def replace(self, **kw) -> "DecodeProblem":
-        return DecodeProblem(**{**asdict(self), **kw})
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
     def min_bytes(self) -> int:
         """Each operand read once, each output written once: the state read and written, x, z and

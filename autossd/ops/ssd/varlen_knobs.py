@@ -11,10 +11,10 @@ model's chunk_size, and prefix caching stores a state per chunk of that length.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
 
 DTYPES = ("fp32", "bf16", "fp16")
 TILES = (16, 32, 64, 128)
@@ -67,7 +67,7 @@ class VarlenConfig(BaseConfig):
 
 
 @dataclass(frozen=True)
-class VarlenProblem:
+class VarlenProblem(ProblemFields):
     """One packed prefill's shape, dtypes and flags: what the records key on. `tokens` is the
     packed length (every sequence's tokens), `seqs` the number of sequences, `chunks` the rows of
     the chunk table (at least tokens / chunk_size, at most that plus one per sequence)."""
@@ -104,15 +104,6 @@ class VarlenProblem:
             if type(getattr(self, f)) is not bool:
                 raise ValueError(f"{f}: expected a bool, got {getattr(self, f)!r}")
 
-    def key(self) -> dict:
-        return asdict(self)
-
-    def replace(self, **kw) -> "VarlenProblem":
-        return VarlenProblem(**{**asdict(self), **kw})
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
     # the names the tuner's reports use for a problem's size
     @property
