@@ -52,7 +52,7 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError(NO_BACKWARD.format(names=", ".join(ctx.names)))
 
 
-_SAVED_FIELDS = ("states", "dt", "dA", "final")
+_SAVED_FIELDS = ("states", "dt", "dA")
 
 
 class _SSDFunction(torch.autograd.Function):

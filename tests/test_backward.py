@@ -83,6 +83,22 @@ def test_every_input_with_every_feature(dtype):
     print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
 
 
+@pytest.mark.parametrize("chunk,l,states", [(128, 384, False), (64, 256, True)])
+def test_bf16_dA_and_dt_bias_over_several_chunks(chunk, l, states):
+    """A's and dt_bias's gradients add up every token's gradient wrt its dA_t, in which a chunk's
+    state terms nearly cancel. Taken from the state leaving the chunk (its local part built from
+    B·dt'·decay rounded to bf16) against the tokens' own fp32 terms, they kept that rounding in
+    every token's sum: here A 1.0e-2 / 1.2e-2 and dt_bias 8e-3 / 6e-3 (up to 4e-2 at 2048
+    tokens). With the entering state's part and the tokens' terms summed apart (the ddt stage):
+    A 7e-5 / 8e-4, dt_bias 1.4e-5 / 2.7e-4. Several chunks at headdim 32, dstate 64 (the first
+    case without an initial state, the second with initial and final states)."""
+    flags = dict(has_initial_states=True, return_final_states=True) if states else {}
+    prob = _prob("bf16", l=l, h=2, p=32, n=64, chunk=chunk, has_D=True, D_has_hdim=True, has_dt_bias=True,
+                 dt_softplus=True, **flags)
+    errs = _check(prob, seed=1)
+    assert errs["A"] < 3e-3 and errs["dt_bias"] < 3e-3, errs
+
+
 def test_the_clamp_holds_somewhere_and_passes_no_gradient_there():
     prob = _prob("fp32", l=64, has_dt_bias=True, dt_softplus=True, has_dt_limit=True)
     t = make_inputs(prob, DEV, seed=2)

@@ -6,13 +6,14 @@ The stages, in order (templates/ssd_bwd; the op's declaration is ops/ssd/bwd.py)
   gate            (with z) dy' = dout·silu(z) and dz, from the ungated output y' recomputed by the forward
   cumsum          dt' and its within-chunk cumsum dA per (batch, head, chunk)       [recompute]
   chunk_state     each chunk's local state                                           [recompute]
-  state_passing   the entering state of every chunk (and the final state)           [recompute]
+  state_passing   the entering state of every chunk                                 [recompute]
   bmm             C·Bᵀ per (chunk, group)                                           [cb = "stage"]
   dstates         per chunk, the gradient wrt its entering state from its own outputs
   state_passing_rev  that gradient carried backwards over the chunks (with the final state's
                   gradient): the gradient wrt the state leaving each chunk, the initial state's
-                  gradient, and the state's part of each chunk's last dA gradient
-  dx              dx, and per token the x·dx part of d dt' and dD's partial sums
+                  gradient, and the entering state's part of each chunk's last dA gradient
+  dx              dx, and per token the x·dx part of d dt' (its causal and its state part apart)
+                  and dD's partial sums
   db, dc          dB and dC per group (heads looped in a fixed order), the C·dC part of d dA
   ddt             d dA summed to the chunk's end -> d dt', dA, d dt_bias, d dt
 Nothing is accumulated with atomics: every cross-program sum is written as partials and added in
@@ -46,12 +47,10 @@ def _pow2(n: int) -> int:
 @dataclass
 class Saved:
     """What the forward kept for the backward (save_states = 1): the entering state of every
-    chunk (b, c, h, p, n), dt' and dA (b, h, c, q) fp32, and the final state (b, h, p, n) fp32
-    where the forward returned it."""
+    chunk (b, c, h, p, n), dt' and dA (b, h, c, q) fp32."""
     states: torch.Tensor
     dt: torch.Tensor
     dA: torch.Tensor
-    final: torch.Tensor | None = None
 
 
 @dataclass
@@ -61,13 +60,13 @@ class BwdBuffers:
     dt: torch.Tensor          # (b, h, c, q) fp32
     dA: torch.Tensor
     states: torch.Tensor      # (b, c, h, p, n) entering states
-    final: torch.Tensor | None
     cb: torch.Tensor | None   # (b, c, g, q, q) fp32
     dst: torch.Tensor         # (b, c, h, p, n) fp32
     dlast: torch.Tensor       # (b, h, c, pass blocks) fp32
     dinit: torch.Tensor | None
     dx: torch.Tensor
-    ddir: torch.Tensor        # (b, h, c, headdim tiles, q) fp32
+    ddir: torch.Tensor        # (b, h, c, headdim tiles, q) fp32: x·dx, the causal part
+    dsx: torch.Tensor         # as ddir (same strides): x·dx, the state's part
     dDp: torch.Tensor | None  # (b, c, row tiles, h, p) fp32
     dBp: torch.Tensor | None  # (b, l, group_split, g, n) fp32
     dCp: torch.Tensor         # (b, l, group_split, g, n) fp32
@@ -93,19 +92,19 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
     npb = triton.cdiv(p * n, config.pass_block)
     if saved is None:
         states = e(b, nc, h, p, n, dtype=_TORCH_STATE[config.state_dtype])
-        final = e(b, h, p, n) if dfinal is not None else None
         dtb, dAb = e(b, h, nc, q), e(b, h, nc, q)
     else:
-        states, final, dtb, dAb = saved.states, saved.final, saved.dt, saved.dA
+        states, dtb, dAb = saved.states, saved.dt, saved.dA
     return BwdBuffers(
         dy=e(b, l, h, p, dtype=x.dtype) if z is not None else dout,
         dz=torch.empty_like(z, memory_format=torch.contiguous_format) if z is not None and "z" in need else None,
-        dt=dtb, dA=dAb, states=states, final=final,
+        dt=dtb, dA=dAb, states=states,
         cb=e(b, nc, g, q, q) if config.cb == "stage" else None,
         dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, npb),
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),
         ddir=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+        dsx=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
         dDp=zp(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
         dBp=zp(b, l, config.group_split, g, n) if "B" in need else None,
         dCp=zp(b, l, config.group_split, g, n),
@@ -162,13 +161,12 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                           dict(HAS_SEQ=has_seq), opts["chunk_state"]))
         out.append(Launch("state_passing", "ssd_bwd_state_passing",
                           (triton.cdiv(p * n, config.pass_block), b * h),
-                          dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, final_ptr=buf.final, seq_ptr=seq,
+                          dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, seq_ptr=seq,
                                L=l, H=h, N=n, PN=p * n, nchunks=nc,
                                s_st_b=st5["s_st_b"], s_st_c=st5["s_st_c"], s_st_h=st5["s_st_h"],
                                s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2),
-                               **_named("s_init", ("b", "h", "p", "n"), init),
-                               **_named("s_fin", ("b", "h"), buf.final), **seq_s),
-                          dict(HAS_INIT=init is not None, HAS_FINAL=buf.final is not None, HAS_SEQ=has_seq),
+                               **_named("s_init", ("b", "h", "p", "n"), init), **seq_s),
+                          dict(HAS_INIT=init is not None, HAS_SEQ=has_seq),
                           opts["state_passing"]))
     cb5 = _named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)
     if config.cb == "stage":
@@ -186,12 +184,11 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                       dict(HAS_SEQ=has_seq), opts["dstates"]))
     out.append(Launch("state_passing_rev", "ssd_bwd_state_passing_rev",
                       (triton.cdiv(p * n, config.pass_block), b * h),
-                      dict(dst_ptr=buf.dst, st_ptr=buf.states, final_ptr=buf.final, dfin_ptr=dfinal,
+                      dict(dst_ptr=buf.dst, st_ptr=buf.states, dfin_ptr=dfinal,
                            dinit_ptr=buf.dinit, dlast_ptr=buf.dlast, dA_ptr=buf.dA, seq_ptr=seq,
                            L=l, H=h, N=n, PN=p * n, nchunks=nc,
                            s_d_b=d5["s_d_b"], s_d_c=d5["s_d_c"], s_d_h=d5["s_d_h"],
                            s_st_b=st5["s_st_b"], s_st_c=st5["s_st_c"], s_st_h=st5["s_st_h"],
-                           **_named("s_fin", ("b", "h"), buf.final),
                            **_named("s_df", ("b", "h", "p", "n"), dfinal),
                            **_named("s_di", ("b", "h"), buf.dinit),
                            **_named("s_dl", ("b", "h", "c"), buf.dlast),
@@ -206,7 +203,8 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
     out.append(Launch("dx", "ssd_bwd_dx",
                       (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
                       dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
-                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, ddir_ptr=buf.ddir, dD_ptr=buf.dDp,
+                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, ddir_ptr=buf.ddir, dsx_ptr=buf.dsx,
+                           dD_ptr=buf.dDp,
                            L=l, H=h, P=p, N=n, heads_per_group=hpg,
                            **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
                            **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
@@ -235,7 +233,7 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                       dict(HAS_SEQ=has_seq, P2=P2), opts["dc"]))
     dt_args = {k: v for k, v in dt_in.items()}
     out.append(Launch("ddt", "ssd_bwd_ddt", (nc, triton.cdiv(h, config.cumsum_block_h), b),
-                      dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, ddir_ptr=buf.ddir, dap_ptr=buf.dap,
+                      dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, ddir_ptr=buf.ddir, dsx_ptr=buf.dsx, dap_ptr=buf.dap,
                            dlast_ptr=buf.dlast, ddt_ptr=buf.ddt, dAp_ptr=buf.dAp, dbp_ptr=buf.dbp,
                            L=l, H=h, dt_lo=lo, dt_hi=hi, NPT=buf.ddir.shape[3], NNT=buf.dap.shape[3],
                            NPB=buf.dlast.shape[3],
@@ -265,8 +263,6 @@ def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(
     if saved is not None and (saved.states.shape[1] != triton.cdiv(prob.seqlen, config.chunk_size)
                               or saved.dt.shape[-1] != config.chunk_size):
         saved = None   # kept at another chunk size: recompute
-    if dfinal is not None and saved is not None and saved.final is None:
-        saved = None
     buf = allocate(prob, config, t, dout, dfinal, need, saved)
     module = module or load(config, backend)
     run(plan(prob, config, t, buf, backend, dt_limit, dout, dfinal, saved is not None), module)
@@ -365,15 +361,14 @@ def forward_saving(t: dict, call: dict):
     if fcfg.launches != 5 or fcfg.state_walk or fcfg.chunk_size != cfg.chunk_size:
         return None
     fcfg = fcfg.replace(state_dtype=cfg.state_dtype)
-    aprob = prob.replace(return_final_states=True)
-    buf = fwd_allocate(aprob, fcfg, x.device)
+    buf = fwd_allocate(prob, fcfg, x.device)
     module = load(fcfg, kern.backend)
     ft = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
     for k in ("x", "z", "B", "C"):   # as the drop-in: a strided last dimension is copied
         ft[k] = _unit_stride(ft[k])
     out = _execute(prob, fcfg, ft,
                    buf, None, call["dt_limit"], None, kern.backend, module, None)
-    return out, Saved(states=buf.states, dt=buf.dt, dA=buf.dA, final=buf.final)
+    return out, Saved(states=buf.states, dt=buf.dt, dA=buf.dA)
 
 
 def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None) -> dict:

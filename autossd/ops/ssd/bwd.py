@@ -86,7 +86,7 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
         out.append(StageCost(name, grid, 2 * x + bc + st * 4 + b * l * g * n * 4 * config.group_split, 0.0,
                              b * nc * h * (mm(q, p, n) + mm(q, p, q) / 2 + mm(q, q, n) / 2),
                              (config.dbc_block_m, config.dbc_block_n, config.dbc_block_k), config.dbc_stages))
-    out.append(StageCost("ddt", nc * _cdiv(h, config.cumsum_block_h) * b, b * l * h * 4 * 4, 0.0, 0.0))
+    out.append(StageCost("ddt", nc * _cdiv(h, config.cumsum_block_h) * b, b * l * h * 4 * 5, 0.0, 0.0))
     return out
 
 
