@@ -210,6 +210,11 @@ def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool 
                 states=new(k, h, p, n, dtype=sdt), final=new(problem.seqs, h, p, n, dtype=sdt))
 
 
+def cdiv(a: int, b: int) -> int:
+    # on the host, per call: triton.cdiv is a jit function, ~8 us per Python call
+    return -(-a // b)
+
+
 def _st(v, n):
     return tuple(v.stride()) if v is not None else (0,) * n
 
@@ -217,8 +222,6 @@ def _st(v, n):
 def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backend: str = "cuda",
          dt_limit=(0.0, float("inf"))) -> list:
     """The launches of a call on validated tensors `t` and buffers `buf` (`allocate`)."""
-    from triton import cdiv
-
     from .plan import Launch
     opts = OP.launch_options(config, backend)
     k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
@@ -541,8 +544,6 @@ def meta_launches(problem: VarlenProblem, config: VarlenConfig, backend: str) ->
 def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
     """Each launch's bytes, FLOPs, grid and tile for the static model (`autossd.tuner.model`): the
     forward's stages at the chunk table's size (every chunk taken as full)."""
-    from triton import cdiv
-
     from ...tuner.model import StageCost
     k, q, T, h, p, n, g = (problem.chunks, problem.chunk_size, problem.tokens, problem.nheads, problem.headdim,
                            problem.dstate, problem.ngroups)
