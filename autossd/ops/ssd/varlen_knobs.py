@@ -182,17 +182,15 @@ def fit(config: VarlenConfig, problem: VarlenProblem) -> VarlenConfig:
 def default_config(arch: Arch | str, problem: VarlenProblem | None = None, cb: str | None = None) -> VarlenConfig:
     """The per-arch default where no record applies, cut to the problem's sizes. From a sweep of
     66 configs at 2.7b, 8192 tokens in 16 sequences (bf16, H200, graph-timed): the row x column
-    decay before the diagonal, a 64 x 128 chunk-state tile on two warps with three stages, and a
-    128-register cap on the scan (CUDA) took 0.372 ms per call against 0.457 for 64-wide tiles
-    throughout. On AMD two warps per program take the threads of four on NVIDIA, and pipeline
-    stages are cut until the tiles fit its 64 KB of shared memory. Short prefills (under two
-    chunks per sequence on average) compute C·Bᵀ inline: the launch it saves is most of such a
-    call's time. `cb`: the default with that mode (the tuner asks for it when the mode is pinned,
-    and for each mode's values of the knobs a static tune cannot rank)."""
+    decay before the diagonal and a 64 x 128 chunk-state tile on two warps with three stages took
+    0.389 ms per call against 0.457 for 64-wide tiles throughout. (A 128-register cap on the scan
+    took 0.372, but spills 16 bytes on sm90 and 80 on sm80, 72 with C·Bᵀ inline: a tune may pick
+    it; the default does not.) On AMD two warps per program take the threads of four on NVIDIA,
+    and pipeline stages are cut until the tiles fit its 64 KB of shared memory. Short prefills
+    (under two chunks per sequence on average) compute C·Bᵀ inline: the launch it saves is most
+    of such a call's time."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     cfg = VarlenConfig(decay_split=True, state_block_n=128, state_warps=2, state_stages=3)
-    if arch.has("maxnreg"):
-        cfg = cfg.replace(scan_maxnreg=128)
     if arch.is_amd:
         cfg = cfg.replace(bmm_warps=2, state_warps=2, scan_warps=2, pass_warps=2)
     if cb is not None:
