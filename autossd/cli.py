@@ -254,7 +254,8 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
         runner_kw["timeout"] = eval_timeout
         runner_kw["objective"] = objective
     try:
-        with _sigterm_unwinds():
+        from .tuner.storage import kept_journals
+        with _sigterm_unwinds(), kept_journals():   # the journal replayed once, not once a shape
             results = []
             start = time.monotonic()
             for i, prob in enumerate(probs):

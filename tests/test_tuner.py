@@ -690,6 +690,32 @@ def test_a_torn_line_at_the_end_of_the_journal_is_cut_off_and_every_study_goes_o
     assert again.complete + again.failed >= 5 and second.complete + second.failed >= 3
 
 
+def test_a_tune_of_many_shapes_replays_the_journal_once(tmp_path, monkeypatch):
+    # each shape's study opens the journal, and a new JournalStorage reads the file from its
+    # start: over a grid of hundreds of shapes those replays grew with the square of the shapes
+    from autossd.tuner import storage
+    journal = tmp_path / "studies.journal"
+    made = []
+
+    class Counted(storage.JournalStorage):   # each one replays the file from its start
+        def __init__(self, *a, **kw):
+            made.append(self)
+            super().__init__(*a, **kw)
+    monkeypatch.setattr(storage, "JournalStorage", Counted)
+    st = Settings(trials=2, sampler="random", seed=0, storage=str(journal), progress=False)
+    with storage.kept_journals():
+        for b in (1, 2, 3):
+            tune_problem("sm90", SMALL.replace(batch=b), FakeRunner(), st)
+    assert len(made) == 1
+    assert len(made[0].get_all_studies()) == 3   # the kept one saw every study written after it
+    assert open_storage(str(journal)) is not open_storage(str(journal))   # outside: read afresh
+    with storage.kept_journals():
+        first = open_storage(str(journal))
+        journal.rename(tmp_path / "old.journal")
+        journal.write_bytes((tmp_path / "old.journal").read_bytes())   # another file at that path
+        assert open_storage(str(journal)) is not first
+
+
 def test_a_journal_corrupt_before_its_end_is_refused_naming_the_file(tmp_path):
     journal = tmp_path / "studies.journal"
     tune_problem("sm90", SMALL, FakeRunner(), Settings(trials=2, sampler="random", seed=0,

@@ -11,6 +11,7 @@ from ..arch import get_arch, local_arch
 from ..ops.registry import get_op
 from ..problem import Problem
 from .sinks import Sink
+from .storage import kept_journals
 from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best,
                     say_resumed, seed, summarize, wait_for_others)
 
@@ -73,31 +74,32 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
     arch = get_arch(arch).name
     runner_kw = dict(runner_kw or {})
     results = []
-    for prob in problems:
-        runner = make_runner(mode, arch, prob, op=settings.op, **runner_kw)
-        try:
-            study, space = open_study(arch, prob, mode, runner.device, settings, None,
-                                      getattr(runner, "objective", None))
-            reap_stale(study, storage=settings.storage)
-            say_resumed(study)
-            seed(study, arch, prob, space, settings.extra_seeds, settings.storage)
-            if workers <= 1:
-                run_trials(study, space, arch, prob, runner, settings)
-            else:
-                ctx = mp.get_context("spawn")
-                gpus = _gpu_ids(workers) if mode == "measured" else [None] * workers
-                procs = [ctx.Process(target=_worker, args=(i, gpus[i], arch, prob.key(), mode,
-                                                           dataclasses.asdict(settings), runner_kw))
-                         for i in range(workers)]
-                for p in procs:
-                    p.start()
-                for p in procs:
-                    p.join()
-            wait_for_others(study, settings.storage)   # workers of other runs sharing the study
-            result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
-            confirm(result, study, runner, settings.confirm)
-            save_best(result, study, runner.provenance, sink, settings.sampler)
-            results.append(result)
-        finally:
-            runner.close()
+    with kept_journals():   # each shape's study opens the journal: replayed once, not per shape
+        for prob in problems:
+            runner = make_runner(mode, arch, prob, op=settings.op, **runner_kw)
+            try:
+                study, space = open_study(arch, prob, mode, runner.device, settings, None,
+                                          getattr(runner, "objective", None))
+                reap_stale(study, storage=settings.storage)
+                say_resumed(study)
+                seed(study, arch, prob, space, settings.extra_seeds, settings.storage)
+                if workers <= 1:
+                    run_trials(study, space, arch, prob, runner, settings)
+                else:
+                    ctx = mp.get_context("spawn")
+                    gpus = _gpu_ids(workers) if mode == "measured" else [None] * workers
+                    procs = [ctx.Process(target=_worker, args=(i, gpus[i], arch, prob.key(), mode,
+                                                               dataclasses.asdict(settings), runner_kw))
+                             for i in range(workers)]
+                    for p in procs:
+                        p.start()
+                    for p in procs:
+                        p.join()
+                wait_for_others(study, settings.storage)   # workers of other runs sharing the study
+                result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
+                confirm(result, study, runner, settings.confirm)
+                save_best(result, study, runner.provenance, sink, settings.sampler)
+                results.append(result)
+            finally:
+                runner.close()
     return results

@@ -77,7 +77,40 @@ def open_storage(spec: str | None) -> optuna.storages.BaseStorage:
         logging.getLogger("autossd").warning(
             "autossd: %s ended in a torn line (a process killed while writing it); dropped its %d "
             "bytes, every finished trial is kept", path, cut)
-    return JournalStorage(_Backend(str(path), lock_obj=lock))
+    if _kept is None:
+        return JournalStorage(_Backend(str(path), lock_obj=lock))
+    # inside kept_journals(): one JournalStorage per file, which reads only what was appended
+    # since its last read (by any process). A file replaced by another (a new inode) is replayed.
+    path.open("ab").close()   # as the backend does first: the file has its inode from here on
+    st = path.stat()
+    key = (str(path.resolve()), st.st_dev, st.st_ino)
+    with _kept_lock:
+        storage = _kept.get(key)
+        if storage is None:
+            storage = _kept[key] = JournalStorage(_Backend(str(path), lock_obj=lock))
+    return storage
+
+
+# A new JournalStorage replays the whole file, and a tune opens the storage once per shape: over
+# a grid of hundreds of shapes the replays grew with the square of the shapes (a 476-shape grid's
+# journal reaches ~100 MB, replayed for every shape). Kept only inside kept_journals(), so that
+# any other open reads the file as it is now (a file rewritten in place is read afresh).
+_kept: dict[tuple, JournalStorage] | None = None
+_kept_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def kept_journals():
+    """Within: open_storage returns the same JournalStorage for a journal file each time."""
+    global _kept
+    outer = _kept
+    if outer is None:
+        _kept = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _kept = None
 
 
 _rdb: dict[str, optuna.storages.RDBStorage] = {}
