@@ -420,34 +420,36 @@ def test_walk_split_plans_segments_a_join_and_the_scan_that_completes_them(monke
     assert (scan.args["SEG"], scan.args["NSEG"], scan.args["K1"]) == (3, 3, 0)   # 0: the initial state
 
 
-@pytest.mark.parametrize("nseg,p,n", [(3, 64, 128), (11, 64, 40)])
-def test_walk_join_chains_segment_finals_into_entering_states(nseg, p, n):
+# (batch, heads) small where the tile is large: the interpreter runs every program of the grid
+@pytest.mark.parametrize("nseg,p,n,b,h", [(3, 64, 128, 1, 2), (11, 64, 40, 1, 1)])
+def test_walk_join_chains_segment_finals_into_entering_states(nseg, p, n, b, h):
     """The join (walk_split): S_0 = the initial state, S_k+1 = g_k S_k + F_k from the segments'
     finals F_k, the S_k in the states' dtype, and the final states S_NSEG (fp32); against
     float64, on fresh random data, with the outputs poisoned first and the finals left as they
     were. At the plan's 1024 columns per program: 3 segments in a 4-row scan, 8 whole programs
-    per head; 11 in a 16-row scan over 2560 columns, the third program ragged."""
+    per head; 11 in a 16-row scan over 2560 columns, the third program ragged (one batch row, one
+    head: the 16 x 1024 tiles are the interpreter's slowest)."""
     from autossd.ops.ssd.chunk import _walk_join
     from autossd.render import load
     from autossd.ops.ssd.fwd_knobs import default_config
 
-    prob = Problem(batch=2, seqlen=4096, nheads=3, headdim=p, dstate=n, ngroups=1, dtype="fp16")
+    prob = Problem(batch=b, seqlen=4096, nheads=h, headdim=p, dstate=n, ngroups=1, dtype="fp16")
     cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=3, walk_split=4, state_dtype="fp16")
     mod = load(cfg)
     g = torch.Generator().manual_seed(5 + nseg)
     for has_init in (True, False):
-        F = torch.randn(2, 3, nseg, p, n, generator=g)
-        gs = torch.rand(2, 3, nseg, generator=g) * 0.9 + 0.05
-        init = torch.randn(2, 3, n, p, generator=g).transpose(2, 3)   # strided, as a caller's may be
+        F = torch.randn(b, h, nseg, p, n, generator=g)
+        gs = torch.rand(b, h, nseg, generator=g) * 0.9 + 0.05
+        init = torch.randn(b, h, n, p, generator=g).transpose(2, 3)   # strided, as a caller's may be
         seg = F.clone()
-        buf = types.SimpleNamespace(seg=seg, gseg=gs, sen=torch.full((2, 3, nseg, p, n), float("nan"), dtype=torch.float16),
-                              final=torch.full((2, 3, p, n), float("nan")))
+        buf = types.SimpleNamespace(seg=seg, gseg=gs, sen=torch.full((b, h, nseg, p, n), float("nan"), dtype=torch.float16),
+                              final=torch.full((b, h, p, n), float("nan")))
         ln = _walk_join(prob, cfg, {"initial_states": init if has_init else None}, buf)
         assert ln.constexprs["BLOCK"] == 1024 and ln.constexprs["SEGS"] == triton.next_power_of_2(nseg)
         mod.ssd_walk_join[ln.grid](**ln.args, **ln.constexprs, **ln.options)
         assert torch.equal(seg, F)
         sen, final = buf.sen, buf.final
-        S = init.double() if has_init else torch.zeros(2, 3, p, n, dtype=torch.float64)
+        S = init.double() if has_init else torch.zeros(b, h, p, n, dtype=torch.float64)
         for k in range(nseg):
             if k or has_init:
                 assert rel_err(sen[:, :, k], S) < 1e-3, (has_init, k)   # fp16's rounding
