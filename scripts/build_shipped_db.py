@@ -229,6 +229,20 @@ def rehash(records: list, rev: str) -> tuple[list, int]:
     return out, n
 
 
+def compact(path: Path) -> None:
+    """Rewrite the file with 8 KiB pages. A record's unique-index key (its problem and config
+    JSON, about 1 KB) is over what a 4 KiB page keeps in an index cell, so each record cost an
+    overflow page: 476 records took 2.9 MB, 1.3 MB with 8 KiB pages. The journal mode stays
+    as merge left it (no write-ahead log: the file is read from read-only places)."""
+    import sqlite3
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA page_size = 8192")
+        conn.execute("VACUUM")
+    finally:
+        conn.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm90")
@@ -263,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 merge[i] = str(Path(tmp) / f"rehashed{i}.sqlite")
                 add_records(merge[i], rehashed)
         result = merge_dbs([str(base), *merge], out, arch=args.arch, overwrite=True)
+    compact(out)
     kinds: dict[str, int] = {}
     for r in read_records(str(out), readonly=True):
         kinds[r.provenance] = kinds.get(r.provenance, 0) + 1
