@@ -23,7 +23,9 @@ def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
                     "--target", str(target), str(src)], check=True, capture_output=True)
     for rel in ("autossd/templates/ssd_fwd/module.py.jinja", "autossd/templates/ssd_fwd/chunk_scan.jinja",
-                "autossd/tuning_db/sm90.sqlite", "autossd/db/migrations/env.py",
+                "autossd/tuning_db/sm90.sqlite", "autossd/tuning_db/sm80.sqlite",
+                "autossd/tuning_db/gfx90a.sqlite", "autossd/tuning_db/gfx942.sqlite",
+                "autossd/db/migrations/env.py",
                 "autossd/db/migrations/versions/0001_initial.py",
                 "autossd/db/migrations/versions/0002_derived_figures.py"):
         assert (target / rel).is_file(), rel
@@ -37,6 +39,11 @@ def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
         shipped = [r for r in db.load_records("sm90") if r.origin == "shipped"]
         k = autossd.get_kernel(shipped[0].problem, "sm90")
         assert k.source == "exact" and k.record.origin == "shipped", k.reason
+        for arch in ("sm80", "gfx90a", "gfx942"):   # the static grid databases, read from the install
+            assert str(lookup.shipped_db_path(arch)).startswith({str(target)!r})
+            rec = [r for r in db.load_records(arch) if r.origin == "shipped"][0]
+            k = autossd.get_kernel(rec.problem, arch)
+            assert k.source == "exact" and k.record.provenance == "static", k.reason
         from autossd import render
         assert str(render.templates_dir()).startswith({str(target)!r}), render.templates_dir()
         assert "def ssd_chunk_scan" in render.render(autossd.Config())
