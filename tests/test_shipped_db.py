@@ -1,6 +1,7 @@
 """The shipped static databases (tuning_db/sm80, gfx90a, gfx942.sqlite): every shape of the model
-grid (autossd/tuner/shapes.py) resolves to an exact, fresh, static record of the shipped file, and
-the files open read-only (no write-ahead log left in them)."""
+grid (autossd/tuner/shapes.py) resolves to an exact, fresh, static forward record of the shipped
+file, the backward to one at the training shapes, and the files open read-only (no write-ahead
+log left in them)."""
 from __future__ import annotations
 
 import sqlite3
@@ -10,7 +11,7 @@ import pytest
 import autossd
 from autossd.db import lookup
 from autossd.db.records import read_records
-from autossd.tuner.shapes import grid
+from autossd.tuner.shapes import grid, parse_shapes
 
 STATIC_ARCHS = ("sm80", "gfx90a", "gfx942")
 
@@ -48,3 +49,20 @@ def test_get_kernel_at_every_grid_shape_returns_the_exact_fresh_static_record(ar
         rec = k.match.record
         assert rec.provenance == "static" and rec.origin == "shipped" and not k.match.stale, k.match.reason
         assert rec.problem == p
+
+
+# the backward's shipped shapes: training steps of Mamba-2 2.7b and 130m and of Codestral
+TRAINING = ["mamba2-2.7b:b=8,l=2048", "mamba2-2.7b:b=4,l=16384", "mamba2-2.7b:b=1,l=65536",
+            "mamba2-130m:b=4,l=8192", "codestral-7b:b=1,l=65536"]
+
+
+@pytest.mark.parametrize("arch", STATIC_ARCHS)
+def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arch):
+    from autossd.ops.ssd.backward import config_for
+    probs = parse_shapes(TRAINING, "fp16", "ssd_bwd") + parse_shapes(TRAINING, "bf16", "ssd_bwd")
+    recs = lookup.load_records(arch, "ssd_bwd")
+    for p in probs:
+        m = lookup.pick(p, recs, arch, op="ssd_bwd")
+        assert m.kind == "exact" and not m.stale, (p, m.reason)
+        assert m.record.provenance == "static" and m.record.origin == "shipped"
+        assert config_for(p, arch) == m.config   # what the training path's backward runs
