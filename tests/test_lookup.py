@@ -44,10 +44,25 @@ def test_distance_is_log2_ratio_over_size_dims():
 
 
 @pytest.mark.parametrize("change", [dict(headdim=32), dict(dstate=64), dict(dtype="bf16"),
-                                    dict(chunk_size=128), dict(has_z=True), dict(has_D=False),
-                                    dict(return_final_states=True)])
+                                    dict(chunk_size=128), dict(has_seq_idx=True),
+                                    dict(has_z=True, dtype="bf16"), dict(has_D=False, headdim=32)])
 def test_distance_is_infinite_when_configs_do_not_transfer(change):
     assert L.distance(P, P.replace(**change)) == math.inf
+
+
+@pytest.mark.parametrize("flag", ["has_z", "has_D", "D_has_hdim", "has_dt_bias", "dt_softplus",
+                                  "has_dt_limit", "has_initial_states", "return_final_states"])
+def test_each_epilogue_flag_of_the_forward_adds_the_penalty(flag):
+    q = P.replace(**{flag: not getattr(P, flag)})
+    assert L.distance(q, P) == L.FLAG_PENALTY > 0
+    assert L.distance(q, P.replace(seqlen=8192)) == pytest.approx(1 + L.FLAG_PENALTY)
+    assert L.distance(q, P, op="ssd_bwd") == math.inf   # the backward declares no soft flag
+
+
+def test_flag_penalties_add_up():
+    q = P.replace(has_z=True, has_D=False, dt_softplus=True)
+    assert L.distance(q, P) == pytest.approx(3 * L.FLAG_PENALTY)
+    assert L.distance(q, P.replace(batch=4)) == pytest.approx(1 + 3 * L.FLAG_PENALTY)
 
 
 def test_exact_beats_nearest_beats_default():
@@ -83,6 +98,73 @@ def test_nearest_ignores_default_records_and_infeasible_configs():
     small = P.replace(nheads=4, ngroups=2)
     wide = R(BASE.replace(cumsum_block_h=8), P.replace(nheads=8, ngroups=2))
     assert L.pick(small, [wide], "sm90").kind == "default"
+
+
+def test_a_record_tuned_without_z_serves_a_query_with_z_as_nearest():
+    with_z = P.replace(has_z=True)
+    no_z = R("b")
+    m = L.pick(with_z, [no_z], "sm90")
+    assert (m.kind, m.config, m.record) == ("nearest", CFG["b"], no_z)
+    assert m.distance == L.FLAG_PENALTY == 0.5
+    assert "tuned with has_z=False" in m.reason and "distance 0.50 <= bound 2" in m.reason
+    # a flag costs less than doubling a size: the no-z record at the query's size beats the z
+    # record at twice the length, which beats the no-z one at twice the length
+    z_long = R("c", with_z.replace(seqlen=8192))
+    assert L.pick(with_z, [z_long, no_z], "sm90").config == CFG["b"]
+    m = L.pick(with_z, [z_long, R("d", P.replace(seqlen=8192))], "sm90")
+    assert (m.config, m.distance) == (CFG["c"], 1.0) and "tuned with" not in m.reason
+    # through the public lookup, from the user database
+    add_records(dbengine.to_url(L.user_db_url()), [no_z])
+    m = L.choose(with_z, "sm90")
+    assert (m.kind, m.config, m.distance) == ("nearest", CFG["b"], 0.5)
+
+
+def test_a_flag_difference_past_the_bound_falls_to_the_default():
+    with_z = P.replace(has_z=True)
+    far = R("b", P.replace(seqlen=16384))             # 2 in size (at the bound) + 0.5 for z
+    assert L.pick(P, [far], "sm90").kind == "nearest"
+    m = L.pick(with_z, [far], "sm90")
+    assert m.kind == "default" and m.config == default_config("sm90", with_z)
+    assert m.distance == pytest.approx(2.5) and "2.50 > bound 2" in m.reason
+    assert L.pick(with_z, [far], "sm90", max_distance=2.5).kind == "nearest"
+
+
+def test_exact_still_requires_every_field():
+    with_z = P.replace(has_z=True)
+    # at the query's size, differing in a soft flag only: nearest, never exact
+    assert L.pick(with_z, [R("b")], "sm90").kind == "nearest"
+    assert L.pick(with_z, [R("b")], "sm90", max_distance=0.0).kind == "default"
+    assert L.pick(with_z, [R("b", P.replace(chunk_size=None))], "sm90").kind == "nearest"
+    # the record with the query's own flags is exact and wins over a faster one without z
+    m = L.pick(with_z, [R("b", time_ms=0.1), R("a", with_z, time_ms=5.0)], "sm90")
+    assert (m.kind, m.config, m.distance) == ("exact", CFG["a"], 0.0)
+
+
+@pytest.mark.parametrize("change", [dict(dtype="bf16"), dict(headdim=128), dict(dstate=64),
+                                    dict(chunk_size=128), dict(has_seq_idx=True)])
+def test_a_hard_field_never_matches_whatever_the_flags(change):
+    with_z = P.replace(has_z=True)
+    for rec in (R("b"), R("b", with_z)):
+        m = L.pick(with_z.replace(**change), [rec], "sm90", max_distance=100.0)
+        assert m.kind == "default" and m.distance == math.inf
+        assert "no measured/static record" in m.reason
+
+
+def test_a_flag_difference_does_not_skip_the_feasibility_check():
+    # a config fit for 8 heads (cumsum_block_h=8) is not feasible for 4 heads, with z or without
+    small = P.replace(nheads=4, ngroups=2, has_z=True)
+    wide = R(BASE.replace(cumsum_block_h=8), P.replace(nheads=8, ngroups=2))
+    assert L.distance(small, wide.problem) == pytest.approx(1.5)
+    assert L.pick(small, [wide], "sm90").kind == "default"
+
+
+def test_the_backward_keeps_every_flag_exact():
+    from autossd.ops.registry import get_op
+    bwd = get_op("ssd_bwd")
+    rec = make_record(P, bwd.fn("default_config")("sm90", P), "sm90", provenance="static", op="ssd_bwd")
+    assert L.pick(P, [rec], "sm90", op="ssd_bwd").kind == "exact"
+    m = L.pick(P.replace(has_z=True), [rec], "sm90", op="ssd_bwd")
+    assert m.kind == "default" and m.distance == math.inf
 
 
 def test_measured_beats_static_beats_default():

@@ -17,14 +17,23 @@ Match tiers, in order
     1. exact: a record whose Problem equals the query in every field (a record tuned with the
        chunk size free, chunk_size None, matches any requested chunk_size: the caller's
        chunk_size is a request, the tuned config's chunk size computes the same function).
-    2. nearest: a record with the same dtype, chunk_size, flags, headdim and dstate, at a
-       log2-ratio distance  d = sum |log2(a/b)| over (batch, seqlen, nheads, ngroups)  of at most
-       `max_distance` (default MAX_DISTANCE = 2.0: e.g. 4x the sequence length, or 2x batch and
-       2x seqlen). headdim and dstate must match (distance infinite): tile sizes are chosen for
-       them and do not transfer. The record's config must also be feasible for the query
-       (`space.violations`). Records of provenance "default" are not used for nearest: they
-       carry no information beyond `default_config` of another shape, and the default of the
-       query's own shape (tier 3) is better.
+    2. nearest: a record with the same dtype, chunk_size, headdim, dstate and main-loop flags,
+       at a distance
+           d = sum |log2(a/b)| over (batch, seqlen, nheads, ngroups)
+               + FLAG_PENALTY (0.5) per differing soft flag
+       of at most `max_distance` (default MAX_DISTANCE = 2.0: e.g. 4x the sequence length, or 2x
+       batch and 2x seqlen, or 2x seqlen and two soft flags). headdim and dstate must match
+       (distance infinite): tile sizes are chosen for them and do not transfer. Soft flags are
+       those the op declares (`Op.soft_flags`) as changing only its kernels' prologue or
+       epilogue, not a main loop: for the forward z, D (and its shape), dt's bias, softplus and
+       limit, the initial and the final states. A record tuned without z thus serves a query
+       with z (its config's tiles and loops are those the query runs, plus an epilogue); every
+       other field (for the forward: has_seq_idx, return_varlen_states) must match, and an op
+       that declares none (the backward) matches every flag. The record's config must also be
+       feasible for the query (`space.violations`, run on the query's problem). Records of
+       provenance "default" are not used for nearest: they carry no information beyond
+       `default_config` of another shape, and the default of the query's own shape (tier 3) is
+       better.
     3. default: `space.default_config(arch, problem)`.
 
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
@@ -64,6 +73,7 @@ Bad data
 """
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import logging
 import math
@@ -83,6 +93,13 @@ log = logging.getLogger("autossd.db")
 MAX_DISTANCE = 2.0
 DISTANCE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
 EXACT_FIELDS = tuple(f for f in Problem.field_names() if f not in DISTANCE_DIMS)
+# The distance a differing soft flag adds (see Op.soft_flags). Half of a 2x size step: such a flag
+# changes an epilogue (or a prologue) only, so it moves the best config less than doubling the
+# work of every main loop does, yet a record with the query's own flags at the same size still
+# ranks first, and a record that differs in flags must be that much closer in size to stay
+# within the bound (four differing flags at the query's size reach it). Measured on an H100 at mamba2-2.7b 8x2048 bf16 with z, the config tuned
+# without z ran the forward in ~300 us where the arch default took ~520 us.
+FLAG_PENALTY = 0.5
 PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}
 ORIGIN_RANK = {"user": 0, "shipped": 1}
 CALLER_MODES = ("eager", "graph")   # how a caller launches: the launch modes a lookup asks for
@@ -199,16 +216,45 @@ def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = 
 
 
 # --- picking -------------------------------------------------------------------------------
-def distance(a: Problem, b: Problem) -> float:
-    """sum |log2(a/b)| over DISTANCE_DIMS; infinite when any other field differs. `a` is the
-    query, `b` the record: a record tuned with the chunk size free (chunk_size None) answers any
-    requested chunk size, since every chunk size computes the same function."""
-    for f in EXACT_FIELDS:
+@functools.lru_cache(maxsize=None)
+def _fields(ptype: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the DISTANCE_DIMS a problem type has, its other fields): each op's problem type (the
+    forward's and backward's Problem, the decode step's, packed prefill's) keys its records."""
+    names = ptype.field_names()
+    dims = tuple(f for f in DISTANCE_DIMS if f in names)
+    return dims, tuple(f for f in names if f not in dims)
+
+
+def _compare(a, b, soft: frozenset) -> tuple[float, tuple[str, ...]]:
+    """(distance, the soft flags that differ); the distance is infinite where a field outside
+    the distance dims and `soft` differs, or the problems are of different types."""
+    if type(a) is not type(b):
+        return math.inf, ()
+    dims, keyed = _fields(type(a))
+    flags = []
+    for f in keyed:
         if f == "chunk_size" and b.chunk_size is None:
             continue
         if getattr(a, f) != getattr(b, f):
-            return math.inf
-    return sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in DISTANCE_DIMS)
+            if f not in soft:
+                return math.inf, ()
+            flags.append(f)
+    d = sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in dims)
+    return d + FLAG_PENALTY * len(flags), tuple(flags)
+
+
+def soft_flags(op: str) -> frozenset:
+    """The problem fields `op` declares soft (Op.soft_flags): they may differ in the nearest tier."""
+    return frozenset(get_op(op).soft_flags)
+
+
+def distance(a: Problem, b: Problem, op: str = "ssd_fwd") -> float:
+    """The nearest tier's distance for `op`'s records: sum |log2(a/b)| over DISTANCE_DIMS plus
+    FLAG_PENALTY per differing soft flag of the op; infinite when any other field differs. `a`
+    is the query, `b` the record: a record tuned with the chunk size free (chunk_size None)
+    answers any requested chunk size, since every chunk size computes the same function. 0 only
+    where every field is equal (the exact tier)."""
+    return _compare(a, b, soft_flags(op))[0]
 
 
 def _freshness() -> tuple[str, str]:
@@ -258,21 +304,26 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
     triton_v, th = _freshness()
+    soft = soft_flags(op)
+    violations = get_op(op).fn("violations")
     exact, near = [], []
+    differ: dict[int, tuple[str, ...]] = {}   # id(record) -> the soft flags it differs in
     best_d = math.inf
     for rec in records:
         if rec.arch != arch or rec.op != op:
             continue
-        d = distance(problem, rec.problem)
+        d, flags = _compare(problem, rec.problem, soft)
         if d == math.inf:
             continue
         stale = bool(rec.stale_reasons(triton_v, th))
-        if d == 0.0:
+        if d == 0.0 and not flags:   # exact: every field equal (FLAG_PENALTY > 0 keeps d > 0 anyway)
             exact.append((_rank(rec, 0.0, stale, launch_mode), rec))
-        elif rec.provenance != "default" and not get_op(rec.op).fn("violations")(rec.config, arch, problem):
+        # feasibility is judged for the query's problem (its flags too), not the record's
+        elif rec.provenance != "default" and not violations(rec.config, arch, problem):
             best_d = min(best_d, d)
             if d <= max_distance:
                 near.append((_rank(rec, d, stale, launch_mode), rec))
+                differ[id(rec)] = flags
     for kind, cands in (("exact", exact), ("nearest", near)):
         if not cands:
             continue
@@ -281,7 +332,11 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
         d = rank[4]
         reason = f"{kind} match: {_describe(rec)}"
         if kind == "nearest":
-            reason += f"; log2 distance {d:.2f} <= bound {max_distance:g}"
+            flags = differ[id(rec)]
+            if flags:
+                reason += ("; tuned with " + ", ".join(f"{f}={getattr(rec.problem, f)}" for f in flags)
+                           + f" (flags off the main loops: +{FLAG_PENALTY:g} each)")
+            reason += f"; distance {d:.2f} <= bound {max_distance:g}"
         rival = _passed_over(rec, [r for _, r in cands[1:]])
         if rival is not None:
             reason += (f"; preferred over a {rival.provenance} record from the {rival.origin} db "
@@ -295,9 +350,12 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             reason += f"; best of {len(cands)} candidates"
         return Match(kind, rec.config, d, reason, rec, bool(stale_why))
     if best_d == math.inf:
-        why = "no measured/static record with this dtype, chunk_size, flags, headdim and dstate"
+        dims, keyed = _fields(type(problem))
+        why = f"no measured/static record with this {', '.join(f for f in keyed if f not in soft)}"
+        if soft:
+            why += f" (records that differ in {', '.join(sorted(soft))} serve at +{FLAG_PENALTY:g} each)"
     else:
-        why = f"nearest usable record at log2 distance {best_d:.2f} > bound {max_distance:g}"
+        why = f"nearest usable record at distance {best_d:.2f} > bound {max_distance:g}"
     n = sum(r.arch == arch and r.op == op for r in records)
     return Match("default", get_op(op).fn("default_config")(arch, problem), best_d,
                  f"default config for {arch}: {why} ({n} records searched)")

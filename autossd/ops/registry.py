@@ -88,6 +88,11 @@ class Op:
     # work on a copy so the gate sees fresh inputs; the copy is no part of the op's time, so its
     # timed call updates the inputs themselves (the runner gates on a copy of its own)
     tune_time: str | None = None
+    # problem fields (flags) that only change the kernels' prologue or epilogue, never a main
+    # loop's tiles or math: the lookup's nearest tier lets a record that differs from the query in
+    # them serve it, at a distance penalty per differing flag (autossd.db.lookup). Every other
+    # field must match. Empty (the safe choice) until each flag's use in the op's kernels is read.
+    soft_flags: tuple[str, ...] = ()
     doc: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -131,6 +136,9 @@ def register(op: Op) -> Op:
         raise ValueError(f"op {op.name!r}: its knob space is declared for {op.space.op!r}")
     if op.config_type.space is not op.space:
         raise ValueError(f"op {op.name!r}: its config type validates against another space")
+    unknown = sorted(set(op.soft_flags) - set(op.problem_type.field_names()))
+    if unknown:
+        raise ValueError(f"op {op.name!r}: soft flags {unknown} are no fields of {op.problem_type.__name__}")
     names = {s.name for s in op.stages}
     for mode, seq in op.sequences.items():
         if mode not in op.space.modes or not set(seq) <= names:

@@ -25,6 +25,23 @@ SEQUENCES = {5: ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
              3: ("bmm", "state_fused", "chunk_scan"),
              1: ("fused",)}
 
+# The Problem flags that shape no main loop of the forward (see Op.soft_flags): a record tuned
+# without one of them still holds a good config for a query with it. Each was checked where the
+# templates and plan() use it:
+#   has_z, has_D, D_has_hdim: the chunk scan's epilogue (and the fused kernel's per output tile,
+#     the Gluon scans' before the store): y = (acc + D x) * silu(z), one more load of a tile the
+#     size of y; the tiles and the products that make acc are the same.
+#   has_dt_bias, dt_softplus, has_dt_limit: the elementwise step on dt before its within-chunk
+#     cumsum (cumsum.jinja's _dt_cumsum, wherever the cumsum runs or is folded in): per (token,
+#     head), against the main loops' per (token, head, headdim x dstate) work.
+#   has_initial_states, return_final_states: one state read before the chain over chunks and
+#     one written after it, per (sequence, head); the chain's loop is the same.
+# Hard (every other field): dtype, headdim, dstate and chunk_size set the tiles; has_seq_idx
+# enters the chunk scan's and the state chain's loops (and the Gluon kernels refuse it);
+# return_varlen_states comes only with packed sequences (cu_seqlens) and keeps every chunk's state.
+SOFT_FLAGS = ("has_z", "has_D", "D_has_hdim", "has_dt_bias", "dt_softplus", "has_dt_limit",
+              "has_initial_states", "return_final_states")
+
 
 def includes(cfg: Config, backend: str) -> list[str]:
     """The template files a config's module holds, in order: its depth's kernels and the files
@@ -117,5 +134,6 @@ OP = register(Op(
     excluded="autossd.ops.ssd.fwd_seeds:excluded",
     seeds="autossd.ops.ssd.fwd_seeds:seed_configs",
     unvalidated="autossd.ops.ssd.fwd_seeds:unvalidated",
+    soft_flags=SOFT_FLAGS,
     doc="Mamba-2 SSD forward: y (and final / varlen states) from x, dt, A, B, C, D, z",
 ))
