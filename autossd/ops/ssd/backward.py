@@ -12,9 +12,12 @@ The stages, in order (templates/ssd_bwd; the op's declaration is ops/ssd/bwd.py)
   state_passing_rev  that gradient carried backwards over the chunks (with the final state's
                   gradient): the gradient wrt the state leaving each chunk, the initial state's
                   gradient, and the entering state's part of each chunk's last dA gradient
-  dx              dx, and per token the x·dx part of d dt' (its causal and its state part apart)
-                  and dD's partial sums
-  db, dc          dB and dC per group (heads looped in a fixed order), the C·dC part of d dA
+  dx              dx, per token the state's part of x·dx (a part of d dt'), and dD's partial sums
+  dcb             per (chunk, group) the causal products' gradient dCB = sum over heads of
+                  dt'·decay·(dy·xᵀ), one partial per group split; per head the causal parts of
+                  x·dx and of C·dC (the gradients wrt dt' and dA), from the same fp32 products
+  db, dc          dB and dC per group: the state's part per head (looped in a fixed order) and
+                  the causal part as one product with the group's dCB; the state's part of C·dC
   ddt             d dA summed to the chunk's end -> d dt', dA, d dt_bias, d dt
 Nothing is accumulated with atomics: every cross-program sum is written as partials and added in
 a fixed order, so the gradients are bitwise reproducible run to run.
@@ -65,12 +68,13 @@ class BwdBuffers:
     dlast: torch.Tensor       # (b, h, c, pass blocks) fp32
     dinit: torch.Tensor | None
     dx: torch.Tensor
-    ddir: torch.Tensor        # (b, h, c, headdim tiles, q) fp32: x·dx, the causal part
-    dsx: torch.Tensor         # as ddir (same strides): x·dx, the state's part
+    dcb: torch.Tensor         # (b, c, group_split, g, q, q): the group's dCB, one partial per split
+    ddir: torch.Tensor        # (b, h, c, dcb row tiles, q) fp32: x·dx, the causal part
+    dsx: torch.Tensor         # (b, h, c, headdim tiles, q) fp32: x·dx, the state's part
     dDp: torch.Tensor | None  # (b, c, row tiles, h, p) fp32
     dBp: torch.Tensor | None  # (b, l, group_split, g, n) fp32
     dCp: torch.Tensor         # (b, l, group_split, g, n) fp32
-    dap: torch.Tensor         # (b, h, c, dstate tiles, q) fp32
+    dap: torch.Tensor         # (b, h, c, dcb column tiles + dstate tiles, q) fp32: C·dC
     ddt: torch.Tensor         # (b, l, h) in dt's dtype
     dAp: torch.Tensor         # (b, h, c) fp32
     dbp: torch.Tensor         # (b, h, c) fp32
@@ -103,12 +107,18 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, npb),
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),
-        ddir=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+        # dCB in the type its products take it in (B's and C's): the dB and dC stages round it
+        # to that before their tensor-core products anyway
+        dcb=e(b, nc, config.group_split, g, q, q, dtype=torch.promote_types(t["B"].dtype, t["C"].dtype)),
+        ddir=zp(b, h, nc, triton.cdiv(q, config.dcb_block_m), q),
         dsx=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
-        dDp=zp(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
-        dBp=zp(b, l, config.group_split, g, n) if "B" in need else None,
-        dCp=zp(b, l, config.group_split, g, n),
-        dap=zp(b, h, nc, triton.cdiv(n, config.dbc_block_n), q),
+        # every element of these the kernels write (each tile of the grid, rows past the
+        # sequence's end masked on both sides): no zero fill (dB's and dC's are 67 MB each at
+        # mamba2-2.7b 8 x 2048 with the heads split in 8)
+        dDp=e(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
+        dBp=e(b, l, config.group_split, g, n) if "B" in need else None,
+        dCp=e(b, l, config.group_split, g, n),
+        dap=zp(b, h, nc, triton.cdiv(q, config.dcb_block_k) + triton.cdiv(n, config.dbc_block_n), q),
         ddt=e(b, l, h, dtype=dt.dtype), dAp=zp(b, h, nc), dbp=zp(b, h, nc))
 
 
@@ -203,43 +213,55 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
     out.append(Launch("dx", "ssd_bwd_dx",
                       (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
                       dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
-                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, ddir_ptr=buf.ddir, dsx_ptr=buf.dsx,
+                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
                            dD_ptr=buf.dDp,
                            L=l, H=h, P=p, N=n, heads_per_group=hpg,
                            **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
                            **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
                            s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
-                           **_named("s_dd", ("b", "h", "c", "j"), buf.ddir),
+                           **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
                            **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
                       dict(HAS_SEQ=has_seq, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
                       opts["dx"]))
+    dcb6 = _named("s_cb", ("b", "c", "s", "g", "i", "j"), buf.dcb)
+    dd4 = _named("s_dd", ("b", "h", "c", "j"), buf.ddir)
+    da4 = _named("s_da", ("b", "h", "c", "j"), buf.dap)
+    nj = triton.cdiv(q, config.dcb_block_k)
+    out.append(Launch("dcb", "ssd_bwd_dcb",
+                      (triton.cdiv(q, config.dcb_block_m) * nj * config.group_split * g, nc, b),
+                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                           dcb_ptr=buf.dcb, ddir_ptr=buf.ddir, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
+                           heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **dcb6,
+                           **dd4, **da4),
+                      dict(HAS_SEQ=has_seq, P2=P2, N2=N2), opts["dcb"]))
     grid_bc = (triton.cdiv(q, config.dbc_block_m) * triton.cdiv(n, config.dbc_block_n) * config.group_split * g,
                nc, b)
     if buf.dBp is not None:
         out.append(Launch("db", "ssd_bwd_db", grid_bc,
-                          dict(x_ptr=x, dy_ptr=dy, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                          dict(x_ptr=x, dcb_ptr=buf.dcb, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
                                gst_ptr=buf.dst, dB_ptr=buf.dBp, L=l, H=h, P=p, N=n, heads_per_group=hpg,
-                               **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                               **_named("s_x", "blhp", x), **dcb6,
                                **_named("s_C", "blgn", C), **dtb, **seq_s, **g5,
                                **_named("s_o", ("b", "l", "s", "g", "n"), buf.dBp)),
                           dict(HAS_SEQ=has_seq, P2=P2), opts["db"]))
     out.append(Launch("dc", "ssd_bwd_dc", grid_bc,
-                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                      dict(dy_ptr=dy, dcb_ptr=buf.dcb, B_ptr=B, C_ptr=C, dA_ptr=buf.dA, seq_ptr=seq,
                            st_ptr=buf.states, dC_ptr=buf.dCp, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
-                           heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                           heads_per_group=hpg, NJ=nj, **_named("s_dy", "blhp", dy), **dcb6,
                            **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **st5,
-                           **_named("s_o", ("b", "l", "s", "g", "n"), buf.dCp),
-                           **_named("s_da", ("b", "h", "c", "j"), buf.dap)),
+                           **_named("s_o", ("b", "l", "s", "g", "n"), buf.dCp), **da4),
                       dict(HAS_SEQ=has_seq, P2=P2), opts["dc"]))
     dt_args = {k: v for k, v in dt_in.items()}
     out.append(Launch("ddt", "ssd_bwd_ddt", (nc, triton.cdiv(h, config.cumsum_block_h), b),
                       dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, ddir_ptr=buf.ddir, dsx_ptr=buf.dsx, dap_ptr=buf.dap,
                            dlast_ptr=buf.dlast, ddt_ptr=buf.ddt, dAp_ptr=buf.dAp, dbp_ptr=buf.dbp,
-                           L=l, H=h, dt_lo=lo, dt_hi=hi, NPT=buf.ddir.shape[3], NNT=buf.dap.shape[3],
-                           NPB=buf.dlast.shape[3],
+                           L=l, H=h, dt_lo=lo, dt_hi=hi, NDT=buf.ddir.shape[3], NPT=buf.dsx.shape[3],
+                           NNT=buf.dap.shape[3], NPB=buf.dlast.shape[3],
                            s_dt_b=dt_args["s_dt_b"], s_dt_l=dt_args["s_dt_l"], s_dt_h=dt_args["s_dt_h"],
                            s_A_h=dt_args["s_A_h"], s_bias_h=dt_args["s_bias_h"],
-                           **_named("s_dd", ("b", "h", "c", "j"), buf.ddir),
+                           **_named("s_dr", ("b", "h", "c", "j"), buf.ddir),
+                           **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
                            **_named("s_da", ("b", "h", "c", "j"), buf.dap),
                            **_named("s_dl", ("b", "h", "c"), buf.dlast),
                            **_named("s_g", ("b", "l", "h"), buf.ddt),

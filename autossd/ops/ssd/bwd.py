@@ -19,6 +19,7 @@ STAGES = (
     Stage("dstates", "state_warps", "state_stages"),
     Stage("state_passing_rev", "pass_warps"),
     Stage("dx", "dx_warps", "dx_stages"),
+    Stage("dcb", "dcb_warps", "dcb_stages"),
     Stage("db", "dbc_warps", "dbc_stages"),
     Stage("dc", "dbc_warps", "dbc_stages"),
     Stage("ddt"),
@@ -78,13 +79,19 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
     # the dx state product runs twice at 16-bit inputs (the state gradient split in two halves)
     split = 1 if problem.dtype == "fp32" else 2
     out.append(StageCost("dx", nc * b * h * _cdiv(q, config.dx_block_m) * _cdiv(p, config.dx_block_n),
-                         3 * x + bc + st * 4, 0.0,
+                         2 * x + bc + st * 4, 0.0,
                          b * nc * h * (split * mm(q, n, p) + mm(q, q, p) / 2) + inline,
                          (config.dx_block_m, config.dx_block_n, config.dx_block_k), config.dx_stages))
-    grid = nc * b * g * config.group_split * _cdiv(q, config.dbc_block_m) * _cdiv(n, config.dbc_block_n)
+    gs = config.group_split
+    tiles = _cdiv(q, config.dcb_block_m) * _cdiv(q, config.dcb_block_k)
+    dcb = b * nc * g * gs * q * q * e
+    out.append(StageCost("dcb", nc * b * g * gs * tiles, 2 * x + 2 * bc + dcb, 0.0,
+                         b * nc * (h * mm(q, p, q) / 2 + g * gs * mm(q, n, q) / 2),
+                         (config.dcb_block_m, config.dcb_block_k, 64), config.dcb_stages))
+    grid = nc * b * g * gs * _cdiv(q, config.dbc_block_m) * _cdiv(n, config.dbc_block_n)
     for name in ("db", "dc"):
-        out.append(StageCost(name, grid, 2 * x + bc + st * 4 + b * l * g * n * 4 * config.group_split, 0.0,
-                             b * nc * h * (mm(q, p, n) + mm(q, p, q) / 2 + mm(q, q, n) / 2),
+        out.append(StageCost(name, grid, x + bc + st * 4 + dcb + b * l * g * n * 4 * gs, 0.0,
+                             b * nc * (h * mm(q, p, n) + g * gs * mm(q, q, n) / 2),
                              (config.dbc_block_m, config.dbc_block_n, config.dbc_block_k), config.dbc_stages))
     out.append(StageCost("ddt", nc * _cdiv(h, config.cumsum_block_h) * b, b * l * h * 4 * 5, 0.0, 0.0))
     return out
