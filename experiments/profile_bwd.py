@@ -2,6 +2,10 @@
 Mamba-2's training call (D, z, dt_bias, softplus, chunk 256): which stage the time goes to.
 
     python experiments/profile_bwd.py [--shape mamba2-2.7b:8x2048] [--dtype bf16] [--set dx_block_m=32 ...]
+    python experiments/profile_bwd.py --no-peer --sweep "dx_block_n=32; dcb_block_k=64 dcb_warps=8"
+
+--sweep: several override sets (';' between sets), each profiled in turn in the same process,
+with the stages matching --stages shown.
 """
 from __future__ import annotations
 
@@ -32,10 +36,12 @@ def profile(name, fn, reps=10, top=14):
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
             rows[e.key] = (e.device_time_total / reps, e.count // reps)
     total = sum(v for v, _ in rows.values())
+    if name is None:
+        return total, rows
     print(f"{name}: {total:.1f} us per step on the GPU")
     for k, (v, c) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   {v:8.1f} us  x{c:<3d} {k[:100]}")
-    return total
+    return total, rows
 
 
 def main():
@@ -44,21 +50,26 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--set", nargs="*", default=[], help="ssd_bwd knob=value overrides of the config used")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--sweep", default="", help="override sets separated by ';'")
+    ap.add_argument("--stages", default="dx,dcb,ssd_bwd_db,ssd_bwd_dc,chunk_state,dstates,state_passing",
+                    help="kernel name parts shown per swept set")
     a = ap.parse_args()
     import autossd
     from autossd.ops.ssd import backward as bw
     from autossd.testing import make_inputs
     prob = bb._shape(a.shape, a.dtype)
-    if a.set:
-        from autossd.runtime import arch_of_device
-        from autossd.ops.ssd.bwd_knobs import KNOB_BY_NAME, default_config
-        arch = arch_of_device(torch.device("cuda"))
-        cfg = default_config(arch, prob)
+    from autossd.ops.ssd.bwd_knobs import KNOB_BY_NAME, default_config
+    from autossd.runtime import arch_of_device
+    base = default_config(arch_of_device(torch.device("cuda")), prob)
+
+    def config_of(sets):
         kv = {}
-        for s in a.set:
-            k, v = s.split("=")
+        for item in sets:
+            k, v = item.split("=")
             kv[k] = next(x for x in KNOB_BY_NAME[k].values if str(x) == v)
-        cfg = cfg.replace(**kv)
+        return base.replace(**kv)
+    if a.set:
+        cfg = config_of(a.set)
         bw.config_for = lambda p, ar, _c=cfg: _c
         print("config:", cfg.as_dict())
     t = make_inputs(prob, "cuda", seed=0)
@@ -66,7 +77,22 @@ def main():
         if t.get(k) is not None:
             t[k].requires_grad_()
     dout = torch.randn_like(t["x"])
-    profile(f"autossd fwd+bwd {a.shape} {a.dtype}", bb._step(autossd.mamba_chunk_scan_combined, prob, t, dout))
+    step = bb._step(autossd.mamba_chunk_scan_combined, prob, t, dout)
+    if a.sweep:
+        show = a.stages.split(",")
+        for spec in [x.split() for x in a.sweep.split(";")]:
+            cfg = config_of(spec)
+            bw.config_for = lambda p, ar, _c=cfg: _c
+            try:
+                total, rows = profile(None, step)
+            except Exception as e:   # noqa: BLE001 - a set that does not compile or fit
+                print(f"{' '.join(spec) or 'default':40s} failed: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            parts = " ".join(f"{k.replace('ssd_bwd_', '')}={v:.0f}" for k, (v, _) in rows.items()
+                             if any(x in k for x in show))
+            print(f"{' '.join(spec) or 'default':40s} {total:7.0f} us | {parts}")
+        return
+    profile(f"autossd fwd+bwd {a.shape} {a.dtype}", step)
     if not a.no_peer:
         peer = bb._peer()
         if peer:

@@ -26,7 +26,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("state_block_k", TILES, 64, "time step (chunk states and their gradients)", "chunk_state"),
     Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
     Knob("state_stages", (1, 2, 3), 2, "num_stages", "chunk_state"),
-    Knob("pass_block", (64, 128, 256, 512, 1024), 256, "state elements per program (both state passings)",
+    Knob("pass_block", (64, 128, 256, 512, 1024), 1024, "state elements per program (both state passings)",
          "state_passing"),
     Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
     Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=("stage",)),
@@ -45,8 +45,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dcb_block_k", TILES, 32, "columns (time s) per dCB program", "dcb"),
     Knob("dcb_warps", (2, 4, 8), 4, "num_warps of the dCB stage", "dcb"),
     # the dCB stage's loop over heads holds no accumulator of dB's or dC's size, so it has the
-    # registers for the next head's tiles in flight
-    Knob("dcb_stages", (1, 2, 3), 2, "num_stages of the dCB stage", "dcb"),
+    # registers for the next heads' tiles in flight (H200, mamba2-2.7b 8 x 2048 bf16: dCB 641
+    # us at one stage, 608 at two, 536 at three)
+    Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb"),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
     Knob("dbc_stages", (1, 2, 3), 2, "num_stages", "dbc"),
     # dCB, dB and dC sum over the heads of a group: each program loops over heads / group_split of
@@ -142,8 +143,10 @@ def default_config(arch: Arch | str, problem=None) -> BwdConfig:
         if problem.chunk_size is not None:
             base = base.replace(chunk_size=problem.chunk_size)
         r = problem.nheads // problem.ngroups
-        # heads of a group split so that a dB / dC program loops over at most ~8 heads
-        split = max((v for v in KNOB_BY_NAME["group_split"].values if v <= max(1, r // 8)), default=1)
+        # heads of a group split so that a dCB / dB / dC program loops over ~16-20 heads: fewer
+        # splits, fewer dCB partials to write and read (H200, mamba2-2.7b 8 x 2048 bf16, 80 heads:
+        # 4 splits against 8 took dCB 608 -> 580 us, dB 242 -> 208, dC 359 -> 327; 16 was slower)
+        split = max((v for v in KNOB_BY_NAME["group_split"].values if v <= max(1, r // 16)), default=1)
         base = base.replace(group_split=split)
         base = fit(base, problem)
     return base
