@@ -34,8 +34,10 @@ from autossd.problem import DTYPE_BYTES, Problem  # noqa: E402
 from autossd.testing import call_kwargs, make_inputs, rel_err  # noqa: E402
 
 MODELS = {"mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
-          "mamba2-130m": dict(nheads=24, headdim=64, dstate=128, ngroups=1)}
-DEFAULT_SHAPES = "mamba2-2.7b:8x2048,mamba2-2.7b:4x16384,mamba2-2.7b:1x65536,mamba2-130m:4x8192"
+          "mamba2-130m": dict(nheads=24, headdim=64, dstate=128, ngroups=1),
+          "codestral": dict(nheads=128, headdim=64, dstate=128, ngroups=8)}
+DEFAULT_SHAPES = ("mamba2-2.7b:8x2048,mamba2-2.7b:4x16384,mamba2-2.7b:1x65536,mamba2-130m:4x8192,"
+                  "codestral:1x65536")
 GRAD = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
 TOL = {"fp32": 1e-4, "fp16": 3e-3, "bf16": 1.5e-2}
 

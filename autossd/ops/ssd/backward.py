@@ -80,7 +80,8 @@ class BwdBuffers:
     dbp: torch.Tensor         # (b, h, c) fp32
 
 
-def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: Saved | None) -> BwdBuffers:
+def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: Saved | None,
+             dy=None, dz=None) -> BwdBuffers:
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
@@ -100,8 +101,9 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
     else:
         states, dtb, dAb = saved.states, saved.dt, saved.dA
     return BwdBuffers(
-        dy=e(b, l, h, p, dtype=x.dtype) if z is not None else dout,
-        dz=torch.empty_like(z, memory_format=torch.contiguous_format) if z is not None and "z" in need else None,
+        dy=dy if dy is not None else e(b, l, h, p, dtype=x.dtype) if z is not None else dout,
+        dz=dz if dz is not None else (torch.empty_like(z, memory_format=torch.contiguous_format)
+                                      if z is not None and "z" in need else None),
         dt=dtb, dA=dAb, states=states,
         cb=e(b, nc, g, q, q) if config.cb == "stage" else None,
         dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, npb),
@@ -122,10 +124,25 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         ddt=e(b, l, h, dtype=dt.dtype), dAp=zp(b, h, nc), dbp=zp(b, h, nc))
 
 
+def gate_launch(prob, t: dict, dout, dy, dz, opts: dict) -> Launch:
+    """The gate's launch (with z): dy = dout·silu(z), and dz from the ungated output t["y_pre"]
+    where dz is given."""
+    z, yp = t["z"], t.get("y_pre")
+    b, l, h, p = prob.batch, prob.seqlen, prob.nheads, prob.headdim
+    return Launch("gate", "ssd_bwd_gate", (triton.cdiv(l, 32), h, b),
+                  dict(dout_ptr=dout, z_ptr=z, yp_ptr=yp, dy_ptr=dy, dz_ptr=dz, L=l, P=p,
+                       **_named("s_o", "blhp", dout), **_named("s_z", "blhp", z),
+                       **_named("s_y", "blhp", yp), **_named("s_dy", "blhp", dy),
+                       **_named("s_dz", "blhp", dz)),
+                  dict(NEED_DZ=dz is not None, P2=_pow2(p)), opts["gate"])
+
+
 def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda",
-         dt_limit=(0.0, float("inf")), dout=None, dfinal=None, saved: bool = False) -> list[Launch]:
+         dt_limit=(0.0, float("inf")), dout=None, dfinal=None, saved: bool = False,
+         gated: bool = False) -> list[Launch]:
     """The launches of one backward. `t` maps input names to tensors (or None); t["y_pre"] is the
-    ungated output where z's gradient is needed."""
+    ungated output where z's gradient is needed. gated: the gate already ran (buf.dy holds its
+    output), so it is not among the launches."""
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
@@ -145,14 +162,8 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
     st5 = _named("s_st", ("b", "c", "h", "p", "n"), buf.states)
     dy = buf.dy
     out = []
-    if z is not None:
-        yp = t.get("y_pre")
-        out.append(Launch("gate", "ssd_bwd_gate", (triton.cdiv(l, 32), h, b),
-                          dict(dout_ptr=dout, z_ptr=z, yp_ptr=yp, dy_ptr=dy, dz_ptr=buf.dz, L=l, P=p,
-                               **_named("s_o", "blhp", dout), **_named("s_z", "blhp", z),
-                               **_named("s_y", "blhp", yp), **_named("s_dy", "blhp", dy),
-                               **_named("s_dz", "blhp", buf.dz)),
-                          dict(NEED_DZ=buf.dz is not None, P2=P2), opts["gate"]))
+    if z is not None and not gated:
+        out.append(gate_launch(prob, t, dout, dy, buf.dz, opts))
     if not saved:
         out.append(Launch("cumsum", "ssd_bwd_cumsum", (nc, triton.cdiv(h, config.cumsum_block_h), b),
                           dict(dt_out_ptr=buf.dt, dA_out_ptr=buf.dA, **{k: v for k, v in dt_in.items()},
@@ -277,17 +288,28 @@ def run(launches: list[Launch], module) -> None:
 
 def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(GRAD_NAMES),
             dt_limit=(0.0, float("inf")), saved: Saved | None = None, backend: str = "cuda",
-            module=None) -> dict:
+            module=None, drop_y_pre: bool = False) -> dict:
     """The gradients named in `need` (a dict name -> tensor, in each input's dtype) from the
     gradient wrt y (`dout`) and wrt the final states (`dfinal`, or None). t: the forward's inputs
-    by name, and "y_pre", the ungated output, where z is given and its gradient needed."""
+    by name, and "y_pre", the ungated output, where z is given and its gradient needed.
+    drop_y_pre: t holds the only reference to y_pre, which may go once the gate has read it."""
     need = set(need)
     if saved is not None and (saved.states.shape[1] != triton.cdiv(prob.seqlen, config.chunk_size)
                               or saved.dt.shape[-1] != config.chunk_size):
         saved = None   # kept at another chunk size: recompute
-    buf = allocate(prob, config, t, dout, dfinal, need, saved)
     module = module or load(config, backend)
-    run(plan(prob, config, t, buf, backend, dt_limit, dout, dfinal, saved is not None), module)
+    dy = dz = None
+    if drop_y_pre and t.get("z") is not None and t.get("y_pre") is not None:
+        # the gate first, and the ungated output (as large as x) freed before the backward's
+        # other buffers are allocated, so it does not add to the peak: mamba2-2.7b 4 x 16384
+        # bf16 holds 640 MiB less at its peak
+        x = t["x"]
+        dy = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dz = torch.empty_like(t["z"], memory_format=torch.contiguous_format) if "z" in need else None
+        run([gate_launch(prob, t, dout, dy, dz, launch_options(config, backend))], module)
+        del t["y_pre"]
+    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz)
+    run(plan(prob, config, t, buf, backend, dt_limit, dout, dfinal, saved is not None, dy is not None), module)
     out = {}
     if "x" in need:
         out["x"] = buf.dx
@@ -415,5 +437,6 @@ def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = 
         dfinal = dfinal.float()
     if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(x.device):
-            return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend)
-    return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend)
+            return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend,
+                           drop_y_pre=True)
+    return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend, drop_y_pre=True)
