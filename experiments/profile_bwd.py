@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], help="ssd_bwd knob=value overrides of the config used")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--sweep", default="", help="override sets separated by ';'")
+    ap.add_argument("--check", default="", help="dtypes: scripts/bench_bwd.py's gradient check with --set applied")
     ap.add_argument("--stages", default="dx,dcb,ssd_bwd_db,ssd_bwd_dc,chunk_state,dstates,state_passing",
                     help="kernel name parts shown per swept set")
     a = ap.parse_args()
@@ -72,6 +73,11 @@ def main():
         cfg = config_of(a.set)
         bw.config_for = lambda p, ar, _c=cfg: _c
         print("config:", cfg.as_dict())
+        if a.check:
+            # bench_bwd's checks run each at its own shape: the overrides on that shape's default
+            bw.config_for = lambda p, ar: default_config(ar, p).replace(**{k: cfg[k] for k in
+                                                                            (x.split("=")[0] for x in a.set)})
+            return bb.check(a.check.split(","))
     t = make_inputs(prob, "cuda", seed=0)
     for k in bb.GRAD:
         if t.get(k) is not None:

@@ -77,7 +77,7 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
                          chain=nc))
     inline = b * nc * h * mm(q, n, q) / 2 if config.cb == "inline" else 0.0
     # the dx state product runs twice at 16-bit inputs (the state gradient split in two halves)
-    split = 1 if problem.dtype == "fp32" else 2
+    split = 1 if problem.dtype == "fp32" else config.dx_g_split
     out.append(StageCost("dx", nc * b * h * _cdiv(q, config.dx_block_m) * _cdiv(p, config.dx_block_n),
                          2 * x + bc + st * 4, 0.0,
                          b * nc * h * (split * mm(q, n, p) + mm(q, q, p) / 2) + inline,

@@ -36,6 +36,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx"),
     Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx"),
     Knob("dx_block_d", TILES, 64, "dstate step of the dx program's state product", "dx"),
+    # the state's part of dx at 16-bit inputs: G (fp32) as one 16-bit operand, or as two (G's
+    # rounding and its remainder: ~16 significant bits, twice the products). The dt / dA
+    # gradients sum the state's x·dx over a chunk's tokens, where G's rounding, shared by every
+    # token, adds up rather than averaging out.
+    # (H200, mamba2-2.7b 8 x 2048 bf16: one operand took dx 838 -> 800 us, while the worst bf16
+    # dA error of the GPU check went 2.3e-4 -> 3.6e-3, past mamba_ssm's typical 3e-3)
+    Knob("dx_g_split", (1, 2), 2, "16-bit operands G is carried in, in dx's state product", "dx"),
     Knob("dx_warps", (2, 4, 8), 4, "num_warps", "dx"),
     Knob("dx_stages", (1, 2, 3), 2, "num_stages", "dx"),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
@@ -133,6 +140,9 @@ def default_config(arch: Arch | str, problem=None) -> BwdConfig:
         # program: the whole dstate (128) in one tile halves the programs and the dy reads,
         # H100 same shape: dC 483 -> 362 us, dB 241 -> 261
         base = base.replace(dbc_block_n=128)
+        # dCB tiles of 32 rows x 64 columns: H200, same shape, dCB 511 -> 473 us (559 against 608
+        # in an earlier sweep at two stages)
+        base = base.replace(dcb_block_m=32, dcb_block_k=64)
     elif arch.name.startswith("sm8"):
         # mma.sync holds both operands in registers: the 64 x 64 C·Bᵀ tile over dstate 128
         # spilled (96 registers, 8 bytes) and so did the dstates product at two stages (128,
