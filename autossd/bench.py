@@ -125,6 +125,21 @@ class ClockLog:
             self.proc.terminate()
 
 
+def kernel_times(fn, reps: int = 10, warmup: int = 3) -> dict:
+    """GPU time per call of each kernel `fn` launches (torch.profiler): {kernel name: (us per
+    call, launches per call)}, for seeing which stage the time goes to."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: (e.device_time_total / reps, e.count // reps) for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0}
+
+
 def run_meta(**extra) -> dict:
     """What every GPU result file records about its run: date, device, versions, command."""
     import sys

@@ -24,17 +24,8 @@ spec.loader.exec_module(bb)
 
 
 def profile(name, fn, reps=10, top=14):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.key_averages():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
-            rows[e.key] = (e.device_time_total / reps, e.count // reps)
+    from autossd.bench import kernel_times
+    rows = kernel_times(fn, reps)
     total = sum(v for v, _ in rows.values())
     if name is None:
         return total, rows

@@ -19,17 +19,8 @@ spec.loader.exec_module(bv)
 
 
 def profile(name, fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.key_averages():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
-            rows[e.key] = e.device_time_total / reps
+    from autossd.bench import kernel_times
+    rows = {k: v for k, (v, _) in kernel_times(fn, reps).items()}
     total = sum(rows.values())
     print(f"{name}: {total:.1f} us per call on the GPU")
     for k, v in sorted(rows.items(), key=lambda kv: -kv[1])[:8]:
