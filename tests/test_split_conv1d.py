@@ -119,6 +119,30 @@ def test_outputs_and_every_gradient_match_float64(poisoned, case):
     assert not bad, f"{case}: off (bound {TOL[dtype]}): {errs}"
 
 
+def test_the_conv_output_is_recomputed_not_kept_for_the_backward(monkeypatch):
+    """The SSD's inputs x, B and C are the conv's output: it is freed after the forward, and the
+    conv runs again when the backward needs it."""
+    import gc
+    import weakref
+    outs, fwd = [], cc.causal_conv1d_fwd
+
+    def spy(*a, **k):
+        out = fwd(*a, **k)
+        outs.append(weakref.ref(out))
+        return out
+    monkeypatch.setattr(cc, "causal_conv1d_fwd", spy)
+    t = _make(torch.float32, b=1, l=20, seed=5)
+    leaves = {k: v.clone().requires_grad_() for k, v in t.items() if v is not None}
+    y = autossd.mamba_split_conv1d_scan_combined(**leaves, chunk_size=64, headdim=8)
+    gc.collect()
+    assert len(outs) == 1 and outs[0]() is None, "the conv's output outlived the forward"
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6)).to(DEV)
+    (y * dy).sum().backward()
+    assert len(outs) == 2, "the backward did not run the conv again"
+    assert all(v.grad is not None and torch.isfinite(v.grad).all() for v in leaves.values())
+    # (that these gradients are right: test_outputs_and_every_gradient_match_float64, same path)
+
+
 def test_exported_and_inference_gives_the_training_output():
     assert "mamba_split_conv1d_scan_combined" in autossd.__all__
     t = _make(torch.float32, b=1, l=9, seed=3, outproj=None)

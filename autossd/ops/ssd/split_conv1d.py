@@ -18,10 +18,14 @@ Returns out, or (out, final_states) with return_final_states.
 Each stage is its own differentiable piece (the Triton conv1d and gated norm here, the SSD's
 generated forward and backward, torch for the splits and the projection), so autograd chains
 their backwards: nothing of mamba_ssm or causal_conv1d is needed. The stages keep what their own
-backward needs (the conv's input, the SSD's inputs and outputs, the norm's input and 1/rms),
-which is more than a single fused function would recompute.
+backward needs (the conv's input, the norm's input and 1/rms), except the SSD's inputs x, B and
+C: they are the conv's output (batch x seqlen x conv_dim per layer, 176 MB at mamba2-2.7b
+8 x 2048 in 16 bits), so they are not kept from forward to backward but recomputed from the
+conv's input, which the conv keeps anyway, when the SSD's backward first asks for them.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +127,38 @@ def _swiglu(xy: torch.Tensor) -> torch.Tensor:
     return (F.silu(x0) * y0).to(xy.dtype)
 
 
+class _ConvRecompute:
+    """Saved-tensor hooks around the SSD's forward: a tensor it saves that views the conv's output
+    (x, B, C) is kept as its view's geometry only, and rebuilt in backward from the conv run again
+    (once, on its kept input). Only the SSD's call runs inside the hooks, while the conv's output is
+    alive, so no other tensor can sit at its address. Under torch.compile the tensors are kept as
+    before (saved-tensor hooks are not traced)."""
+
+    def __init__(self, x, weight, bias, seq_idx, activation, out):
+        self._args = (x.detach(), weight.detach(), bias.detach() if bias is not None else None, seq_idx,
+                      activation in ("silu", "swish"))
+        self._storage = out.untyped_storage().data_ptr()
+        self._out = None
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t):
+        if t.untyped_storage().data_ptr() == self._storage:
+            return (self, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad)
+        return t
+
+    def _unpack(self, packed):
+        if not (isinstance(packed, tuple) and packed and packed[0] is self):
+            return packed
+        from ..conv1d.causal_conv1d import causal_conv1d_fwd
+        if self._out is None:
+            with torch.no_grad():
+                self._out = causal_conv1d_fwd(*self._args)
+        _, offset, shape, stride, _ = packed
+        return self._out.as_strided(shape, stride, offset)
+
+
 def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                      initial_states=None, seq_idx=None, dt_limit=(0.0, float("inf")),
                                      return_final_states=False, activation="silu", rmsnorm_weight=None,
@@ -143,14 +179,18 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     gn = ngroups * dstate
     # split, not slicing: its backward writes the parts' gradients into one tensor at once
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * gn, nheads], dim=-1)
-    xBC = causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation)
+    xBC_in = xBC
+    xBC = causal_conv1d(xBC_in, conv1d_weight, conv1d_bias, seq_idx, activation)
     x, B, C = torch.split(xBC, [dim, gn, gn], dim=-1)
     z4 = z.unflatten(-1, (nheads, headdim))
-    res = mamba_chunk_scan_combined(
-        x.unflatten(-1, (nheads, headdim)), dt, A, B.unflatten(-1, (ngroups, dstate)),
-        C.unflatten(-1, (ngroups, dstate)), chunk_size, D=D, z=z4 if rmsnorm_weight is None else None,
-        dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=dt_limit,
-        return_final_states=return_final_states)
+    recompute = (torch.is_grad_enabled() and xBC.requires_grad and not torch.compiler.is_compiling())
+    with (_ConvRecompute(xBC_in, conv1d_weight, conv1d_bias, seq_idx, activation, xBC).hooks() if recompute
+          else contextlib.nullcontext()):
+        res = mamba_chunk_scan_combined(
+            x.unflatten(-1, (nheads, headdim)), dt, A, B.unflatten(-1, (ngroups, dstate)),
+            C.unflatten(-1, (ngroups, dstate)), chunk_size, D=D, z=z4 if rmsnorm_weight is None else None,
+            dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+            dt_limit=dt_limit, return_final_states=return_final_states)
     y, final = res if return_final_states else (res, None)
     y = y.flatten(-2)
     if rmsnorm_weight is not None:
