@@ -38,3 +38,18 @@ def test_bench_hf_smoke(tmp_path):
     assert torch_path["prefill"]["median_s"] > 0
     assert set(torch_path["decode"]) == {"1", "2"}
     assert torch_path["decode"]["1"]["state_dtype"] == "torch.float32"
+
+
+def test_bench_unseen_draws_reproducible_shapes_off_the_grid(capsys):
+    from autossd.tuner.shapes import GRID_MAX_TOKENS, MODELS, grid_sizes
+    mod = _load("bench_unseen")
+    a, b = mod.draw(12, 0, "fp16"), mod.draw(12, 0, "fp16")
+    assert [(m, p) for m, p in a] == [(m, p) for m, p in b] != mod.draw(12, 1, "fp16")
+    assert len({(m, p) for m, p in a}) == 12
+    for model, p in a:
+        assert (p.batch, p.seqlen) not in grid_sizes() and p.batch * p.seqlen <= GRID_MAX_TOKENS
+        assert (p.nheads, p.headdim, p.dstate, p.ngroups) == MODELS[model]
+        assert p.has_D and p.has_dt_bias and p.dt_softplus and not p.has_z
+    assert mod.main(["--list"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 12
+
