@@ -83,6 +83,20 @@ def test_every_input_with_every_feature(dtype):
     print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
 
 
+@pytest.mark.parametrize("dtype,state_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp16")])
+def test_chunk_states_kept_in_16_bits(monkeypatch, dtype, state_dtype):
+    """state_dtype: the chunk states the backward recomputes (or the forward keeps) stored in 16
+    bits, as the static databases' backward records for sm80 and gfx942 choose (the model counts
+    their halved bytes): every gradient within the input dtype's bound, over several chunks with
+    initial and final states."""
+    cfg = bw.config_for
+    monkeypatch.setattr(bw, "config_for", lambda p, a: cfg(p, a).replace(state_dtype=state_dtype))
+    prob = _prob(dtype, l=200, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                 has_initial_states=True, return_final_states=True)
+    errs = _check(prob, seed=2)
+    print(dtype, state_dtype, {k: f"{e:.1e}" for k, e in errs.items()})
+
+
 @pytest.mark.parametrize("chunk,l,states", [(128, 384, False), (64, 256, True)])
 def test_bf16_dA_and_dt_bias_over_several_chunks(chunk, l, states):
     """A's and dt_bias's gradients add up every token's gradient wrt its dA_t, in which a chunk's
