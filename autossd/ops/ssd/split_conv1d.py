@@ -144,7 +144,11 @@ class _ConvRecompute:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t):
-        if t.untyped_storage().data_ptr() == self._storage:
+        try:
+            mine = t.untyped_storage().data_ptr() == self._storage
+        except (RuntimeError, NotImplementedError):   # a tensor with no plain storage: kept as it is
+            return t
+        if mine:
             return (self, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad)
         return t
 
