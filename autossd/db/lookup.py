@@ -92,13 +92,13 @@ log = logging.getLogger("autossd.db")
 
 MAX_DISTANCE = 2.0
 DISTANCE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
-EXACT_FIELDS = tuple(f for f in Problem.field_names() if f not in DISTANCE_DIMS)
 # The distance a differing soft flag adds (see Op.soft_flags). Half of a 2x size step: such a flag
 # changes an epilogue (or a prologue) only, so it moves the best config less than doubling the
 # work of every main loop does, yet a record with the query's own flags at the same size still
 # ranks first, and a record that differs in flags must be that much closer in size to stay
-# within the bound (four differing flags at the query's size reach it). Measured on an H100 at mamba2-2.7b 8x2048 bf16 with z, the config tuned
-# without z ran the forward in ~300 us where the arch default took ~520 us.
+# within the bound (four differing flags at the query's size reach it). Measured on an H100 at
+# mamba2-2.7b 8x2048 bf16 with z, the config tuned without z ran the forward in ~300 us where
+# the arch default took ~520 us.
 FLAG_PENALTY = 0.5
 PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}
 ORIGIN_RANK = {"user": 0, "shipped": 1}
@@ -350,7 +350,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             reason += f"; best of {len(cands)} candidates"
         return Match(kind, rec.config, d, reason, rec, bool(stale_why))
     if best_d == math.inf:
-        dims, keyed = _fields(type(problem))
+        _, keyed = _fields(type(problem))
         why = f"no measured/static record with this {', '.join(f for f in keyed if f not in soft)}"
         if soft:
             why += f" (records that differ in {', '.join(sorted(soft))} serve at +{FLAG_PENALTY:g} each)"

@@ -149,7 +149,7 @@ class _ConvRecompute:
         except (RuntimeError, NotImplementedError):   # a tensor with no plain storage: kept as it is
             return t
         if mine:
-            return (self, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad)
+            return (self, t.storage_offset(), tuple(t.shape), t.stride())
         return t
 
     def _unpack(self, packed):
@@ -159,7 +159,7 @@ class _ConvRecompute:
         if self._out is None:
             with torch.no_grad():
                 self._out = causal_conv1d_fwd(*self._args)
-        _, offset, shape, stride, _ = packed
+        _, offset, shape, stride = packed
         return self._out.as_strided(shape, stride, offset)
 
 
