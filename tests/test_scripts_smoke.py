@@ -53,3 +53,40 @@ def test_bench_unseen_draws_reproducible_shapes_off_the_grid(capsys):
     assert mod.main(["--list"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 12
 
+
+
+def test_model_quality_report(tmp_path, capsys):
+    mod = _load("model_quality")
+    assert mod.spearman([1, 2, 2, 3], [10, 20, 20, 30]) == pytest.approx(1.0)   # ties: average ranks
+
+    def row(i, pred, graph, ok=True, default=False):
+        return {"shape_index": i, "shape": f"s{i}", "config": {}, "predicted_ms": pred, "ok": ok,
+                "graph_ms": graph if ok else None, "eager_ms": None, "is_default": default, "why": ""}
+    rows = [row(0, p, g, default=(p == 3.0)) for p, g in ((1.0, 2.0), (2.0, 4.0), (3.0, 5.0), (4.0, 9.0))]
+    rows += [row(1, p, g, default=(p == 4.0)) for p, g in ((1.0, 8.0), (2.0, 6.0), (3.0, 5.0), (4.0, 2.0))]
+    rows.append(row(1, 0.5, None, ok=False))   # failed measurement: left out of both statistics
+    path = tmp_path / "mq.json"
+    path.write_text(json.dumps({"device": "test", "arch": "sm90", "seed": 0, "shapes": ["s0", "s1"], "rows": rows}))
+    assert mod.main(["--report", str(path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    s0, s1 = res["shapes"]["0"], res["shapes"]["1"]
+    assert s0["n"] == 4 and s0["rho"] == pytest.approx(1.0) and s0["top1_ratio"] == pytest.approx(1.0)
+    assert s0["default_better"] is False and s0["default_ratio"] == pytest.approx(2.5)
+    assert s1["n"] == 4 and s1["rows"] == 5 and s1["rho"] == pytest.approx(-1.0)
+    assert s1["top1_ratio"] == pytest.approx(4.0) and s1["default_better"] is True
+    assert res["overall"]["mean_rho"] == pytest.approx(0.0) and res["overall"]["worst_top1_ratio"] == pytest.approx(4.0)
+    assert mod.main(["--report", str(path)]) == 0   # the table
+    assert "overall: 2 shapes" in capsys.readouterr().out
+
+
+def test_model_quality_help_and_no_gpu(tmp_path, capsys):
+    mod = _load("model_quality")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0 and "--report" in capsys.readouterr().out
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("the no-GPU exit needs a machine without one")
+    assert mod.main(["--out", str(tmp_path / "m.json"), "--shapes", "mamba2-2.7b:b=1,l=2048"]) == 2
+    assert "no GPU" in capsys.readouterr().out
+    assert not (tmp_path / "m.json").exists()
