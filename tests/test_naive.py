@@ -53,3 +53,18 @@ def test_reference_is_float64_and_not_trivial():
     (y1, f1, _), _ = _both(prob, 64)
     assert y1.dtype == torch.float64 and f1.dtype == torch.float64
     assert y1.abs().max() > 0.1 and torch.isfinite(y1).all()
+
+
+def test_chunked_cuts_a_large_batch_along_sequences_and_chunks():
+    """Many heads and a small token budget: the intra-chunk matrices are built a slice of
+    sequences x chunks at a time (what keeps a 64 x 8192 tokens gate reference in memory), and
+    the result is the recurrence's."""
+    prob = Problem(batch=3, seqlen=150, nheads=64, headdim=4, dstate=4, ngroups=2, dtype="fp32",
+                   has_D=True, dt_softplus=True, has_initial_states=True)
+    t = make_inputs(prob, seed=7)
+    kw = call_kwargs(prob, t)
+    kw.pop("return_final_states"), kw.pop("return_varlen_states")
+    args = (t["x"], t["dt"], t["A"], t["B"], t["C"])
+    y1, f1, _ = ssd_recurrent(*args, **kw)
+    y2, f2, _ = ssd_chunked(*args, chunk_size=32, group_tokens=64, **kw)   # 2 chunks of 1 sequence
+    assert rel_err(y2, y1) < 1e-12 and rel_err(f2, f1) < 1e-12

@@ -216,3 +216,18 @@ def test_timed_rounds_interleave_the_modes_and_keep_each_median():
     assert err == "RuntimeError: out of memory"
     # a device without graphs: eager only
     assert timed_rounds(lambda: 3.0, None, 3) == ({"eager": 3.0}, None, {"eager": [3.0] * 3})
+
+
+def test_a_reference_of_the_leading_sequences_judges_a_large_batch(interpret, monkeypatch):
+    """When float64 chunk states of every sequence would not fit, the reference covers the leading
+    ones: a correct candidate passes and one wrong in those sequences fails."""
+    from autossd.ops.ssd import fwd
+    prob = Problem(3, 128, 2, 16, 16, 1, "fp16", has_D=True, has_dt_bias=True, dt_softplus=True)
+    monkeypatch.setattr(fwd, "REF_STATE_BYTES", 2 * 1 * 2 * 16 * 16 * 8 * 2)   # two sequences' worth
+    assert fwd.reference_rows(prob) == 2
+    cfg = default_config("sm90", prob).replace(chunk_size=64)
+    t = make_inputs(prob, "cpu")
+    ref = reference(prob, t)
+    assert ref[0].shape[0] == 2
+    assert check(prob, cfg, t, ref).ok
+    assert not check(prob, cfg, t, ref, _perturbed(_one_element)).ok

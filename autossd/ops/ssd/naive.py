@@ -112,24 +112,33 @@ def ssd_chunked(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
     # output: inter-chunk term (from the state entering the chunk) + intra-chunk term
     seq_prev = torch.cat([seq[:, :1, 0], seq[:, :-1, -1]], dim=1)      # (b,c)
     y = torch.empty(b, nc, q, g, r, p, dtype=f64, device=dev)
-    step = max(1, group_tokens // q)
+    # slices of (sequences x chunks) of at most `group_tokens` tokens at 64 heads (fewer with more
+    # heads): the (q x q) matrices of a slice are tokens x q x heads large, so a batch of long
+    # sequences has to be cut along the batch as well as along its chunks
+    budget = max(q, group_tokens * 64 // max(h, 1))
+    bstep = max(1, min(b, budget // (nc * q)))
+    step = nc if bstep > 1 or nc * q <= budget else max(1, budget // q)
     tri = torch.tril(torch.ones(q, q, dtype=torch.bool, device=dev))
-    for c0 in range(0, nc, step):
+    for b0, c0 in ((b0, c0) for b0 in range(0, b, bstep) for c0 in range(0, nc, step)):
+        bs_ = slice(b0, min(b, b0 + bstep))
         sl = slice(c0, min(nc, c0 + step))
-        inter_scale = torch.exp(cs[:, sl]) * (seq[:, sl] == seq_prev[:, sl, None]).to(f64)[..., None]
-        pv = prev[:, sl].reshape(b, -1, g, r, p, n)
-        y_off = torch.einsum("bcqgn,bcgrpn->bcqgrp", CC[:, sl], pv)
+        nb = bs_.stop - b0
+        inter_scale = torch.exp(cs[bs_, sl]) * (seq[bs_, sl] == seq_prev[bs_, sl, None]).to(f64)[..., None]
+        pv = prev[bs_, sl].reshape(nb, -1, g, r, p, n)
+        y_off = torch.einsum("bcqgn,bcgrpn->bcqgrp", CC[bs_, sl], pv)
         y_off = y_off * inter_scale.reshape(*inter_scale.shape[:3], g, r)[..., None]
-        cb = torch.einsum("bcign,bcjgn->bcgij", CC[:, sl], BB[:, sl])
-        ss = seq[:, sl]
+        cb = torch.einsum("bcign,bcjgn->bcgij", CC[bs_, sl], BB[bs_, sl])
+        ss = seq[bs_, sl]
         mask = tri & (ss[..., :, None] == ss[..., None, :])            # (b,c,i,j)
-        csl = cs[:, sl].reshape(b, -1, q, g, r)
+        csl = cs[bs_, sl].reshape(nb, -1, q, g, r)
         diff = csl.permute(0, 1, 3, 4, 2)[..., :, None] - csl.permute(0, 1, 3, 4, 2)[..., None, :]
         decay = torch.exp(torch.where(mask[:, :, None, None], diff, -torch.inf))  # (b,c,g,r,i,j)
-        dtj = dtp[:, sl].reshape(b, -1, q, g, r).permute(0, 1, 3, 4, 2)[..., None, :]
+        del diff
+        dtj = dtp[bs_, sl].reshape(nb, -1, q, g, r).permute(0, 1, 3, 4, 2)[..., None, :]
         lmat = cb[:, :, :, None] * decay * dtj
-        y_diag = torch.einsum("bcgrij,bcjgrp->bcigrp", lmat, xx[:, sl])
-        y[:, sl] = y_off + y_diag
+        del decay
+        y_diag = torch.einsum("bcgrij,bcjgrp->bcigrp", lmat, xx[bs_, sl])
+        y[bs_, sl] = y_off + y_diag
     y = y.reshape(b, nc * q, h, p)[:, :l]
     y = _finish(y, x.to(f64), D, z)
     varlen = None
