@@ -73,7 +73,7 @@ class Kernel:
 
     @property
     def source(self) -> str:
-        """"exact", "nearest" or "default": which lookup tier chose the config."""
+        """"exact", "nearest", "transfer" or "default": which lookup tier chose the config."""
         return self.match.kind
 
     @property

@@ -1,4 +1,4 @@
-"""autossd.db.lookup: the three tiers, the nearest bound, the ranking (fresh > stale, measured >
+"""autossd.db.lookup: the four tiers, the nearest bound, the ranking (fresh > stale, measured >
 static > default, user > shipped), determinism, and the database precedence."""
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_exact_beats_nearest_beats_default():
     m = L.pick(P, [near], "sm90")
     assert (m.kind, m.config, m.distance) == ("nearest", CFG["b"], 1.0)
     assert "distance 1.00" in m.reason and m.record == near
-    m = L.pick(P.replace(headdim=128), [near, R("a")], "sm90")
+    m = L.pick(P.replace(headdim=128), [near, R("a")], "sm90", transfer=False)
     assert m.kind == "default" and m.config == default_config("sm90", P.replace(headdim=128))
     assert m.record is None and "no measured/static record" in m.reason
 
@@ -81,9 +81,11 @@ def test_nearest_bound_is_enforced_and_explained():
     at_bound = R("b", P.replace(seqlen=16384))        # distance 2
     beyond = R("c", P.replace(seqlen=32768))          # distance 3
     assert L.pick(P, [at_bound], "sm90").kind == "nearest"
-    m = L.pick(P, [beyond], "sm90")
+    m = L.pick(P, [beyond], "sm90", transfer=False)
     assert m.kind == "default" and m.distance == pytest.approx(3.0)
     assert "3.00 > bound 2" in m.reason
+    m = L.pick(P, [beyond], "sm90")   # past the bound, the record's config is carried over
+    assert (m.kind, m.config, m.distance) == ("transfer", CFG["c"], 3.0) and "3.00 > bound 2" in m.reason
     assert L.pick(P, [beyond], "sm90", max_distance=3.0).kind == "nearest"
 
 
@@ -94,10 +96,13 @@ def test_nearest_prefers_smaller_distance_within_a_provenance():
 
 def test_nearest_ignores_default_records_and_infeasible_configs():
     assert L.pick(P, [R("b", P.replace(seqlen=8192), provenance="default")], "sm90").kind == "default"
-    # a config fit for 8 heads (cumsum_block_h=8) is not feasible for 4 heads
+    # a config fit for 8 heads (cumsum_block_h=8) is not feasible for 4 heads: not nearest; the
+    # transfer tier shrinks the tile
     small = P.replace(nheads=4, ngroups=2)
     wide = R(BASE.replace(cumsum_block_h=8), P.replace(nheads=8, ngroups=2))
-    assert L.pick(small, [wide], "sm90").kind == "default"
+    assert L.pick(small, [wide], "sm90", transfer=False).kind == "default"
+    m = L.pick(small, [wide], "sm90")
+    assert m.kind == "transfer" and m.config.cumsum_block_h == 4
 
 
 def test_a_record_tuned_without_z_serves_a_query_with_z_as_nearest():
@@ -123,7 +128,7 @@ def test_a_flag_difference_past_the_bound_falls_to_the_default():
     with_z = P.replace(has_z=True)
     far = R("b", P.replace(seqlen=16384))             # 2 in size (at the bound) + 0.5 for z
     assert L.pick(P, [far], "sm90").kind == "nearest"
-    m = L.pick(with_z, [far], "sm90")
+    m = L.pick(with_z, [far], "sm90", transfer=False)
     assert m.kind == "default" and m.config == default_config("sm90", with_z)
     assert m.distance == pytest.approx(2.5) and "2.50 > bound 2" in m.reason
     assert L.pick(with_z, [far], "sm90", max_distance=2.5).kind == "nearest"
@@ -133,7 +138,7 @@ def test_exact_still_requires_every_field():
     with_z = P.replace(has_z=True)
     # at the query's size, differing in a soft flag only: nearest, never exact
     assert L.pick(with_z, [R("b")], "sm90").kind == "nearest"
-    assert L.pick(with_z, [R("b")], "sm90", max_distance=0.0).kind == "default"
+    assert L.pick(with_z, [R("b")], "sm90", max_distance=0.0).kind == "transfer"
     assert L.pick(with_z, [R("b", P.replace(chunk_size=None))], "sm90").kind == "nearest"
     # the record with the query's own flags is exact and wins over a faster one without z
     m = L.pick(with_z, [R("b", time_ms=0.1), R("a", with_z, time_ms=5.0)], "sm90")
@@ -145,7 +150,7 @@ def test_exact_still_requires_every_field():
 def test_a_hard_field_never_matches_whatever_the_flags(change):
     with_z = P.replace(has_z=True)
     for rec in (R("b"), R("b", with_z)):
-        m = L.pick(with_z.replace(**change), [rec], "sm90", max_distance=100.0)
+        m = L.pick(with_z.replace(**change), [rec], "sm90", max_distance=100.0, transfer=False)
         assert m.kind == "default" and m.distance == math.inf
         assert "no measured/static record" in m.reason
 
@@ -155,7 +160,7 @@ def test_a_flag_difference_does_not_skip_the_feasibility_check():
     small = P.replace(nheads=4, ngroups=2, has_z=True)
     wide = R(BASE.replace(cumsum_block_h=8), P.replace(nheads=8, ngroups=2))
     assert L.distance(small, wide.problem) == pytest.approx(1.5)
-    assert L.pick(small, [wide], "sm90").kind == "default"
+    assert L.pick(small, [wide], "sm90", transfer=False).kind == "default"
 
 
 def test_the_backward_keeps_every_flag_exact():
@@ -163,7 +168,7 @@ def test_the_backward_keeps_every_flag_exact():
     bwd = get_op("ssd_bwd")
     rec = make_record(P, bwd.fn("default_config")("sm90", P), "sm90", provenance="static", op="ssd_bwd")
     assert L.pick(P, [rec], "sm90", op="ssd_bwd").kind == "exact"
-    m = L.pick(P.replace(has_z=True), [rec], "sm90", op="ssd_bwd")
+    m = L.pick(P.replace(has_z=True), [rec], "sm90", op="ssd_bwd", transfer=False)
     assert m.kind == "default" and m.distance == math.inf
 
 
@@ -324,3 +329,49 @@ def test_a_mode_without_its_own_record_takes_the_other_measurement_before_a_pred
 def test_unknown_launch_mode_is_refused():
     with pytest.raises(ValueError, match="launch_mode"):
         L.pick(P, [R()], "sm90", launch_mode="captured")
+
+
+# --- the transfer tier -----------------------------------------------------------------------
+def test_transfer_carries_a_far_record_over_and_sets_back_what_the_query_cannot_run():
+    """A record of another dstate, far in size: its config serves, except the knob the query's
+    dstate rules out (the Gluon scans take dstate 64 or 128), which takes the default's value."""
+    fam = BASE.replace(state_walk=1, walk_weights=1, scan_gluon=3)
+    rec = R(fam, P.replace(batch=64, seqlen=32768))
+    m = L.pick(P, [rec], "sm90")
+    assert (m.kind, m.config, m.record) == ("transfer", fam, rec)
+    assert m.distance == pytest.approx(8.0) and "its config as it is" in m.reason   # 32x batch, 8x length
+    q = P.replace(dstate=256)
+    m = L.pick(q, [rec], "sm90")
+    assert m.kind == "transfer" and m.distance == pytest.approx(9.0)
+    assert m.config == fam.replace(scan_gluon=0) and "carried over" in m.reason
+    from autossd.ops.registry import get_op
+    assert not get_op("ssd_fwd").fn("violations")(m.config, "sm90", q)
+
+
+def test_transfer_serves_the_other_half_dtype_and_a_requested_chunk_size_but_not_fp32():
+    fam = BASE.replace(state_walk=1, scan_gluon=3)
+    rec = R(fam, P.replace(seqlen=131072))
+    m = L.pick(P.replace(dtype="bf16", chunk_size=128), [rec], "sm90")
+    assert m.kind == "transfer" and m.config.chunk_size == 128
+    assert m.config.state_dtype == "bf16"   # the Gluon paths keep states in the input dtype
+    m = L.pick(P.replace(dtype="fp32"), [rec], "sm90")
+    assert m.kind == "default" and m.config == default_config("sm90", P.replace(dtype="fp32"))
+
+
+def test_transfer_ranks_like_the_other_tiers_and_prefers_the_closer_record():
+    far, farther = R("b", P.replace(seqlen=65536)), R("c", P.replace(seqlen=131072))
+    assert L.pick(P, [farther, far], "sm90").config == CFG["b"]
+    assert L.pick(P, [far, R("c", P.replace(seqlen=131072), provenance="static")], "sm90").config == CFG["b"]
+    m = L.pick(P, [far, R("d", P.replace(seqlen=131072), time_ms=0.1)], "sm90")
+    assert m.config == CFG["b"]   # measured both: the closer, not the faster
+
+
+def test_transfer_through_the_public_lookup_and_the_runtime():
+    import autossd
+    fam = BASE.replace(state_walk=1, walk_weights=1, scan_gluon=3)
+    add_records(dbengine.to_url(L.user_db_url()), [R(fam, P.replace(seqlen=131072, batch=1))])
+    q = P.replace(batch=32, nheads=48, ngroups=1)
+    m = L.choose(q, "sm90")
+    assert m.kind == "transfer" and m.config == fam
+    k = autossd.get_kernel(q, "sm90")
+    assert k.source == "transfer" and k.config == fam

@@ -34,7 +34,17 @@ Match tiers, in order
        provenance "default" are not used for nearest: they carry no information beyond
        `default_config` of another shape, and the default of the query's own shape (tier 3) is
        better.
-    3. default: `space.default_config(arch, problem)`.
+    3. transfer: where no record is within the bound, the best-ranked record of the arch and op
+       at any size, headdim or dstate (a 16-bit dtype serves the other 16-bit one), its config
+       carried over to the query (`transfer`): chunk size set to a requested one, tiles shrunk to
+       the query's caps, and every knob the query's problem cannot run (`violations`) set back
+       to the arch default's value, one at a time, until none is left. Measured on an H100 at
+       12 random shapes no database was tuned at, the configs 30-trial tunes found there were
+       the shipped records' family (the Gluon walk and scans) with the knobs a dstate or
+       headdim rules out set back, while the arch default ran 1.27-1.57x slower: the family
+       transfers where single tiles do not. Distance: the nearest tier's over every numeric
+       field (headdim and dstate too), FLAG_PENALTY per other differing field.
+    4. default: `space.default_config(arch, problem)`.
 
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
     fresh before stale  >  measured > static > default  >  user before shipped
@@ -108,7 +118,7 @@ USER_DB_FILE = "tuning.sqlite"
 
 @dataclass(frozen=True)
 class Match:
-    kind: str                 # "exact" | "nearest" | "default"
+    kind: str                 # "exact" | "nearest" | "transfer" | "default"
     config: BaseConfig
     distance: float           # 0 for exact; the nearest candidate's distance (or inf) for default
     reason: str
@@ -243,6 +253,63 @@ def _compare(a, b, soft: frozenset) -> tuple[float, tuple[str, ...]]:
     return d + FLAG_PENALTY * len(flags), tuple(flags)
 
 
+# Fields whose values a transferred config may differ in at their log2 distance, like the
+# nearest tier's dims (tiles are shrunk to the query's, and violations set back what cannot run)
+TRANSFER_DIMS = ("headdim", "dstate")
+HALF_DTYPES = frozenset({"fp16", "bf16"})
+
+
+def _transfer_distance(a, b) -> float:
+    """The transfer tier's distance of record problem `b` from query `a`: |log2| over the
+    nearest tier's dims and TRANSFER_DIMS, FLAG_PENALTY per other differing field (a fp16 record
+    serves bf16 and back; other dtypes, and problems of another type, never)."""
+    if type(a) is not type(b):
+        return math.inf
+    dims, keyed = _fields(type(a))
+    d = sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in dims)
+    for f in keyed:
+        va, vb = getattr(a, f), getattr(b, f)
+        if f == "chunk_size" or va == vb:
+            continue
+        if f in TRANSFER_DIMS:
+            d += abs(math.log2(va / vb))
+        elif f == "dtype" and not {va, vb} <= HALF_DTYPES:
+            return math.inf
+        else:
+            d += FLAG_PENALTY
+    return d
+
+
+def transfer(config: BaseConfig, arch: str, problem, op: str = "ssd_fwd") -> BaseConfig | None:
+    """`config` carried over to `problem`: its requested chunk size, tiles shrunk to the problem's
+    caps (Op.caps), then, while the op's `violations` name reasons, the knob they name (else any
+    knob) set back to the arch default's value where that leaves fewer reasons. None when no
+    such step is left (the default itself then serves)."""
+    o = get_op(op)
+    violations = o.fn("violations")
+    default = o.fn("default_config")(arch, problem)
+    c = config
+    if getattr(problem, "chunk_size", None) is not None and "chunk_size" in c.space.by_name:
+        c = c.replace(chunk_size=problem.chunk_size)
+    if o.caps:
+        from ..knobs import shrink
+        c = shrink(c, o.fn("caps")(problem))
+    why = violations(c, arch, problem)
+    while why:
+        text = " ".join(why)
+        names = [k.name for k in c.space.knobs if c[k.name] != default[k.name]]
+        names.sort(key=lambda k: f"{k}=" not in text)   # the knobs a reason names first
+        for k in names:
+            c2 = c.replace(**{k: default[k]})
+            w2 = violations(c2, arch, problem)
+            if len(w2) < len(why):
+                c, why = c2, w2
+                break
+        else:
+            return None
+    return c
+
+
 def soft_flags(op: str) -> frozenset:
     """The problem fields `op` declares soft (Op.soft_flags): they may differ in the nearest tier."""
     return frozenset(get_op(op).soft_flags)
@@ -297,10 +364,11 @@ def _describe(rec: Record) -> str:
 
 
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
-         launch_mode: str = "eager", op: str = "ssd_fwd") -> Match:
+         launch_mode: str = "eager", op: str = "ssd_fwd", transfer: bool = True) -> Match:
     """Choose the config for `problem` from `records` (see the module docstring for the rules).
     launch_mode: "eager" or "graph", how the caller launches (the records timed that way first).
-    op: the op asked for (its records only; its default config where none applies)."""
+    op: the op asked for (its records only; its default config where none applies).
+    transfer: False leaves out the transfer tier (exact, nearest, else the default)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
     triton_v, th = _freshness()
@@ -356,9 +424,35 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             why += f" (records that differ in {', '.join(sorted(soft))} serve at +{FLAG_PENALTY:g} each)"
     else:
         why = f"nearest usable record at distance {best_d:.2f} > bound {max_distance:g}"
+    moved = _transferred(problem, records, arch, launch_mode, op, triton_v, th, why) if transfer else None
+    if moved is not None:
+        return moved
     n = sum(r.arch == arch and r.op == op for r in records)
     return Match("default", get_op(op).fn("default_config")(arch, problem), best_d,
                  f"default config for {arch}: {why} ({n} records searched)")
+
+
+def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op: str,
+                 triton_v: str, th: str, why: str) -> Match | None:
+    """The transfer tier (module docstring): the best-ranked record at a finite transfer distance
+    whose config `transfer` carries over, or None."""
+    cands = []
+    for rec in records:
+        if rec.arch != arch or rec.op != op or rec.provenance == "default":
+            continue
+        d = _transfer_distance(problem, rec.problem)
+        if d < math.inf:
+            cands.append((_rank(rec, d, bool(rec.stale_reasons(triton_v, th)), launch_mode), rec))
+    cands.sort(key=lambda c: c[0])
+    for rank, rec in cands:
+        cfg = transfer(rec.config, arch, problem, op)
+        if cfg is None:
+            continue
+        kept = "its config as it is" if cfg == rec.config else "its config carried over (knobs the query cannot run set back to the default's)"
+        return Match("transfer", cfg, rank[4],
+                     f"transfer ({why}): {_describe(rec)}, {kept}; "
+                     f"transfer distance {rank[4]:.2f}", rec, bool(rec.stale_reasons(triton_v, th)))
+    return None
 
 
 def choose(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
