@@ -10,27 +10,28 @@ Per stage s (the five launches of `ops.ssd.chunk.plan`, grids taken from the pla
                   (dt', dA cumsum: fp32; CB: input dtype; chunk states: state_dtype).
         reread_s: the extra reads a tiling causes (a B tile re-read for every headdim tile,
                   CB re-read per head of a group, ...), served mostly from L2, charged at
-                  L2_RATIO x the HBM bandwidth.
+                  l2_ratio x the HBM bandwidth.
         Strided dt loads in cumsum waste the rest of each 32-byte sector: bytes / sector_eff.
     flops_s = matmul FLOPs of the tiles actually launched (causal tiles only for CB and scan).
 
     occupancy: resident blocks per SM/CU from the compile report (NVIDIA: blocks per SM;
                AMD: waves per SIMD x 4 SIMDs / waves per block), capped by threads and smem.
     resident warps  w = min(blocks per SM, ceil(G / SMs)) x warps per block
-    latency hiding  mem_eff = min(1, w x pipe / W_MEM),  pipe = 1 + 0.5 (num_stages - 1)
-                    comp_eff = mma_eff x min(1, w / W_MMA),
-                    mma_eff = sqrt(min(bm,128)/128 x min(bn,128)/128) x sqrt(min(bk,32)/32)
+    latency hiding  mem_eff = min(1, w x pipe / w_mem),  pipe = 1 + pipe_gain (num_stages - 1)
+                    comp_eff = mma_eff x min(1, w / w_mma),
+                    mma_eff = sqrt(min(bm,128)/128 x min(bn,128)/128) x sqrt(min(bk,mma_k)/mma_k)
     wave quantization over the grid G on S SMs/CUs: the busiest SM runs k = ceil(G/S) blocks;
         one SM draws at most 2/S of the bandwidth and exactly 1/S of the matmul rate, so
         t_mem  = bytes/BW  x k x max(S / (2 G), min(G, S) / G) / mem_eff
         t_comp = flops/peak x (k S / G) / comp_eff
-    t_s = max(t_mem, t_comp) + T_LAUNCH
-    state passing is a dependent chain over chunks: t_s >= waves x nchunks x T_DEP.
+    t_s = max(t_mem, t_comp) x stage_scale[s] + t_launch
+    state passing is a dependent chain over chunks: t_s >= waves x nchunks x t_dep.
 
 BW and peak come from `autossd.arch.ARCHS` (the reference part's datasheet); fp32 inputs run
-their dots as FMA (input_precision="ieee"), at peak / FP32_DIV. The predicted time is the sum
+their dots as FMA (input_precision="ieee"), at peak / fp32_div. The predicted time is the sum
 over stages (GPU time only: host overhead, which dominates shapes of <= 2048 tokens, is not
-modelled). Constants are round numbers, not fitted: the model is a ranking heuristic.
+modelled). The constants (`Constants`) are round numbers unless CONSTANTS holds fitted ones for
+the arch (scripts/fit_model.py): the model is a ranking heuristic.
 
 Sanity check against the H100 (BENCHMARKS.md, default config, fp16, sm90 compile reports):
 mamba2-2.7b 1x131072 predicted 6.0 ms vs 5.67 measured, 4x16384 3.0 vs 2.83; per stage
@@ -58,14 +59,38 @@ from ..knobs import BaseConfig as Config
 from ..ops.registry import get_op
 from ..problem import Problem
 
-L2_RATIO = 3.0     # L2 (NVIDIA) / Infinity Cache (MI300) bandwidth over HBM, roughly
-W_MEM = 32         # resident warps (waves) per SM/CU that saturate memory latency hiding
-W_MMA = 8          # resident warps that keep the matrix units busy
-T_LAUNCH = 3e-6    # s per launch: launch + ramp-up + tail of one kernel
-T_DEP = 0.8e-6     # s per dependent global round trip (state passing, chunk to chunk)
-T_HANDOFF = 3.5e-6  # s per chunk of the ordered hand-off: H100, depth 3 state kernel 1.83 ms for 512 chunks
-FP32_DIV = 15.0    # dense fp16 matmul rate over fp32 FMA rate
 SECTOR = 32        # bytes per DRAM sector
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The model's constants. The defaults are round numbers (any arch); an arch with measured
+    data gets fitted ones in CONSTANTS (scripts/fit_model.py)."""
+    l2_ratio: float = 3.0      # L2 (NVIDIA) / Infinity Cache (MI300) bandwidth over HBM, roughly
+    w_mem: float = 32.0        # resident warps (waves) per SM/CU that saturate memory latency hiding
+    w_mma: float = 8.0         # resident warps that keep the matrix units busy
+    t_launch: float = 3e-6     # s per launch: launch + ramp-up + tail of one kernel
+    t_dep: float = 0.8e-6      # s per dependent global round trip (state passing, chunk to chunk)
+    t_handoff: float = 3.5e-6  # s per chunk of the ordered hand-off: H100, depth 3 state kernel 1.83 ms for 512 chunks
+    fp32_div: float = 15.0     # dense fp16 matmul rate over fp32 FMA rate
+    pipe_gain: float = 0.5     # latency hidden per extra pipeline stage, as resident warps
+    mma_k: float = 32.0        # k-tile depth that keeps the matrix unit's pipeline full
+    # per-stage time factors (stage name -> factor): what the bytes-and-FLOPs view of a stage
+    # misses, uniformly over its configs (fitted; 1 where absent)
+    stage_scale: tuple[tuple[str, float], ...] = ()
+
+    def scale(self, stage: str) -> float:
+        return dict(self.stage_scale).get(stage, 1.0)
+
+
+DEFAULT_CONSTANTS = Constants()
+# Fitted constants per arch (scripts/fit_model.py on scripts/model_quality.py's measurements).
+CONSTANTS: dict[str, Constants] = {}
+
+
+def constants_for(arch: Arch | str) -> Constants:
+    name = arch if isinstance(arch, str) else arch.name
+    return CONSTANTS.get(name, DEFAULT_CONSTANTS)
 
 
 @dataclass
@@ -107,39 +132,45 @@ def _blocks_per_sm(arch: Arch, rep: StageReport) -> float:
     return float(max(1, min(by_regs, by_threads, by_smem)))
 
 
-def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport | None) -> StageTime:
+def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport | None,
+               k_: Constants | None = None) -> StageTime:
+    c = k_ or constants_for(arch)
     sms = arch.sm_count
     warps = rep.num_warps if rep else 4
     bps = _blocks_per_sm(arch, rep) if rep else 1.0
     g = max(1, cost.grid)
     k = _cdiv(g, sms)                                       # blocks on the busiest SM
     resident = min(bps, k) * warps
-    pipe = 1.0 + 0.5 * (cost.stages - 1)
-    mem_eff = min(1.0, resident * pipe / W_MEM)
+    pipe = 1.0 + c.pipe_gain * (cost.stages - 1)
+    mem_eff = min(1.0, resident * pipe / c.w_mem)
     bm, bn, bk = cost.block
-    mma_eff = math.sqrt(min(bm, 128) / 128 * min(bn, 128) / 128) * math.sqrt(min(bk, 32) / 32)
-    comp_eff = max(1e-3, mma_eff * min(1.0, resident / W_MMA))
+    mma_eff = math.sqrt(min(bm, 128) / 128 * min(bn, 128) / 128) * math.sqrt(min(bk, c.mma_k) / c.mma_k)
+    comp_eff = max(1e-3, mma_eff * min(1.0, resident / c.w_mma))
     bw = arch.hbm_gbps * 1e9
-    peak = arch.matmul_tflops * 1e12 / (FP32_DIV if problem.dtype == "fp32" else 1.0)
-    t_bytes = cost.unique_bytes / cost.sector_eff / bw + cost.reread_bytes / (L2_RATIO * bw)
+    peak = arch.matmul_tflops * 1e12 / (c.fp32_div if problem.dtype == "fp32" else 1.0)
+    t_bytes = cost.unique_bytes / cost.sector_eff / bw + cost.reread_bytes / (c.l2_ratio * bw)
     t_mem = t_bytes * k * max(sms / (2 * g), min(g, sms) / g) / mem_eff
     t_comp = cost.flops / peak * (k * sms / g) / comp_eff
     t = max(t_mem, t_comp)
     waves = _cdiv(g, int(bps * sms))
     if cost.ordered:   # chunk after chunk across programs; the sequences of a batch overlap
-        t = max(t, cost.chain * T_HANDOFF)
+        t = max(t, cost.chain * c.t_handoff)
     elif cost.chain:
-        t = max(t, waves * cost.chain * T_DEP)
-    return StageTime(cost.stage, t + T_LAUNCH, t_mem, t_comp, bps, waves)
+        t = max(t, waves * cost.chain * c.t_dep)
+    return StageTime(cost.stage, t * c.scale(cost.stage) + c.t_launch, t_mem, t_comp, bps, waves)
 
 
 def predict(arch: Arch | str, problem: Problem, config: Config,
-            report: CompileReport | None = None) -> tuple[float, list[StageTime]]:
-    """Predicted forward time in ms, and the per-stage breakdown."""
+            report: CompileReport | None = None, constants: Constants | None = None,
+            costs: list[StageCost] | None = None) -> tuple[float, list[StageTime]]:
+    """Predicted forward time in ms, and the per-stage breakdown. `constants`: the arch's
+    (constants_for) unless given; `costs`: the op's cost model of (problem, config) unless given
+    (a fit evaluates many constants on the same costs)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     reps = {s.stage: s for s in report.stages} if report else {}
-    costs = get_op(config.op).fn("cost_model")(problem, config)
-    times = [stage_time(arch, problem, c, reps.get(c.stage)) for c in costs]
+    if costs is None:
+        costs = get_op(config.op).fn("cost_model")(problem, config)
+    times = [stage_time(arch, problem, c, reps.get(c.stage), constants) for c in costs]
     return sum(t.seconds for t in times) * 1e3, times
 
 
@@ -150,4 +181,4 @@ def floor_ms(arch: Arch | str, problem: Problem) -> float:
                problem.flops() / (arch.matmul_tflops * 1e12)) * 1e3
 
 
-__all__ = ["predict", "floor_ms", "StageCost", "StageTime"]
+__all__ = ["predict", "floor_ms", "StageCost", "StageTime", "Constants", "CONSTANTS", "constants_for"]
