@@ -1,25 +1,26 @@
 """Fit the static performance model's constants (autossd/tuner/model.py `Constants`) to configs
 measured on a GPU by scripts/model_quality.py, and report the ranking quality on held-out shapes.
 
-    python scripts/fit_model.py DATA.json [MORE.json ...] [--hold-out 1,4] [--trials 400] [--seed 0]
-        [--out constants.json]
+    python scripts/fit_model.py DATA.json [MORE.json ...] [--ridge 10] [--trials 0] [--seed 0]
+        [--out autossd/../tuning_db/model_sm90.json]
 
-The search is Optuna's TPE over the constants (log-uniform ranges around the defaults) and a time
-factor per stage; each candidate is scored on the training shapes by
-
-    loss = mean over shapes of (1 - Spearman rho) + 2 x log(measured time of the model's top-1
-           over the best measured time)
-
-(ranking all configs, and the top-1 pick, which is what a static tune stores). The cost model of
-each (problem, config) is computed once; only the constants change between candidates. The report
-prints, per shape, rho and the top-1 ratio under the default constants and under the fitted
-ones, held-out shapes marked; --out writes the fitted constants as JSON (model.py's CONSTANTS
-takes them as a Constants(...) literal). No GPU needed.
+Two parts, the second on top of the first:
+  constants (--trials N > 0): Optuna's TPE over the analytic constants (log-uniform ranges around
+      the defaults) and a time factor per stage, scored on the training shapes by
+      mean (1 - Spearman rho) + 2 x log(measured time of the model's top-1 over the best measured);
+  knob terms (--ridge L): ridge regression (penalty L) of log(measured / predicted) on the one-hot
+      values of every knob, centred per shape (only the ranking within a shape matters): a value's
+      typical effect that the analytic part leaves out.
+Quality is reported per shape by leave-one-shape-out: each shape ranked by the fit of the others
+(Spearman rho, and the measured time of the predicted best over the measured best), beside the
+unfitted model. --out writes the fit on all shapes (what tuning_db/model_<arch>.json holds: the
+model loads it for that arch). No GPU needed.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -53,7 +54,7 @@ def load(paths: list[str], measured: str = "graph_ms") -> tuple[str, list[str], 
     op = get_op("ssd_fwd")
     cases, shapes, arch = [], [], None
     for path in paths:
-        with open(path) as f:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             data = json.load(f)
         arch = arch or data["arch"]
         if data["arch"] != arch:
@@ -129,35 +130,75 @@ def fit(arch: str, cases: list[Case], train: list[int], trials: int, seed: int):
     return make(study.best_params), study.best_value
 
 
+def features(cases: list[Case]) -> list[tuple[str, str]]:
+    """(knob, value) pairs of the knobs that take more than one value in `cases`."""
+    vals: dict[str, set] = {}
+    for c in cases:
+        for k, v in c.config.as_dict().items():
+            vals.setdefault(k, set()).add(str(v))
+    return [(k, v) for k in sorted(vals) for v in sorted(vals[k]) if len(vals[k]) > 1]
+
+
+def ridge(arch: str, cases: list[Case], base, lam: float):
+    """`base` with knob terms fitted on `cases` (see the module docstring)."""
+    import torch
+    base = dataclasses.replace(base, knob_terms=())
+    feats = features(cases)
+    pred = predictions(arch, cases, base)
+    A = torch.tensor([[1.0 if str(c.config[k]) == v else 0.0 for k, v in feats] for c in cases], dtype=torch.float64)
+    y = torch.tensor([math.log(c.measured_ms / p) for c, p in zip(cases, pred)], dtype=torch.float64)
+    for s in {c.shape for c in cases}:
+        idx = torch.tensor([i for i, c in enumerate(cases) if c.shape == s])
+        y[idx] -= y[idx].mean()
+    w = torch.linalg.solve(A.T @ A + lam * torch.eye(len(feats), dtype=torch.float64), A.T @ y)
+    terms = tuple((k, v, round(float(x), 5)) for (k, v), x in zip(feats, w) if abs(float(x)) > 1e-6)
+    return dataclasses.replace(base, knob_terms=terms)
+
+
+def fit_all(arch: str, cases: list[Case], train: list[int], a):
+    from autossd.tuner.model import DEFAULT_CONSTANTS
+    base = DEFAULT_CONSTANTS
+    if a.trials > 0:
+        base, _ = fit(arch, cases, train, a.trials, a.seed)
+    return ridge(arch, [c for c in cases if c.shape in train], base, a.ridge)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", nargs="+", help="scripts/model_quality.py JSON files")
-    ap.add_argument("--hold-out", default="", help="comma-separated shape indices kept out of the fit")
-    ap.add_argument("--trials", type=int, default=400)
+    ap.add_argument("data", nargs="+", help="scripts/model_quality.py JSON files (.json or .json.gz)")
+    ap.add_argument("--ridge", type=float, default=10.0, help="ridge penalty of the knob terms")
+    ap.add_argument("--trials", type=int, default=0, help="Optuna trials of the analytic constants (0: keep them)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="write the fitted constants here (JSON)")
+    ap.add_argument("--source", default="", help="provenance text stored with --out")
+    ap.add_argument("--out", help="write the fit on all shapes here (JSON, tuning_db/model_<arch>.json)")
     a = ap.parse_args(argv)
     from autossd.tuner.model import DEFAULT_CONSTANTS
     arch, shapes, cases = load(a.data)
-    held = {int(x) for x in a.hold_out.split(",") if x}
-    train = [i for i in range(len(shapes)) if i not in held]
-    before = per_shape(arch, cases, DEFAULT_CONSTANTS, range(len(shapes)))
-    k, best = fit(arch, cases, train, a.trials, a.seed)
-    after = per_shape(arch, cases, k, range(len(shapes)))
+    everything = list(range(len(shapes)))
+    before = per_shape(arch, cases, DEFAULT_CONSTANTS, everything)
+    cv = {}
+    for s in everything:   # leave one shape out
+        k = fit_all(arch, cases, [i for i in everything if i != s], a)
+        cv[s] = per_shape(arch, cases, k, [s])[s]
     f = lambda v: "-" if v is None else f"{v:.3f}"   # noqa: E731
-    print(f"{arch}: {len(cases)} measured configs over {len(shapes)} shapes; training loss {best:.3f}")
-    print(f"{'idx':>3} {'shape':48s} {'n':>4}  {'rho before':>10} {'top1 before':>11}  {'rho after':>9} {'top1 after':>10}")
+    print(f"{arch}: {len(cases)} measured configs over {len(shapes)} shapes; each shape ranked by the fit "
+          f"of the others (ridge {a.ridge:g}, {a.trials} constant trials)")
+    print(f"{'idx':>3} {'shape':44s} {'n':>4}  {'rho unfitted':>12} {'top1 unfitted':>13}  {'rho held out':>12} "
+          f"{'top1 held out':>13}")
     for i, s in enumerate(shapes):
         n = sum(c.shape == i for c in cases)
-        tag = " (held out)" if i in held else ""
-        print(f"{i:3d} {s[:48]:48s} {n:4d}  {f(before[i][0]):>10} {f(before[i][1]):>11}  "
-              f"{f(after[i][0]):>9} {f(after[i][1]):>10}{tag}")
-    print("fitted:", k)
+        print(f"{i:3d} {s[:44]:44s} {n:4d}  {f(before[i][0]):>12} {f(before[i][1]):>13}  {f(cv[i][0]):>12} {f(cv[i][1]):>13}")
+    rhos = [cv[i][0] for i in everything if cv[i][0] is not None]
+    print(f"held out: min rho {min(rhos):.3f}, worst top-1 ratio {max(cv[i][1] for i in everything):.3f}")
     if a.out:
+        k = dataclasses.replace(fit_all(arch, cases, everything, a), source=a.source)
         with open(a.out, "w") as fh:
-            json.dump({"arch": arch, "constants": dataclasses.asdict(k), "shapes": shapes, "held_out": sorted(held),
-                       "before": {shapes[i]: v for i, v in before.items()},
-                       "after": {shapes[i]: v for i, v in after.items()}}, fh, indent=1)
+            json.dump({"arch": arch, "constants": dataclasses.asdict(k), "shapes": shapes,
+                       "measured_configs": len(cases), "ridge": a.ridge, "constant_trials": a.trials,
+                       "unfitted": {shapes[i]: {"rho": v[0], "top1_ratio": v[1]} for i, v in before.items()},
+                       "held_out": {shapes[i]: {"rho": v[0], "top1_ratio": v[1]} for i, v in cv.items()}},
+                      fh, indent=1)
+        print(f"wrote {a.out}")
     return 0
 
 

@@ -3,6 +3,7 @@ no Triton kernel (so the test stays fast in the CPU interpreter): train_compare 
 reference standing in for mamba_ssm, bench_hf with transformers' own PyTorch path."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 def _load(name):
     spec = importlib.util.spec_from_file_location(f"_script_{name}", SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # a script's dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -90,3 +92,39 @@ def test_model_quality_help_and_no_gpu(tmp_path, capsys):
     assert mod.main(["--out", str(tmp_path / "m.json"), "--shapes", "mamba2-2.7b:b=1,l=2048"]) == 2
     assert "no GPU" in capsys.readouterr().out
     assert not (tmp_path / "m.json").exists()
+
+
+def test_fit_model_learns_a_knob_the_analytic_model_misses(tmp_path, capsys):
+    """Measured times = the unfitted model's x 1.6 wherever decay_split is off: the knob terms
+    learn that value's weight (about log 1.6), and each held-out shape is then ranked right."""
+    import math
+    import random
+
+    from autossd.compile import CompileReport, StageReport
+    from autossd.ops.registry import get_op
+    from autossd.tuner.model import DEFAULT_CONSTANTS, Constants, predict
+    from autossd.tuner.search_space import build_space
+    mq, fm = _load("model_quality"), _load("fit_model")
+    op = get_op("ssd_fwd")
+    shapes = ["mamba2-2.7b:b=4,l=16384", "mamba2-2.7b:b=1,l=2048", "b=2,l=6000,h=64,p=64,n=128,g=1"]
+    rows = []
+    for i, spec in enumerate(shapes):
+        prob = mq.problem_of(spec, "fp16")
+        space = build_space("sm90", prob, static=True)
+        for cfg in mq.draw_configs(space, prob, 24, random.Random(i)):
+            rep = [dict(stage=c.stage, num_warps=4, registers=128, spill_bytes=0, shared_bytes=32768, occupancy=2.0)
+                   for c in op.fn("cost_model")(prob, cfg)]
+            r = CompileReport("sm90", cfg, [StageReport(**d) for d in rep], [])
+            ms = predict("sm90", prob, cfg, r, DEFAULT_CONSTANTS)[0] * (1.6 if not cfg.decay_split else 1.0)
+            rows.append(dict(shape_index=i, shape=spec, config=cfg.as_dict(), ok=True, report=rep, graph_ms=ms))
+    data = tmp_path / "mq.json"
+    data.write_text(json.dumps({"arch": "sm90", "dtype": "fp16", "shapes": shapes, "rows": rows}))
+    out = tmp_path / "model_sm90.json"
+    assert fm.main([str(data), "--ridge", "0.1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    import re
+    rho, top = map(float, re.search(r"held out: min rho ([\d.]+), worst top-1 ratio ([\d.]+)", text).groups())
+    assert rho > 0.95 and top == 1.0   # unfitted, decay_split's cost is invisible to the ranking
+    k = Constants.from_dict(json.loads(out.read_text())["constants"])
+    w = {(kn, v): x for kn, v, x in k.knob_terms}
+    assert w[("decay_split", "False")] - w[("decay_split", "True")] == pytest.approx(math.log(1.6), abs=0.02)

@@ -2,6 +2,8 @@
 performance model, replay + brute force, and SIGKILL/resume of a journal-backed study."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -447,6 +449,25 @@ def test_model_charges_bytes_occupancy_and_quantization():
     from autossd.arch import get_arch
     t = lambda g: stage_time(get_arch("sm90"), big, StageCost("x", g, 1e9 * g / 132, 0, 0), None).t_mem  # noqa: E731
     assert t(133) > 1.9 * t(132) * 133 / 132 / 1.05
+
+
+def test_model_constants_per_arch_and_their_knob_terms():
+    """sm90 ranks with the constants fitted to its measurements (tuning_db/model_sm90.json); an
+    arch without a fit keeps the round defaults; a knob term scales the predicted time by
+    exp(weight) for the configs with that value, and no other."""
+    import math
+
+    from autossd.tuner.model import DEFAULT_CONSTANTS, Constants, constants_for
+    fitted = constants_for("sm90")
+    assert fitted.knob_terms and "H100" in fitted.source
+    assert constants_for("sm80") == DEFAULT_CONSTANTS and constants_for("gfx942") == DEFAULT_CONSTANTS
+    dflt = default_config("sm80", SMALL)
+    k = Constants(knob_terms=(("decay_split", "False", math.log(2.0)),))
+    on, off = dflt.replace(decay_split=True), dflt.replace(decay_split=False)
+    base = lambda c: predict("sm80", SMALL, c, constants=DEFAULT_CONSTANTS)[0]  # noqa: E731
+    assert predict("sm80", SMALL, off, constants=k)[0] == pytest.approx(2 * base(off))
+    assert predict("sm80", SMALL, on, constants=k)[0] == pytest.approx(base(on))
+    assert Constants.from_dict(json.loads(json.dumps(dataclasses.asdict(k)))) == k
 
 
 # --- replay + brute force ---------------------------------------------------------------------

@@ -78,19 +78,54 @@ class Constants:
     # per-stage time factors (stage name -> factor): what the bytes-and-FLOPs view of a stage
     # misses, uniformly over its configs (fitted; 1 where absent)
     stage_scale: tuple[tuple[str, float], ...] = ()
+    # learned knob terms (knob, value as text, weight): the predicted time is multiplied by
+    # exp(sum of the weights of the values a config has). What the analytic part leaves out
+    # (the factored decay, register pressure of a tile shape, what a pipeline depth costs in
+    # shared memory) shows as a value's typical effect on the measured time, fitted by ridge
+    # regression of log(measured / predicted) across shapes (scripts/fit_model.py)
+    knob_terms: tuple[tuple[str, str, float], ...] = ()
+    source: str = ""           # where fitted constants came from (device, data, date)
 
     def scale(self, stage: str) -> float:
         return dict(self.stage_scale).get(stage, 1.0)
 
+    def correction(self, config: Config) -> float:
+        if not self.knob_terms:
+            return 1.0
+        vals = config.as_dict()
+        return math.exp(sum(w for k, v, w in self.knob_terms if k in vals and str(vals[k]) == v))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Constants":
+        d = dict(d)
+        d["stage_scale"] = tuple((str(s), float(f)) for s, f in d.get("stage_scale", ()))
+        d["knob_terms"] = tuple((str(k), str(v), float(w)) for k, v, w in d.get("knob_terms", ()))
+        return cls(**d)
+
 
 DEFAULT_CONSTANTS = Constants()
-# Fitted constants per arch (scripts/fit_model.py on scripts/model_quality.py's measurements).
+# Fitted constants per arch, kept as data beside the shipped databases: tuning_db/model_<arch>.json
+# (scripts/fit_model.py --out, from scripts/model_quality.py's measurements). An arch without one
+# runs the round defaults. Tests and fits may put Constants here directly.
 CONSTANTS: dict[str, Constants] = {}
 
 
+def _fitted(arch: str) -> Constants | None:
+    import importlib.resources
+    import json
+    try:
+        text = (importlib.resources.files("autossd.tuning_db") / f"model_{arch}.json").read_text()
+    except (FileNotFoundError, ModuleNotFoundError, OSError):
+        return None
+    return Constants.from_dict(json.loads(text)["constants"])
+
+
 def constants_for(arch: Arch | str) -> Constants:
+    """The model's constants for `arch`: CONSTANTS, else the shipped fitted file, else the defaults."""
     name = arch if isinstance(arch, str) else arch.name
-    return CONSTANTS.get(name, DEFAULT_CONSTANTS)
+    if name not in CONSTANTS:
+        CONSTANTS[name] = _fitted(name) or DEFAULT_CONSTANTS
+    return CONSTANTS[name]
 
 
 @dataclass
@@ -170,8 +205,9 @@ def predict(arch: Arch | str, problem: Problem, config: Config,
     reps = {s.stage: s for s in report.stages} if report else {}
     if costs is None:
         costs = get_op(config.op).fn("cost_model")(problem, config)
-    times = [stage_time(arch, problem, c, reps.get(c.stage), constants) for c in costs]
-    return sum(t.seconds for t in times) * 1e3, times
+    k = constants or constants_for(arch)
+    times = [stage_time(arch, problem, c, reps.get(c.stage), k) for c in costs]
+    return sum(t.seconds for t in times) * 1e3 * k.correction(config), times
 
 
 def floor_ms(arch: Arch | str, problem: Problem) -> float:
