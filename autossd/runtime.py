@@ -312,16 +312,28 @@ def _current_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+def _device_name(dev: int | None) -> str | None:
+    """The GPU's name (its measured records rank first), or None where there is none to ask."""
+    if dev is None:
+        return None
+    try:
+        return torch.cuda.get_device_name(dev)
+    except (AssertionError, RuntimeError):   # a CPU build of torch, or no such device
+        return None
+
+
 def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kernel:
     problem = _as_problem(problem_or_shape)
     arch_name = get_arch(arch).name if arch is not None else arch_of_device()
     url = user_db_url(db)
-    norm = (problem, arch_name, url, launch_mode)
+    # the local GPU's name, so that its own measurements rank first (None: an arch asked for)
+    device = _device_name(dev)
+    norm = (problem, arch_name, url, launch_mode, device)
     with _kernels_lock:
         kernel = _kernels.get(norm)
     if kernel is None:
         match = _with_rejections(pick(problem, load_records(arch_name, OP, url), arch_name,
-                                      launch_mode=launch_mode), url, arch_name)
+                                      launch_mode=launch_mode, device=device), url, arch_name)
         kernel = Kernel(problem, arch_name, match, launch_mode)
         log.debug("autossd: %s (%s) -> %s", problem, launch_mode, match.reason)
     with _kernels_lock:

@@ -375,3 +375,23 @@ def test_transfer_through_the_public_lookup_and_the_runtime():
     assert m.kind == "transfer" and m.config == fam
     k = autossd.get_kernel(q, "sm90")
     assert k.source == "transfer" and k.config == fam
+
+
+def test_measurements_on_the_callers_device_rank_first():
+    """An H200 picks the H200's record of a shape over a faster H100 one of the same arch, in every
+    tier; without a device (an arch asked for by name) the faster one wins."""
+    h100 = replace(make_record(P, CFG["a"], "sm90", provenance="measured", time_ms=1.0,
+                               device="NVIDIA H100 80GB HBM3"), origin="user")
+    h200 = replace(make_record(P, CFG["b"], "sm90", provenance="measured", time_ms=1.5, device="NVIDIA H200"),
+                   origin="user")
+    assert L.pick(P, [h100, h200], "sm90").config == CFG["a"]
+    assert L.pick(P, [h100, h200], "sm90", device="NVIDIA H200").config == CFG["b"]
+    assert L.pick(P, [h100, h200], "sm90", device="NVIDIA H100 80GB HBM3").config == CFG["a"]
+    near = P.replace(seqlen=8192)
+    assert L.pick(near, [h100, h200], "sm90", device="NVIDIA H200").config == CFG["b"]
+    far = P.replace(seqlen=131072)
+    m = L.pick(far, [h100, h200], "sm90", device="NVIDIA H200")
+    assert m.kind == "transfer" and m.config == CFG["b"]
+    # a prediction names no device: a measurement from another device still beats it
+    static = replace(make_record(P, CFG["c"], "sm90", provenance="static"), origin="user")
+    assert L.pick(P, [h100, static], "sm90", device="NVIDIA H200").config == CFG["a"]

@@ -48,8 +48,9 @@ Match tiers, in order
 
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
     fresh before stale  >  measured > static > default  >  user before shipped
-    >  the launch mode asked for  >  smaller distance  >  smaller time (time_ms; for static
-    records predicted_ms)  >  config key (text)  >  record id.
+    >  measured on this device (the runtime passes the GPU's name: an H200 prefers H200 records
+    to H100 ones of the same arch)  >  the launch mode asked for  >  smaller distance  >  smaller
+    time (time_ms; for static records predicted_ms)  >  config key (text)  >  record id.
     A measurement beats a prediction wherever each is stored: a static tune on a machine without
     the GPU writes predictions into the user database, and those must not hide the shipped
     database's measured record of the same shape (the Match's reason then names the user record
@@ -338,8 +339,14 @@ def record_time(rec: Record) -> float:
     return rec.predicted_ms if rec.predicted_ms is not None else math.inf
 
 
-def _rank(rec: Record, d: float, stale: bool, launch_mode: str) -> tuple:
-    return (stale, PROVENANCE_RANK[rec.provenance], ORIGIN_RANK.get(rec.origin, 2),
+RANK_DISTANCE = 5   # where _rank's tuple holds the distance
+
+
+def _rank(rec: Record, d: float, stale: bool, launch_mode: str, device: str | None = None) -> tuple:
+    # a measurement on another device of the arch (an H100 record on an H200) ranks after one on
+    # this device; predictions name no device of their own
+    other_device = bool(device) and rec.provenance == "measured" and rec.device != device
+    return (stale, PROVENANCE_RANK[rec.provenance], ORIGIN_RANK.get(rec.origin, 2), other_device,
             rec.launch_mode != launch_mode, d, record_time(rec), rec.config.key(), rec.id or 0)
 
 
@@ -364,11 +371,14 @@ def _describe(rec: Record) -> str:
 
 
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
-         launch_mode: str = "eager", op: str = "ssd_fwd", transfer: bool = True) -> Match:
+         launch_mode: str = "eager", op: str = "ssd_fwd", transfer: bool = True,
+         device: str | None = None) -> Match:
     """Choose the config for `problem` from `records` (see the module docstring for the rules).
     launch_mode: "eager" or "graph", how the caller launches (the records timed that way first).
     op: the op asked for (its records only; its default config where none applies).
-    transfer: False leaves out the transfer tier (exact, nearest, else the default)."""
+    transfer: False leaves out the transfer tier (exact, nearest, else the default).
+    device: the GPU's name (torch.cuda.get_device_name): its measured records rank before those
+    of another device of the arch, within each tier; None: no preference."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
     triton_v, th = _freshness()
@@ -385,19 +395,19 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             continue
         stale = bool(rec.stale_reasons(triton_v, th))
         if d == 0.0 and not flags:   # exact: every field equal (FLAG_PENALTY > 0 keeps d > 0 anyway)
-            exact.append((_rank(rec, 0.0, stale, launch_mode), rec))
+            exact.append((_rank(rec, 0.0, stale, launch_mode, device), rec))
         # feasibility is judged for the query's problem (its flags too), not the record's
         elif rec.provenance != "default" and not violations(rec.config, arch, problem):
             best_d = min(best_d, d)
             if d <= max_distance:
-                near.append((_rank(rec, d, stale, launch_mode), rec))
+                near.append((_rank(rec, d, stale, launch_mode, device), rec))
                 differ[id(rec)] = flags
     for kind, cands in (("exact", exact), ("nearest", near)):
         if not cands:
             continue
         cands.sort(key=lambda c: c[0])
         rank, rec = cands[0]
-        d = rank[4]
+        d = rank[RANK_DISTANCE]
         reason = f"{kind} match: {_describe(rec)}"
         if kind == "nearest":
             flags = differ[id(rec)]
@@ -424,7 +434,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             why += f" (records that differ in {', '.join(sorted(soft))} serve at +{FLAG_PENALTY:g} each)"
     else:
         why = f"nearest usable record at distance {best_d:.2f} > bound {max_distance:g}"
-    moved = _transferred(problem, records, arch, launch_mode, op, triton_v, th, why) if transfer else None
+    moved = _transferred(problem, records, arch, launch_mode, op, triton_v, th, why, device) if transfer else None
     if moved is not None:
         return moved
     n = sum(r.arch == arch and r.op == op for r in records)
@@ -433,7 +443,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
 
 
 def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op: str,
-                 triton_v: str, th: str, why: str) -> Match | None:
+                 triton_v: str, th: str, why: str, device: str | None = None) -> Match | None:
     """The transfer tier (module docstring): the best-ranked record at a finite transfer distance
     whose config `transfer` carries over, or None."""
     cands = []
@@ -442,16 +452,16 @@ def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op
             continue
         d = _transfer_distance(problem, rec.problem)
         if d < math.inf:
-            cands.append((_rank(rec, d, bool(rec.stale_reasons(triton_v, th)), launch_mode), rec))
+            cands.append((_rank(rec, d, bool(rec.stale_reasons(triton_v, th)), launch_mode, device), rec))
     cands.sort(key=lambda c: c[0])
     for rank, rec in cands:
         cfg = transfer(rec.config, arch, problem, op)
         if cfg is None:
             continue
         kept = "its config as it is" if cfg == rec.config else "its config carried over (knobs the query cannot run set back to the default's)"
-        return Match("transfer", cfg, rank[4],
+        return Match("transfer", cfg, rank[RANK_DISTANCE],
                      f"transfer ({why}): {_describe(rec)}, {kept}; "
-                     f"transfer distance {rank[4]:.2f}", rec, bool(rec.stale_reasons(triton_v, th)))
+                     f"transfer distance {rank[RANK_DISTANCE]:.2f}", rec, bool(rec.stale_reasons(triton_v, th)))
     return None
 
 
