@@ -192,19 +192,23 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     assert op.fn("cost_model")(big, default_config("sm90", big))[0].unique_bytes == big.min_bytes()
 
 
-def test_an_exact_record_is_picked_else_the_default(monkeypatch):
-    pr = DecodeProblem(2, 2, 4, 16, 1, "fp32")
-    tuned = DecodeConfig(block_p=2, heads=2, warps=2)
-
-    class Rec:   # what load_records returns, as far as the pick reads it
-        arch, op, origin, provenance, launch_mode, time_ms = "sm90", "ssd_decode", "user", "measured", "eager", 0.01
-        problem, config = pr, tuned
-
+def test_the_shared_lookup_picks_exact_then_nearest_then_the_default(monkeypatch):
+    """An exact record; a batch within the nearest bound takes the closest record; a problem no
+    record can serve (fp32 inputs from bf16 records: never transferred) gets the default."""
+    from autossd.db import make_record
+    pr = DecodeProblem(16, 2, 4, 16, 1, "bf16")
+    tuned, other = DecodeConfig(block_p=2, heads=2, warps=2), DecodeConfig(block_p=4, heads=1, warps=1)
+    recs = [make_record(pr, tuned, "sm90", provenance="measured", time_ms=0.01, op="ssd_decode"),
+            make_record(pr.replace(batch=64), other, "sm90", provenance="measured", time_ms=0.02, op="ssd_decode")]
     import autossd.db.lookup as lookup
-    monkeypatch.setattr(lookup, "load_records", lambda arch, op, db=None: [Rec()])
-    assert dec.choose(pr, "sm90")[0] == tuned
-    other = pr.replace(batch=3)
-    assert dec.choose(other, "sm90")[0] == default_config("sm90", other)
+    monkeypatch.setattr(lookup, "load_records", lambda arch, op, db=None: recs)
+    cfg, why = dec.choose(pr, "sm90")
+    assert cfg == tuned and why.startswith("exact match")
+    assert dec.choose(pr.replace(batch=24), "sm90")[0] == tuned      # 1.5x from 16, 2.7x from 64
+    assert dec.choose(pr.replace(batch=48), "sm90")[0] == other
+    far = pr.replace(dtype="fp32")
+    cfg, why = dec.choose(far, "sm90")
+    assert cfg == default_config("sm90", far) and why.startswith("default config")
 
 
 def test_meta_launches_plan_the_one_kernel():

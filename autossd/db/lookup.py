@@ -263,7 +263,8 @@ HALF_DTYPES = frozenset({"fp16", "bf16"})
 def _transfer_distance(a, b) -> float:
     """The transfer tier's distance of record problem `b` from query `a`: |log2| over the
     nearest tier's dims and TRANSFER_DIMS, FLAG_PENALTY per other differing field (a fp16 record
-    serves bf16 and back; other dtypes, and problems of another type, never)."""
+    serves bf16 and back, for the inputs and for a decode state; other dtypes, and problems of
+    another type, never)."""
     if type(a) is not type(b):
         return math.inf
     dims, keyed = _fields(type(a))
@@ -274,7 +275,7 @@ def _transfer_distance(a, b) -> float:
             continue
         if f in TRANSFER_DIMS:
             d += abs(math.log2(va / vb))
-        elif f == "dtype" and not {va, vb} <= HALF_DTYPES:
+        elif f.endswith("dtype") and not {va, vb} <= HALF_DTYPES:   # the inputs', the decode state's
             return math.inf
         else:
             d += FLAG_PENALTY
@@ -363,7 +364,8 @@ def _describe(rec: Record) -> str:
     mode = {"eager": "timed by eager calls", "graph": "timed by CUDA-graph replay"}
     bits = [f"{rec.provenance} record from the {rec.origin or 'given'} db"
             + (f" ({mode[rec.launch_mode]})" if rec.launch_mode in mode else ""),
-            f"b={p.batch} L={p.seqlen} h={p.nheads} g={p.ngroups}"]
+            " ".join(f"{k}={getattr(p, f)}" for k, f in (("b", "batch"), ("L", "seqlen"), ("t", "tokens"),
+                                                        ("h", "nheads"), ("g", "ngroups")) if hasattr(p, f))]
     if rec.time_ms is not None:
         bits.append(f"{rec.time_ms:.4g} ms" + (f" on {rec.device}" if rec.device else ""))
     bits.append(rec.created_at[:10])

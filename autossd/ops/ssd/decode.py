@@ -195,10 +195,10 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
 
 # --- config choice --------------------------------------------------------------------------
 def choose(problem: DecodeProblem, arch: str, db=None):
-    """(config, why): an exact record for the problem from the tuning databases (user first, then
-    shipped; measured before static, then the fastest), else the arch default. The shared
-    lookup's nearest tier measures distance over the forward's problem fields, so the decode step
-    matches records exactly and otherwise takes its default."""
+    """(config, why): the shared lookup's pick (`autossd.db.lookup.pick`) among the decode records
+    of the tuning databases (user first, then shipped): an exact record, else the nearest in
+    batch, heads and groups (a batch of 32 takes the record of 16 or 64), else a record's config
+    carried over (transfer), else the arch default."""
     recs = []
     try:
         from ...db.lookup import load_records
@@ -206,14 +206,9 @@ def choose(problem: DecodeProblem, arch: str, db=None):
     except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
         import logging
         logging.getLogger("autossd").warning("autossd: decode records unreadable (%s); using defaults", e)
-    rank = {"measured": 0, "static": 1, "default": 2}
-    hits = [r for r in recs if r.arch == arch and r.op == "ssd_decode" and r.problem == problem
-            and not violations(r.config, arch, problem)]
-    if hits:
-        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3), r.launch_mode != "eager",
-                                 r.time_ms if r.time_ms is not None else float("inf"), r.config.key()))
-        return hits[0].config, f"exact match: {hits[0].provenance} record ({hits[0].origin or 'given'} db)"
-    return default_config(arch, problem), f"default config for {arch}"
+    from ...db.lookup import pick
+    m = pick(problem, recs, arch, op="ssd_decode")
+    return m.config, m.reason
 
 
 # --- the entry ------------------------------------------------------------------------------
