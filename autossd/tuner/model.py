@@ -111,11 +111,12 @@ CONSTANTS: dict[str, Constants] = {}
 
 
 def _fitted(arch: str) -> Constants | None:
-    import importlib.resources
     import json
+
+    from ..db.lookup import shipped_dir   # the package's tuning_db, or a source checkout's
     try:
-        text = (importlib.resources.files("autossd.tuning_db") / f"model_{arch}.json").read_text()
-    except (FileNotFoundError, ModuleNotFoundError, OSError):
+        text = (shipped_dir() / f"model_{arch}.json").read_text()
+    except OSError:
         return None
     return Constants.from_dict(json.loads(text)["constants"])
 
