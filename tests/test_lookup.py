@@ -395,3 +395,19 @@ def test_measurements_on_the_callers_device_rank_first():
     # a prediction names no device: a measurement from another device still beats it
     static = replace(make_record(P, CFG["c"], "sm90", provenance="static"), origin="user")
     assert L.pick(P, [h100, static], "sm90", device="NVIDIA H200").config == CFG["a"]
+
+
+def test_a_prediction_does_not_hide_the_arch_measurements_at_other_sizes():
+    """A static record at the query's very shape (a static sm90 tune, which leaves out the Gluon
+    paths) against a measured record far away: the measured config is carried over; without any
+    fresh measured record the static one serves."""
+    fam = BASE.replace(state_walk=1, walk_weights=1, scan_gluon=3)
+    static = R("a", provenance="static", origin="user")
+    far = R(fam, P.replace(batch=64, seqlen=65536), origin="shipped")
+    m = L.pick(P, [static, far], "sm90")
+    assert (m.kind, m.config, m.record) == ("transfer", fam, far)
+    assert "a measurement beats a prediction: the exact record is static" in m.reason
+    assert L.pick(P, [static, far], "sm90", transfer=False).record == static
+    stale = replace(far, triton_version="0.0.1")
+    assert L.pick(P, [static, stale], "sm90").record == static
+    assert L.pick(P, [static], "sm90").record == static

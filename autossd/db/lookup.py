@@ -34,8 +34,10 @@ Match tiers, in order
        provenance "default" are not used for nearest: they carry no information beyond
        `default_config` of another shape, and the default of the query's own shape (tier 3) is
        better.
-    3. transfer: where no record is within the bound, the best-ranked record of the arch and op
-       at any size, headdim or dstate (a 16-bit dtype serves the other 16-bit one), its config
+    3. transfer: where no record is within the bound (or the exact or nearest one is a prediction,
+       static or default, while the arch has fresh measured records: then among those), the best-ranked
+       record of the arch and op at any size, headdim or dstate (a 16-bit dtype serves the other
+       16-bit one), its config
        carried over to the query (`transfer`): chunk size set to a requested one, tiles shrunk to
        the query's caps, and every knob the query's problem cannot run (`violations`) set back
        to the arch default's value, one at a time, until none is left. Measured on an H100 at
@@ -428,6 +430,15 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             reason += f"; STALE ({', '.join(stale_why)}): no fresh record in this tier"
         if len(cands) > 1:
             reason += f"; best of {len(cands)} candidates"
+        if transfer and rec.provenance != "measured":
+            # a prediction does not hide the arch's fresh measurements, here or at other sizes (a
+            # stale one ranks below a fresh prediction, as within a tier)
+            measured = [r for r in records if r.provenance == "measured" and not r.stale_reasons(triton_v, th)]
+            moved = _transferred(problem, measured, arch, launch_mode, op, triton_v, th,
+                                 f"a measurement beats a prediction: the {kind} record is {rec.provenance}, "
+                                 f"{_describe(rec)}", device) if measured else None
+            if moved is not None:
+                return moved
         return Match(kind, rec.config, d, reason, rec, bool(stale_why))
     if best_d == math.inf:
         _, keyed = _fields(type(problem))
