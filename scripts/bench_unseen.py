@@ -9,7 +9,7 @@ MODELS) x batch 1-64 x length 512-131072 (both log-uniform; lengths a multiple o
 call (D, dt_bias, softplus; fp16 unless --dtype), keeping the grid's token cap and leaving out
 every grid point (tuner/shapes.py grid_sizes): what a new user's call looks like. Per shape:
   lookup   the config autossd.get_kernel picks from the shipped and user databases (exact,
-           nearest or default tier: the JSON says which and why);
+           nearest, transfer or default tier: the JSON says which and why);
   default  the arch default;
   tuned    the best of `autossd tune --trials N --mode measured` at that shape, into a scratch
            database of this run (--scratch-db) that the lookup above does not see.
