@@ -100,14 +100,12 @@ def loss(q: dict[int, tuple]) -> float:
 def fit(arch: str, cases: list[Case], train: list[int], trials: int, seed: int):
     import optuna
 
-    from autossd.tuner.model import constants_for
+    from autossd.tuner.model import DEFAULT_CONSTANTS
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     stages = sorted({s.stage for c in cases for s in c.costs})
-    base = constants_for(arch)
+    # from the round defaults, not the arch's shipped fit: a fit does not feed on the last one
+    base = DEFAULT_CONSTANTS
     train_cases = [c for c in cases if c.shape in train]
-    remap = {s: i for i, s in enumerate(train)}
-    for c in train_cases:   # per_shape over range(len(train))
-        c.shape = remap[c.shape]
 
     def make(params: dict):
         k = {f: params[f] for f, _, _ in RANGES}
@@ -117,16 +115,13 @@ def fit(arch: str, cases: list[Case], train: list[int], trials: int, seed: int):
     def objective(trial: optuna.Trial) -> float:
         params = {f: trial.suggest_float(f, lo, hi, log=True) for f, lo, hi in RANGES}
         params.update({f"scale_{s}": trial.suggest_float(f"scale_{s}", *SCALE_RANGE, log=True) for s in stages})
-        return loss(per_shape(arch, train_cases, make(params), range(len(train))))
+        return loss(per_shape(arch, train_cases, make(params), train))
 
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
     start = {f: getattr(base, f) for f, _, _ in RANGES}
     start.update({f"scale_{s}": base.scale(s) for s in stages})
     study.enqueue_trial(start)
     study.optimize(objective, n_trials=trials)
-    inv = {i: s for s, i in remap.items()}
-    for c in train_cases:
-        c.shape = inv[c.shape]
     return make(study.best_params), study.best_value
 
 

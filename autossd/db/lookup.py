@@ -35,16 +35,16 @@ Match tiers, in order
        `default_config` of another shape, and the default of the query's own shape (tier 3) is
        better.
     3. transfer: where no record is within the bound (or the exact or nearest one is a prediction,
-       static or default, while the arch has fresh measured records: then among those), the best-ranked
-       record of the arch and op at any size, headdim or dstate (a 16-bit dtype serves the other
-       16-bit one), its config
-       carried over to the query (`transfer`): chunk size set to a requested one, tiles shrunk to
-       the query's caps, and every knob the query's problem cannot run (`violations`) set back
-       to the arch default's value, one at a time, until none is left. Measured on an H100 at
-       12 random shapes no database was tuned at, the configs 30-trial tunes found there were
-       the shipped records' family (the Gluon walk and scans) with the knobs a dstate or
-       headdim rules out set back, while the arch default ran 1.27-1.57x slower: the family
-       transfers where single tiles do not. Distance: the nearest tier's over every numeric
+       static or default, while the arch has fresh measured records: then among those), the
+       best-ranked record of the arch and op at any size, headdim or dstate (a 16-bit dtype
+       serves the other 16-bit one), its config carried over to the query (`transfer`): chunk
+       size set to a requested one, tiles shrunk to the query's caps, and every knob the
+       query's problem cannot run (`violations`) set back to the arch default's value, one at
+       a time, until none is left. Measured on an H100 at 12 random shapes no database was
+       tuned at, the configs 30-trial tunes found there were the shipped records' family (the
+       Gluon walk and scans) with the knobs a dstate or headdim rules out set back; carried
+       over, it ran within 8% of them, where the arch default ran 1.26-1.67x slower at 11 of
+       the 12: the family transfers where single tiles do not. Distance: the nearest tier's over every numeric
        field (headdim and dstate too), FLAG_PENALTY per other differing field.
     4. default: `space.default_config(arch, problem)`.
 

@@ -26,6 +26,7 @@ Per stage s (the five launches of `ops.ssd.chunk.plan`, grids taken from the pla
         t_comp = flops/peak x (k S / G) / comp_eff
     t_s = max(t_mem, t_comp) x stage_scale[s] + t_launch
     state passing is a dependent chain over chunks: t_s >= waves x nchunks x t_dep.
+    predicted time = sum over stages of t_s, x exp(sum of the knob terms of the config's values)
 
 BW and peak come from `autossd.arch.ARCHS` (the reference part's datasheet); fp32 inputs run
 their dots as FMA (input_precision="ieee"), at peak / fp32_div. The predicted time is the sum
@@ -169,8 +170,8 @@ def _blocks_per_sm(arch: Arch, rep: StageReport) -> float:
 
 
 def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport | None,
-               k_: Constants | None = None) -> StageTime:
-    c = k_ or constants_for(arch)
+               constants: Constants | None = None) -> StageTime:
+    c = constants or constants_for(arch)
     sms = arch.sm_count
     warps = rep.num_warps if rep else 4
     bps = _blocks_per_sm(arch, rep) if rep else 1.0
