@@ -53,6 +53,14 @@ class _ForwardOnly(torch.autograd.Function):
 
 
 _SAVED_FIELDS = ("states", "dt", "dA")
+_Z_ARG = 2 + DIFFERENTIABLE.index("z")   # z's position in _SSDFunction.forward's arguments
+
+# With z requiring grad, the eager forward keeps the ungated output y' for the backward (dz needs
+# it; b x l x h x p elements in x's dtype, held from forward to backward per call, as mamba_ssm
+# holds it). False: the backward runs the forward again for it instead, holding nothing more
+# (mamba2-2.7b 8 x 2048 on the H100: the recompute costs about a forward, see BENCHMARKS.md).
+# torch.compile's traced path always recomputes.
+KEEP_UNGATED_OUTPUT = True
 
 
 class _SSDFunction(torch.autograd.Function):
@@ -64,7 +72,13 @@ class _SSDFunction(torch.autograd.Function):
         from .ops.ssd.backward import forward_saving
         t = dict(zip(DIFFERENTIABLE + ("seq_idx",), inputs))
         kept = forward_saving(t, call)
-        out, saved = (run(), None) if kept is None else kept
+        ctx.y_pre = None
+        if kept is not None:
+            out, saved = kept
+        elif KEEP_UNGATED_OUTPUT and t["z"] is not None and ctx.needs_input_grad[_Z_ARG]:
+            (out, ctx.y_pre), saved = _forward_keeping_ungated(t, call), None
+        else:
+            out, saved = run(), None
         outs = out if isinstance(out, tuple) else (out,)
         ctx.call = call
         ctx.has_saved = saved is not None
@@ -85,8 +99,24 @@ class _SSDFunction(torch.autograd.Function):
         call = ctx.call
         dout = grads[0]
         dfinal = grads[1] if call["return_final_states"] else None
+        if ctx.y_pre is not None:
+            # handed over, not shared: the backward frees it once the gate has read it
+            t["y_pre"], ctx.y_pre = ctx.y_pre, None
         g = ssd_backward(t, dout, dfinal, call, need, saved) if need else {}
         return (None, None, *(g.get(k) for k in DIFFERENTIABLE), None)
+
+
+def _forward_keeping_ungated(t: dict, call: dict):
+    """(the drop-in's outputs, y'): the forward without its gate, then the gate as a kernel of
+    its own (ops/ssd/gate.py)."""
+    from .ops.ssd.gate import silu_gate
+    from .runtime import _forward
+    out = _forward(t["x"], t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t["D"], None, t["dt_bias"],
+                   t["initial_states"], t["seq_idx"], call["cu_seqlens"], call["dt_softplus"], call["dt_limit"],
+                   call["return_final_states"], call["return_varlen_states"], call["state_dtype"], keep=True)
+    y_pre = out[0] if isinstance(out, tuple) else out
+    y = silu_gate(y_pre, t["z"])
+    return ((y, *out[1:]) if isinstance(out, tuple) else y), y_pre
 
 
 def forward_only(run, tensors: dict, call: dict | None = None):

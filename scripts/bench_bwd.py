@@ -9,6 +9,8 @@ mamba_chunk_scan_combined where it imports, and the floor of a training step's S
     bytes = element size x (5 b l h p + 3 b l h + 6 b l g n)   over the measured copy rate
     FLOPs = 3 x the forward's causal FLOPs                     over the measured bf16 matmul rate
     floor = max(bytes time, FLOPs time).
+autossd is timed twice: as it runs by default (the forward keeps the ungated output for z's
+gradient) and with autossd.grad.KEEP_UNGATED_OUTPUT off (the backward runs the forward again).
 Peak memory: torch.cuda.max_memory_allocated over one forward + backward, above what the inputs
 and their gradients take. Each library is timed from the same inputs (do_bench, median).
 
@@ -28,6 +30,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
+from autossd import grad  # noqa: E402
 from autossd.bench import measure_ceilings  # noqa: E402
 from autossd.ops.ssd import backward as bw  # noqa: E402
 from autossd.problem import DTYPE_BYTES, Problem  # noqa: E402
@@ -98,7 +101,12 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
             dout = torch.randn_like(t["x"])
             base = torch.cuda.memory_allocated()
             row = {"shape": spec, "dtype": dtype}
-            for name, fn in (("autossd", autossd.mamba_chunk_scan_combined), ("mamba_ssm", peer)):
+            for name, fn in (("autossd", autossd.mamba_chunk_scan_combined), ("autossd_recompute", None),
+                             ("mamba_ssm", peer)):
+                if name == "autossd_recompute":
+                    # the backward running the forward again for z's gradient instead of the
+                    # forward keeping the ungated output
+                    grad.KEEP_UNGATED_OUTPUT, fn = False, autossd.mamba_chunk_scan_combined
                 if fn is None:
                     continue
                 step = _step(fn, prob, t, dout)
@@ -110,6 +118,7 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
                 torch.cuda.synchronize()
                 row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - start) / 2**20
                 row[f"{name}_ms"] = do_bench(step, warmup=25, rep=200, return_mode="median")
+                grad.KEEP_UNGATED_OUTPUT = True
             fl, fb, ff = floor_ms(prob, ceil)
             row.update(floor_ms=fl, floor_bytes_ms=fb, floor_flops_ms=ff,
                        inputs_MiB=(torch.cuda.memory_allocated() - base) / 2**20)

@@ -282,6 +282,41 @@ def test_saved_states_give_the_recomputed_gradients(monkeypatch):
         assert torch.allclose(saved[k], recomputed[k], rtol=1e-4, atol=1e-6), k
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_kept_ungated_output_gives_the_recomputed_gradients(dtype, monkeypatch):
+    """With z requiring grad the forward keeps y' (the ungated output) and the backward runs no
+    forward; with autossd.grad.KEEP_UNGATED_OUTPUT off it runs the forward again. Both give the
+    reference's gradients, and the kept path's output is the fused gate's within a rounding of
+    the output dtype."""
+    from autossd import grad, runtime
+    prob = _prob(dtype, l=150, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                 has_initial_states=True, return_final_states=True)
+    forwards = []
+    real = runtime._forward
+
+    def counting(*a, **k):
+        forwards.append(a[7] is not None)   # whether this forward applied z itself
+        return real(*a, **k)
+    monkeypatch.setattr(runtime, "_forward", counting)
+    kept, ref = _grads(prob, seed=21)
+    assert forwards == [False], forwards   # one forward, ungated; none in the backward
+    monkeypatch.setattr(grad, "KEEP_UNGATED_OUTPUT", False)
+    forwards.clear()
+    recomputed, _ = _grads(prob, seed=21)
+    assert forwards == [True, False], forwards   # the gated forward, then the backward's ungated one
+    for k in ref:
+        assert rel_err(kept[k], ref[k]) < TOL[dtype], k
+        assert rel_err(kept[k], recomputed[k]) < TOL[dtype] / 10, k
+    t = make_inputs(prob, DEV, seed=22)
+    kw = call_kwargs(prob, t)
+    fused = autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, **kw)[0]
+    kw["z"] = t["z"].clone().requires_grad_()
+    gated = autossd.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, **kw)[0]
+    assert gated.grad_fn is not None
+    ulp = {"fp32": 1e-6, "bf16": 8e-3}[dtype]
+    assert rel_err(gated.detach(), fused) < ulp
+
+
 @pytest.mark.parametrize("cb", ["inline"])
 def test_the_inline_mode(cb, monkeypatch):
     """cb = "inline": the dx kernel recomputes C·Bᵀ (no bmm launch)."""

@@ -418,7 +418,9 @@ def forward_saving(t: dict, call: dict):
 def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None) -> dict:
     """Gradients (name -> tensor) of the inputs named in `need`, from the gradient wrt y and wrt
     the final states (None where not returned). t: the forward's inputs by name; call: its
-    chunk_size, dt_softplus, dt_limit (a pair of floats) and state_dtype."""
+    chunk_size, dt_softplus, dt_limit (a pair of floats) and state_dtype. t["y_pre"], where
+    given, is the ungated output the forward kept; it is taken out of `t` (the backward frees it
+    once read), and computed again where z's gradient is needed and it is not given."""
     from ...arch import get_arch
     from ...runtime import _forward, arch_of_device
     x = t["x"]
@@ -426,8 +428,12 @@ def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = 
     arch = arch_of_device(x.device)
     config = config_for(prob, arch)
     backend = get_arch(arch).backend
+    kept = t.pop("y_pre", None)
     t = dict(t)
-    if t.get("z") is not None and "z" in need:
+    if kept is not None and "z" in need:
+        t["y_pre"] = kept
+    del kept
+    if t.get("z") is not None and "z" in need and "y_pre" not in t:
         # z's gradient needs the ungated output: the forward again, without the gate
         with torch.no_grad():
             t["y_pre"] = _forward(x, t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), None,
