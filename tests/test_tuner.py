@@ -793,3 +793,27 @@ def test_static_tunes_for_an_arch_never_run_leave_out_the_fused_hand_off_unless_
         assert set(next(d.values for d in opened.dims if d.name == "launches")) == {5, 3, 1}
     sm90 = build_space("sm90", SMALL, static=True)
     assert set(next(d.values for d in sm90.dims if d.name == "launches")) == {5, 3, 1}
+
+
+def test_a_tune_starts_from_what_the_stored_records_give_the_shape(tmp_path, isolated_db, no_shipped_db):
+    """The lookup's pick for the shape being tuned (here the transfer of a measured record at
+    another size) is enqueued right after the default, so a tune's best is never slower than
+    what callers already run; an empty store adds nothing."""
+    from autossd.db import add_records, make_record
+    from autossd.db import engine as dbengine
+    from autossd.db import lookup
+    st = Settings(trials=2, sampler="random", seed=0, storage=str(tmp_path / "a.journal"), progress=False)
+    bare = FakeRunner()
+    tune_problem("sm90", SMALL, bare, st)
+    assert bare.prepared[0] == default_config("sm90", SMALL)
+    stored = default_config("sm90", SMALL).replace(scan_warps=8, bmm_warps=8)
+    assert stored not in seed_configs("sm90", SMALL, build_space("sm90", SMALL))
+    other = SMALL.replace(batch=16, seqlen=65536)   # far outside the nearest tier's bound
+    add_records(dbengine.to_url(lookup.user_db_url()), [make_record(other, stored, "sm90", provenance="measured",
+                                                                    time_ms=1.0)])
+    assert lookup.choose(SMALL, "sm90").kind == "transfer"
+    runner = FakeRunner()
+    st = dataclasses.replace(st, storage=str(tmp_path / "b.journal"))
+    tune_problem("sm90", SMALL, runner, st)
+    assert runner.prepared[:2] == [default_config("sm90", SMALL), stored]
+    assert bare.prepared[1] != stored

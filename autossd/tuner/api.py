@@ -82,7 +82,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                                           getattr(runner, "objective", None))
                 reap_stale(study, storage=settings.storage)
                 say_resumed(study)
-                seed(study, arch, prob, space, settings.extra_seeds, settings.storage)
+                seed(study, arch, prob, space, settings.extra_seeds, settings.storage, runner.device)
                 if workers <= 1:
                     run_trials(study, space, arch, prob, runner, settings)
                 else:

@@ -292,13 +292,37 @@ def _known(study: optuna.Study, trials: list | None = None, seen: set[int] | Non
     return out
 
 
+def stored_picks(arch: str, problem: Problem, op: str, device: str | None = None) -> list[Config]:
+    """The configs the runtime's lookup gives this problem today from the stored records (the
+    user database's and the shipped one's; its exact, nearest or transfer tier, for an eager and
+    a graph-captured caller), so that a tune starts from them and its best is never slower than
+    what callers already run (the tuned H100 family carried to an H200, say). Empty where only
+    the default applies or no store can be read."""
+    from ..db.lookup import load_records, pick
+    try:
+        records = load_records(arch, op)
+        matches = [pick(problem, records, arch, launch_mode=m, op=op, device=device) for m in ("graph", "eager")]
+    except Exception as e:   # noqa: BLE001 - a tune does not need the stores: say so, go on
+        _say(f"the stored records could not seed {op} at {problem}: {type(e).__name__}: {e}")
+        return []
+    out = []
+    for m in matches:
+        if m.kind != "default" and m.config not in out:
+            out.append(m.config)
+    return out
+
+
 def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
-         extra: list[dict], storage=_NO_LOCK) -> None:
+         extra: list[dict], storage=_NO_LOCK, device: str | None = None) -> None:
     """Enqueue the known-good configs (once per study: skip_if_exists, under the study's lock
-    in `storage`, so that workers seeding the study at once enqueue each config once)."""
+    in `storage`, so that workers seeding the study at once enqueue each config once): the op's
+    default, then what the stored records give this problem (`stored_picks`), then the op's
+    other seeds and `extra`."""
     if isinstance(study.sampler, optuna.samplers.GridSampler):
         return  # brute force visits every point anyway
-    configs = seed_configs(arch, problem, space) + [_config(space.op, c) for c in extra]
+    known = seed_configs(arch, problem, space)
+    configs = known[:1] + stored_picks(arch, problem, space.op, device) + known[1:] + \
+        [_config(space.op, c) for c in extra]
     with _locked(storage, study.study_name):
         for i, cfg in enumerate(configs):
             params = space.params(cfg)
@@ -588,7 +612,7 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
                               getattr(runner, "objective", None))
     reap_stale(study, storage=settings.storage)
     say_resumed(study)
-    seed(study, arch, problem, space, settings.extra_seeds, settings.storage)
+    seed(study, arch, problem, space, settings.extra_seeds, settings.storage, runner.device)
     run_trials(study, space, arch, problem, runner, settings)
     wait_for_others(study, settings.storage)
     result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
