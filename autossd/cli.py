@@ -256,7 +256,7 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
     try:
         from .tuner.storage import kept_journals
         with _sigterm_unwinds(), kept_journals():   # the journal replayed once, not once a shape
-            results = []
+            results, not_tuned = [], []
             start = time.monotonic()
             for i, prob in enumerate(probs):
                 if progress and len(probs) > 1:
@@ -264,7 +264,13 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
                     took = time.monotonic() - start
                     eta = f", ~{took / i * (len(probs) - i) / 60:.0f} min left" if i else ""
                     click.echo(f"[{i + 1}/{len(probs)}] {_shape_str(prob)} ({took / 60:.1f} min{eta})")
-                results += run_tune(arch, [prob], mode, settings, sink, workers=workers, runner_kw=runner_kw)
+                try:
+                    results += run_tune(arch, [prob], mode, settings, sink, workers=workers, runner_kw=runner_kw)
+                except RuntimeError as e:
+                    # one shape that cannot be tuned here (its evaluation worker died, the GPU ran
+                    # out of memory) leaves the others to run; the exit status still says so
+                    click.echo(f"{_shape_str(prob)}: not tuned: {type(e).__name__}: {e}", err=True)
+                    not_tuned.append(_shape_str(prob))
     except (ValueError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     unit = "predicted ms" if mode == "static" else "ms"
@@ -304,6 +310,9 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
         recs = sink.load() if hasattr(sink, "load") else [r.record for r in results if r.record]
         for p in plot_all(storage, recs, plot_dir, arch):
             click.echo(f"plot: {p}")
+    if not_tuned:
+        raise click.ClickException(f"{len(not_tuned)} of {len(probs)} shapes not tuned (see above): "
+                                   + "; ".join(not_tuned))
     if not any(r.best_config is not None for r in results):
         raise click.ClickException("no candidate passed; nothing stored")
 

@@ -13,6 +13,7 @@ from autossd.ops.ssd import backward as bw
 from autossd.ops.ssd.bwd_knobs import KNOBS, BwdConfig, default_config, violations
 from autossd.problem import Problem
 from autossd.testing import call_kwargs, make_inputs, rel_err
+from autossd.tuner import build_space
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
@@ -315,6 +316,42 @@ def test_the_kept_ungated_output_gives_the_recomputed_gradients(dtype, monkeypat
     assert gated.grad_fn is not None
     ulp = {"fp32": 1e-6, "bf16": 8e-3}[dtype]
     assert rel_err(gated.detach(), fused) < ulp
+
+
+def test_a_config_keeping_states_whose_forward_kept_none_recomputes_them(monkeypatch):
+    """save_states = 1 where the forward could not keep its states (its config keeps them
+    elsewhere, or the tuner runs the backward alone): the backward renders the recomputing
+    module rather than launching kernels the saving one lacks, and gives the same gradients."""
+    prob = _prob("fp32", l=150, h=2, has_initial_states=True, return_final_states=True, has_dt_bias=True)
+    recomputed, ref = _grads(prob, seed=13)
+    cfg = bw.config_for
+    monkeypatch.setattr(bw, "config_for", lambda p, a: cfg(p, a).replace(save_states=1))
+    monkeypatch.setattr(bw, "forward_saving", lambda t, call: None)
+    got, _ = _grads(prob, seed=13)
+    for k in ref:
+        assert torch.allclose(got[k], recomputed[k], rtol=1e-5, atol=1e-7), k
+    space = build_space("sm90", prob, op="ssd_bwd")
+    assert space.pinned.get("save_states") == 0   # a tune never offers keeping them
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_the_reference_taken_a_slice_of_heads_at_a_time_is_the_whole_one(heads):
+    """reference(max_bytes=...) over slices of 1 or 2 heads (inside a group of 2) or of whole
+    groups (4 heads: two groups) gives the gradients of every input the whole reference gives,
+    B's and C's summed over the group's heads."""
+    prob = _prob("fp32", l=70, h=8, p=8, n=16, g=4, has_D=True, D_has_hdim=True, has_z=True, has_dt_bias=True,
+                 dt_softplus=True, has_initial_states=True, return_final_states=True)
+    t = make_inputs(prob, DEV, seed=23)
+    dout, dfinal = torch.randn_like(t["x"]), torch.randn(1, 8, 8, 16, device=DEV)
+    args = (t["x"], t["dt"], t["A"], t["B"], t["C"], 64, t["D"], t["z"], t["dt_bias"], t["initial_states"], None,
+            True, (0.0, float("inf")), dout, dfinal)
+    whole = bw.reference(*args)
+    per_head = bw.reference_bytes(1, 70, 1, 8, 16, 64)
+    sliced = bw.reference(*args, max_bytes=per_head * heads)
+    assert set(sliced) == set(whole)
+    for k in whole:
+        assert sliced[k].shape == whole[k].shape, k
+        assert torch.allclose(sliced[k], whole[k], rtol=1e-10, atol=1e-12), k
 
 
 @pytest.mark.parametrize("cb", ["inline"])

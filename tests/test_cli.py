@@ -193,6 +193,25 @@ def test_preset_grid_tunes_the_whole_grid_in_order_with_progress(env, monkeypatc
     assert r.exit_code == 2 and "'--preset'" in r.output and "batch x sequence" in r.output
 
 
+def test_a_shape_that_cannot_be_tuned_leaves_the_others_to_run_and_fails_the_exit_status(env, monkeypatch):
+    """An evaluation worker that dies (a float64 reference out of GPU memory, say) at one shape:
+    the next shapes are still tuned, the failure is said with the shape, the exit status is 1."""
+    import autossd.tuner
+    seen = []
+
+    def fake(arch, probs, *a, **kw):
+        seen.extend(probs)
+        if probs[0].seqlen == 512:
+            raise RuntimeError("evaluation worker died while starting (exit 1)")
+        return []
+    monkeypatch.setattr(autossd.tuner, "tune", fake)
+    r = CliRunner().invoke(main, ["tune", "--arch", "gfx942", "--shapes", f"{SHAPE};b=1,l=1024,h=4,p=32,n=32,g=1",
+                                  "--db", str(env / "f.sqlite"), "--no-progress"])
+    assert [p.seqlen for p in seen] == [512, 1024]
+    assert r.exit_code == 1
+    assert "not tuned: RuntimeError: evaluation worker died" in r.output and "1 of 2 shapes not tuned" in r.output
+
+
 @pytest.mark.parametrize("raw, value", [("False", False), ("0", False), ("no", False),
                                         ("True", True), ("1", True), ("yes", True)])
 def test_fix_reads_a_bool_knob_by_its_word(raw, value):

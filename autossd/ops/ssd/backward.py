@@ -297,6 +297,10 @@ def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(
     if saved is not None and (saved.states.shape[1] != triton.cdiv(prob.seqlen, config.chunk_size)
                               or saved.dt.shape[-1] != config.chunk_size):
         saved = None   # kept at another chunk size: recompute
+    if saved is None and config.save_states:
+        # nothing kept (the forward's config keeps its states elsewhere, or a caller without a
+        # forward, as the tuner): the module that recomputes them
+        config, module = config.replace(save_states=0), None
     module = module or load(config, backend)
     dy = dz = None
     if drop_y_pre and t.get("z") is not None and t.get("y_pre") is not None:
@@ -333,10 +337,27 @@ def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(
     return out
 
 
+def reference_bytes(b: int, l: int, h: int, p: int, n: int, chunk_size: int) -> int:
+    """About what autograd through the chunked float64 reference holds at its peak: per head
+    and chunk a dozen (q x q) float64 matrices and a few (p x n) states."""
+    nc = -(-l // chunk_size)
+    return b * nc * h * (12 * chunk_size * chunk_size + 6 * p * n) * 8
+
+
 def reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
-              dt_softplus=False, dt_limit=(0.0, float("inf")), dout=None, dfinal=None, recurrent=False) -> dict:
+              dt_softplus=False, dt_limit=(0.0, float("inf")), dout=None, dfinal=None, recurrent=False,
+              max_bytes: int | None = None) -> dict:
     """Float64 gradients of <dout, y> + <dfinal, final_states> wrt every input given, by autograd
-    through the float64 reference forward (`naive.ssd_chunked`, or `ssd_recurrent`)."""
+    through the float64 reference forward (`naive.ssd_chunked`, or `ssd_recurrent`).
+    max_bytes: where autograd would hold more (`reference_bytes`), the heads are taken a slice
+    at a time (heads are independent but for B and C, whose gradients add up over a group's
+    heads): the same gradients, with a fraction of the memory (codestral 1 x 65536 needs ~200 GB
+    whole)."""
+    b, l, h, p = x.shape
+    if (max_bytes is not None and not recurrent and h > 1
+            and reference_bytes(b, l, h, p, B.shape[-1], chunk_size) > max_bytes):
+        return _reference_by_heads(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                   dt_softplus, dt_limit, dout, dfinal, max_bytes)
     from .naive import ssd_chunked, ssd_recurrent
     f64 = torch.float64
     given = {k: v for k, v in dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
@@ -352,6 +373,36 @@ def reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
         loss = loss + (final * dfinal.to(f64)).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     return {k: (g if g is not None else torch.zeros_like(leaves[k])) for k, g in zip(leaves, grads)}
+
+
+def _reference_by_heads(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+                        dt_limit, dout, dfinal, max_bytes) -> dict:
+    """`reference` a slice of heads at a time: a slice lies inside one group, or is whole groups."""
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    r = h // g
+    per_head = reference_bytes(b, l, 1, p, n, chunk_size)
+    k = max(1, min(h, max_bytes // per_head))
+    k = (k // r) * r if k >= r else max(d for d in range(1, r + 1) if r % d == 0 and d <= k)
+    parts: dict[str, list] = {}
+    dB = torch.zeros(B.shape, dtype=torch.float64, device=B.device)
+    dC = torch.zeros(C.shape, dtype=torch.float64, device=C.device)
+    per_l = lambda v, hs: v[:, :, hs] if v is not None else None  # noqa: E731 - (b, l, h, ...) tensors
+    for h0 in range(0, h, k):
+        hs = slice(h0, h0 + k)
+        gs = slice(h0 // r, -(-(h0 + k) // r))
+        got = reference(per_l(x, hs), per_l(dt, hs), A[hs], B[:, :, gs], C[:, :, gs], chunk_size,
+                        D[hs] if D is not None else None, per_l(z, hs), dt_bias[hs] if dt_bias is not None else None,
+                        initial_states[:, hs] if initial_states is not None else None, seq_idx, dt_softplus,
+                        dt_limit, per_l(dout, hs), dfinal[:, hs] if dfinal is not None else None)
+        dB[:, :, gs] += got.pop("B")
+        dC[:, :, gs] += got.pop("C")
+        for name, v in got.items():
+            parts.setdefault(name, []).append(v)
+    dim = {"x": 2, "dt": 2, "z": 2, "initial_states": 1}
+    out = {name: torch.cat(vs, dim=dim.get(name, 0)) for name, vs in parts.items()}
+    out["B"], out["C"] = dB, dC
+    return out
 
 
 # --- the entry the autograd wrappers call (grad.py) ------------------------------------------

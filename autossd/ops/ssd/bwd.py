@@ -118,6 +118,10 @@ def tune_inputs(problem: Problem, device="cpu", seed: int = 0) -> dict:
     return t
 
 
+# what the gate's float64 reference may hold at once (more: a slice of heads at a time)
+REF_BYTES = 8 << 30
+
+
 def tune_reference(problem: Problem, t: dict):
     """float64 (dx, dB): the gradients the tuner's gate checks (every stage feeds one of them)."""
     from ...testing import call_kwargs
@@ -125,7 +129,8 @@ def tune_reference(problem: Problem, t: dict):
     kw = call_kwargs(problem, t)
     ref = reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
                     initial_states=t["initial_states"], seq_idx=t["seq_idx"], dt_softplus=problem.dt_softplus,
-                    dt_limit=kw.get("dt_limit", (0.0, float("inf"))), dout=t["dout"], dfinal=t["dfinal"])
+                    dt_limit=kw.get("dt_limit", (0.0, float("inf"))), dout=t["dout"], dfinal=t["dfinal"],
+                    max_bytes=REF_BYTES)
     return ref["x"], ref["B"]
 
 
@@ -174,6 +179,7 @@ OP = register(Op(
     reference="autossd.ops.ssd.backward:reference",
     cost_model="autossd.ops.ssd.bwd:stage_costs",
     default_config="autossd.ops.ssd.bwd_knobs:default_config",
+    excluded="autossd.ops.ssd.bwd_knobs:excluded",
     violations="autossd.ops.ssd.bwd_knobs:violations",
     doc="Mamba-2 SSD backward: gradients of x, dt, A, B, C, D, z, dt_bias, initial_states",
 ))

@@ -75,6 +75,13 @@ class BwdConfig(BaseConfig):
     __slots__ = ()
 
 
+def excluded(problem) -> dict[str, tuple]:
+    """Values a tune never offers: the tuner times the backward alone, from inputs, with no
+    forward to keep the chunk states; whether the forward keeps them is memory held from forward
+    to backward, the caller's choice (a record may still pin save_states = 1)."""
+    return {"save_states": (1,)}
+
+
 def caps(problem) -> dict[str, int]:
     """Largest useful tile per knob for a problem: a tile beyond the padded dimension is waste."""
     p = max(16, pow2_at_least(problem.headdim))
