@@ -127,11 +127,11 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
                 row["speedup"] = row["mamba_ssm_ms"] / row["autossd_ms"]
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}))
             rows.append(row)
+            if out:   # after every row: a run cut short keeps what it measured
+                with open(out, "w") as f:
+                    json.dump({"ceilings": ceil, "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
             del t, dout
             torch.cuda.empty_cache()
-    if out:
-        with open(out, "w") as f:
-            json.dump({"ceilings": ceil, "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
 CHECKS = [
