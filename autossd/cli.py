@@ -258,7 +258,14 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
         with _sigterm_unwinds(), kept_journals():   # the journal replayed once, not once a shape
             results, not_tuned = [], []
             start = time.monotonic()
-            for i, prob in enumerate(probs):
+            if workers > 1:
+                # one set of worker processes for every shape (each shape's study shared): the
+                # shapes run in order, their lines come together at the end
+                results += run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
+                probs_one_by_one = []
+            else:
+                probs_one_by_one = probs
+            for i, prob in enumerate(probs_one_by_one):
                 if progress and len(probs) > 1:
                     # a grid's thousand shapes: where the run is, and when it should end
                     took = time.monotonic() - start

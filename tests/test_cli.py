@@ -257,14 +257,27 @@ def test_doctor_and_bench_without_gpu(env):
     assert r.exit_code == 1 and "needs a GPU" in r.output
 
 
-def test_two_workers_share_one_study_and_budget(env):
-    r = invoke("tune", "--arch", "sm80", "--shapes", SHAPE, "--trials", 4, "--workers", 2,
+def test_two_workers_share_each_study_and_budget_across_shapes(env):
+    """Two worker processes, started once, go through both shapes: each shape's study gets one
+    shared budget and one stored record, and no more than those two processes evaluated any
+    trial (workers started per shape made four)."""
+    import optuna
+    from autossd.tuner.storage import open_storage
+    other = "b=2,l=256,h=4,p=32,n=32,g=1"
+    r = invoke("tune", "--arch", "sm80", "--shapes", f"{SHAPE};{other}", "--trials", 4, "--workers", 2,
                "--compile-workers", 0, "--db", env / "w.jsonl", "--storage", env / "w.journal",
                "--no-progress")
     assert r.exit_code == 0, r.output
-    row = [ln for ln in r.output.splitlines() if ln.startswith("b=1,l=512")][0].split()
-    assert 4 <= int(row[2]) + int(row[3]) <= 5     # one shared budget (a last concurrent one may land)
-    assert len(json.loads(invoke("show", "--db", env / "w.jsonl", "--json").output)) == 1
+    for start in ("b=1,l=512", "b=2,l=256"):
+        row = [ln for ln in r.output.splitlines() if ln.startswith(start)][0].split()
+        assert 4 <= int(row[2]) + int(row[3]) <= 5     # one shared budget (a last concurrent one may land)
+    assert len(json.loads(invoke("show", "--db", env / "w.jsonl", "--json").output)) == 2
+    storage = open_storage(str(env / "w.journal"))
+    pids = set()
+    for s in optuna.get_all_study_summaries(storage):
+        trials = optuna.load_study(study_name=s.study_name, storage=storage).trials
+        pids |= {t.user_attrs["pid"] for t in trials if t.user_attrs.get("evaluated")}
+    assert 1 <= len(pids) <= 2, pids
 
 
 def test_show_migrates_a_store_from_an_earlier_autossd(env, tmp_path):
