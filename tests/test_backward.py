@@ -318,6 +318,26 @@ def test_the_kept_ungated_output_gives_the_recomputed_gradients(dtype, monkeypat
     assert rel_err(gated.detach(), fused) < ulp
 
 
+def test_a_second_backward_through_a_retained_graph_recomputes_the_ungated_output():
+    """The kept ungated output goes to the first backward (which frees it); a second backward
+    through the same graph (retain_graph=True) runs the forward again and gives the same
+    gradients."""
+    prob = _prob("fp32", l=100, h=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    t = make_inputs(prob, DEV, seed=24)
+    z = t["z"].clone().requires_grad_()
+    x = t["x"].clone().requires_grad_()
+    kw = call_kwargs(prob, t)
+    kw["z"] = z
+    y = autossd.mamba_chunk_scan_combined(x, t["dt"], t["A"], t["B"], t["C"], 64, **kw)
+    dout = torch.randn_like(y)
+    y.backward(dout, retain_graph=True)
+    first = (x.grad.clone(), z.grad.clone())
+    x.grad, z.grad = None, None
+    y.backward(dout)
+    assert torch.allclose(x.grad, first[0], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(z.grad, first[1], rtol=1e-5, atol=1e-7)
+
+
 def test_a_config_keeping_states_whose_forward_kept_none_recomputes_them(monkeypatch):
     """save_states = 1 where the forward could not keep its states (its config keeps them
     elsewhere, or the tuner runs the backward alone): the backward renders the recomputing
