@@ -817,3 +817,17 @@ def test_a_tune_starts_from_what_the_stored_records_give_the_shape(tmp_path, iso
     tune_problem("sm90", SMALL, runner, st)
     assert runner.prepared[:2] == [default_config("sm90", SMALL), stored]
     assert bare.prepared[1] != stored
+
+
+def test_measured_workers_get_the_visible_gpus_in_turn(monkeypatch):
+    """One worker per visible GPU; more workers than GPUs share them, never an index the
+    machine lacks (two workers on a one-GPU machine both get GPU 0)."""
+    import torch
+    from autossd.tuner.api import _gpu_ids
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert _gpu_ids(3) == ["3", "5", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _gpu_ids(2) == ["0", "0"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert _gpu_ids(2) == ["0", "1"]

@@ -68,8 +68,14 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
 
 
 def _gpu_ids(n: int) -> list[str | None]:
+    """The GPU each of n workers gets: the visible ones in turn (more workers than GPUs share
+    them; a worker never gets an index the machine lacks)."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [s.strip() for s in vis.split(",")] if vis else [str(i) for i in range(n)]
+    if vis:
+        ids = [s.strip() for s in vis.split(",")]
+    else:
+        import torch
+        ids = [str(i) for i in range(max(1, torch.cuda.device_count()))]
     return [ids[i % len(ids)] for i in range(n)]
 
 
