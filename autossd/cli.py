@@ -182,8 +182,8 @@ def main() -> None:
               "SQLAlchemy URL such as postgresql+psycopg://USER@HOST/DB for a fleet of workers)")
 @click.option("--storage", default=None, help="Optuna storage: a journal file path or an RDB URL "
               "(default: the record store's URL when that is a database server, else the journal)")
-@click.option("--sampler", type=click.Choice(["tpe", "gp", "cmaes", "brute", "random"]), default="tpe",
-              show_default=True)
+@click.option("--sampler", type=click.Choice(["tpe", "gp", "cmaes", "brute", "random", "local"]), default="tpe",
+              show_default=True, help="local: one knob at a time from the best so far (hill climbing)")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
               help="worker processes sharing each study (measured: one per GPU)")
 @click.option("--mode", type=click.Choice(["auto", "measured", "static"]), default="auto", show_default=True,

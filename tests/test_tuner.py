@@ -831,3 +831,30 @@ def test_measured_workers_get_the_visible_gpus_in_turn(monkeypatch):
     assert _gpu_ids(2) == ["0", "0"]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert _gpu_ids(2) == ["0", "1"]
+
+
+def test_local_search_climbs_one_knob_at_a_time_from_the_best(tmp_path):
+    """--sampler local: after the seeds, every candidate differs from the best trial before it
+    by one knob, one step (unless the best had no untried neighbour: a random restart), and on
+    the formula runner (time grows with scan_block_m and bmm_warps) the climb from the seeds
+    reaches the smallest of both."""
+    import click
+    from autossd.cli import tune as tune_cmd
+    from autossd.tuner.strategies import SAMPLERS
+    from autossd.tuner.strategies.local import LocalSearchSampler
+    sampler_opt = next(p for p in tune_cmd.params if p.name == "sampler")
+    assert isinstance(sampler_opt.type, click.Choice) and set(sampler_opt.type.choices) == set(SAMPLERS)
+    space = build_space("sm90", SMALL, fixed={"launches": 5})
+    assert isinstance(make_sampler("local", space, 0), LocalSearchSampler)
+    st = Settings(trials=130, sampler="local", seed=0, storage=str(tmp_path / "l.journal"), progress=False,
+                  batch=1, confirm=0, fixed={"launches": 5})
+    res = tune_problem("sm90", SMALL, FakeRunner(), st)
+    study = optuna.load_study(study_name=res.study_name, storage=open_storage(st.storage))
+    smallest = {k: min(d.values for d in space.dims if d.name == k)[0] for k in ("scan_block_m", "bmm_warps")}
+    assert {k: res.best_config[k] for k in smallest} == smallest
+    sampler = LocalSearchSampler(space, 0)
+    trials = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    searched = [i for i, t in enumerate(trials) if "seed" not in t.user_attrs]
+    climbed = sum(trials[i].params in sampler.neighbours(min(trials[:i], key=lambda u: u.value).params)
+                  for i in searched)
+    assert len(searched) >= 100 and climbed >= 0.9 * len(searched), (climbed, len(searched))

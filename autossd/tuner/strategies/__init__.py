@@ -7,7 +7,7 @@ from collections.abc import Callable
 import optuna
 
 from ..search_space import SearchSpace
-from . import brute, cmaes, gp, random, tpe
+from . import brute, cmaes, gp, local, random, tpe
 
 SAMPLERS: dict[str, Callable[[SearchSpace, int | None], optuna.samplers.BaseSampler]] = {
     "tpe": tpe.make,
@@ -15,6 +15,7 @@ SAMPLERS: dict[str, Callable[[SearchSpace, int | None], optuna.samplers.BaseSamp
     "cmaes": cmaes.make,
     "brute": brute.make,
     "random": random.make,
+    "local": local.make,
 }
 DEFAULT = "tpe"
 # multivariate TPE and GP are marked experimental by Optuna; we choose them knowingly
