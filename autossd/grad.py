@@ -58,8 +58,9 @@ _Z_ARG = 2 + DIFFERENTIABLE.index("z")   # z's position in _SSDFunction.forward'
 # With z requiring grad, the eager forward keeps the ungated output y' for the backward (dz needs
 # it; b x l x h x p elements in x's dtype, held from forward to backward per call, as mamba_ssm
 # holds it). False: the backward runs the forward again for it instead, holding nothing more
-# (mamba2-2.7b 8 x 2048 on the H100: the recompute costs about a forward, see BENCHMARKS.md).
-# torch.compile's traced path always recomputes.
+# (on the H100 that recompute made a training step of the five training shapes 7-23% slower).
+# torch.compile's traced path and a Kernel's own call (autossd.get_kernel(...)(...), which runs its
+# config) always recompute.
 KEEP_UNGATED_OUTPUT = True
 
 
@@ -75,7 +76,7 @@ class _SSDFunction(torch.autograd.Function):
         ctx.y_pre = None
         if kept is not None:
             out, saved = kept
-        elif KEEP_UNGATED_OUTPUT and t["z"] is not None and ctx.needs_input_grad[_Z_ARG]:
+        elif KEEP_UNGATED_OUTPUT and call.get("drop_in") and t["z"] is not None and ctx.needs_input_grad[_Z_ARG]:
             (out, ctx.y_pre), saved = _forward_keeping_ungated(t, call), None
         else:
             out, saved = run(), None

@@ -498,11 +498,13 @@ _OP_SAVED = DIFFERENTIABLE + ("seq_idx",)
 
 
 def _grad_call(chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype,
-               cu_seqlens) -> dict:
-    """What the backward needs of a call beyond its tensors (grad.forward_only's `call`)."""
+               cu_seqlens, drop_in: bool = False) -> dict:
+    """What the backward needs of a call beyond its tensors (grad.forward_only's `call`).
+    drop_in: the call is the drop-in's, whose forward is the lookup's pick, so the forward may
+    run the ungated problem instead and gate apart (a Kernel's call runs its own config)."""
     return dict(chunk_size=chunk_size, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
                 return_final_states=return_final_states, return_varlen_states=return_varlen_states,
-                state_dtype=state_dtype, cu_seqlens=cu_seqlens)
+                state_dtype=state_dtype, cu_seqlens=cu_seqlens, drop_in=drop_in)
 
 
 def _ssd_fwd_setup(ctx, inputs, output):
@@ -583,7 +585,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         return forward_only(run, dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                        initial_states=initial_states, seq_idx=seq_idx),
                             _grad_call(chunk_size, dt_softplus, (lo, hi), return_final_states,
-                                       return_varlen_states, state_dtype, cu_seqlens))
+                                       return_varlen_states, state_dtype, cu_seqlens, drop_in=True))
     x, z, B, C = (_unit_stride(v) for v in (x, z, B, C))
     y, final, varlen = torch.ops.autossd.ssd_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,

@@ -318,6 +318,31 @@ def test_the_kept_ungated_output_gives_the_recomputed_gradients(dtype, monkeypat
     assert rel_err(gated.detach(), fused) < ulp
 
 
+def test_a_kernels_own_call_with_z_runs_its_config_and_recomputes_the_ungated_output(monkeypatch):
+    """autossd.get_kernel(problem)(...) runs that kernel's config: its forward applies z itself
+    (no ungated forward by lookup), the backward runs the forward again for z's gradient, and the
+    gradients are the reference's."""
+    from autossd import runtime
+    prob = _prob("fp32", l=100, h=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    t = make_inputs(prob, DEV, seed=25)
+    leaves = {k: t[k].clone().requires_grad_() for k in ("x", "z")}
+    kern = autossd.get_kernel(prob)
+    forwards = []
+    real = runtime._forward
+    monkeypatch.setattr(runtime, "_forward", lambda *a, **k: (forwards.append(a[7] is not None), real(*a, **k))[1])
+    kw = call_kwargs(prob, t)
+    kw["z"] = leaves["z"]
+    y = kern(leaves["x"], t["dt"], t["A"], t["B"], t["C"], **kw)
+    assert forwards == []   # the kernel's own launch, gated
+    dout = torch.randn_like(y)
+    y.backward(dout)
+    assert forwards == [False]   # the backward's ungated forward
+    ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, t["D"], t["z"], t["dt_bias"], None, None, True,
+                       (0.0, float("inf")), dout, None)
+    for k, v in leaves.items():
+        assert rel_err(v.grad, ref[k]) < TOL["fp32"], k
+
+
 def test_a_second_backward_through_a_retained_graph_recomputes_the_ungated_output():
     """The kept ungated output goes to the first backward (which frees it); a second backward
     through the same graph (retain_graph=True) runs the forward again and gives the same
