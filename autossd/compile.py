@@ -114,7 +114,23 @@ def _cuobjdump() -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
+# (registers, spilled bytes) by the cubin's digest: a tune compiles the same configs at many
+# shapes, and where the specializations match the cubin is the same (Triton's cache hands it back
+# in milliseconds, while cuobjdump is a process of its own per stage)
+_RESOURCES: dict[bytes, tuple[int, int]] = {}
+
+
 def _nvidia_resources(cubin: bytes) -> tuple[int, int]:
+    key = hashlib.sha256(cubin).digest()
+    hit = _RESOURCES.get(key)
+    if hit is None:
+        if len(_RESOURCES) >= 8192:
+            _RESOURCES.clear()
+        hit = _RESOURCES[key] = _cuobjdump_resources(cubin)
+    return hit
+
+
+def _cuobjdump_resources(cubin: bytes) -> tuple[int, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:

@@ -342,3 +342,17 @@ def test_chunk_walking_gluon_scan_fits_three_ctas_per_sm_without_spills(features
     assert st.shared_bytes <= 73 * 1024 + 1024
     one = compile_config(cfg.replace(scan_gluon=1), "sm90", prob, stages=("chunk_scan",))
     assert one.stages[0].artifact_sha != st.artifact_sha
+
+
+def test_a_cubin_seen_before_takes_its_resource_report_from_memory(monkeypatch):
+    """cuobjdump runs once per distinct cubin (a tune compiles the same configs at many shapes);
+    the report of a cubin seen before comes from memory. (Under the interpreter the compiles run
+    in a worker process of their own, so the memo is checked here on its own.)"""
+    from autossd import compile as comp
+    monkeypatch.setattr(comp, "_RESOURCES", {})
+    calls = []
+    monkeypatch.setattr(comp, "_cuobjdump_resources", lambda cubin: calls.append(cubin) or (len(cubin), 0))
+    assert comp._nvidia_resources(b"cubin-a") == (7, 0)
+    assert comp._nvidia_resources(b"cubin-a") == (7, 0)
+    assert comp._nvidia_resources(b"cubin-bb") == (8, 0)
+    assert calls == [b"cubin-a", b"cubin-bb"]

@@ -2,6 +2,8 @@
 compile pool (a process pool, so a compiler crash or hang costs one candidate, not the run)."""
 from __future__ import annotations
 
+import atexit
+
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
@@ -126,3 +128,19 @@ class CompilePool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+# One compile pool per process and worker count, shared by the runners: `tune` makes a runner per
+# shape, and a pool of its own would start its workers afresh for every shape, each importing
+# torch and triton again (seconds on a small machine: more than the cache hits a shape of an
+# already compiled grid costs). The workers die with this process (lifeline.py) and are shut
+# down at exit.
+_POOLS: dict[int, CompilePool] = {}
+
+
+def shared_pool(workers: int) -> CompilePool:
+    pool = _POOLS.get(workers)
+    if pool is None:
+        pool = _POOLS[workers] = CompilePool(workers)
+        atexit.register(pool.close)
+    return pool

@@ -32,7 +32,7 @@ from typing import Any
 from ...problem import Problem
 from ...knobs import BaseConfig as Config
 from ...ops.registry import get_op
-from .base import CompilePool, Outcome, report_from
+from .base import Outcome, report_from, shared_pool
 
 READY_TIMEOUT = 600.0   # s: inputs and the float64 reference of a large problem
 OBJECTIVES = ("graph", "eager")
@@ -351,7 +351,7 @@ class MeasuredRunner:
         self.timeout = timeout
         self.inject = dict(inject or {})      # config.key() -> "hang" | "fault" | "crash" | "wrong"
         self.precompile = precompile
-        self.pool = CompilePool(compile_workers)
+        self.pool = shared_pool(compile_workers)   # kept across the shapes of a tune
         backend = get_arch(arch).backend
         # the study is named after its objective before the first candidate runs: ask now
         # whether this device can capture graphs at all
@@ -392,8 +392,7 @@ class MeasuredRunner:
         return Outcome(False, why=res.get("why", "failed"), info=info)
 
     def close(self) -> None:
-        self.worker.close()
-        self.pool.close()
+        self.worker.close()   # the compile pool is shared: it stays for the next shape
 
 
 def _device_name(device: str) -> str:

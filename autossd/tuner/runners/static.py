@@ -5,30 +5,13 @@ performance model in `autossd.tuner.model`. Results are predictions: records car
 "static"."""
 from __future__ import annotations
 
-import atexit
 from typing import Any
 
 from ...arch import get_arch
 from ...problem import Problem
 from ...knobs import BaseConfig as Config
 from ..model import floor_ms, predict
-from .base import CompilePool, Outcome, report_from
-
-# One compile pool per process and worker count, shared by the runners: `tune` makes a runner per
-# shape, and a pool of its own would start its workers afresh for every shape, each importing
-# torch and triton again (seconds on a small machine: more than the cache hits a shape of an
-# already compiled grid costs). The workers die with this process (lifeline.py) and are shut
-# down at exit.
-_POOLS: dict[int, CompilePool] = {}
-
-
-def _shared_pool(workers: int) -> CompilePool:
-    pool = _POOLS.get(workers)
-    if pool is None:
-        pool = _POOLS[workers] = CompilePool(workers)
-        atexit.register(pool.close)
-    return pool
-
+from .base import Outcome, report_from, shared_pool
 
 class StaticRunner:
     mode = "static"
@@ -38,7 +21,7 @@ class StaticRunner:
         self.arch = get_arch(arch).name
         self.problem = problem
         self.device = f"{get_arch(arch).reference_part} model"   # whose datasheet the model uses
-        self.pool = _shared_pool(compile_workers)
+        self.pool = shared_pool(compile_workers)
         self.floor_ms = floor_ms(self.arch, problem)
 
     def prepare(self, configs: list[Config]) -> list[Any]:
@@ -59,4 +42,4 @@ class StaticRunner:
         return Outcome(True, ms, info=info)
 
     def close(self) -> None:
-        pass   # the pool is the process's (_shared_pool), kept for the next shape
+        pass   # the pool is the process's (base.shared_pool), kept for the next shape
