@@ -443,6 +443,9 @@ def test_declaration_and_defaults():
     src = render.render(cfg.replace(cb="inline"), "cuda")
     assert "def ssd_bwd_bmm" not in src and "def ssd_bwd_dx" in src
     assert "def ssd_bwd_chunk_state" not in render.render(cfg.replace(save_states=1), "cuda")
+    # a tune offers no tile past the problem's padded headdim (64) and dstate (128)
+    dims = {d.name: d.values for d in build_space("sm90", prob, op="ssd_bwd").dims}
+    assert max(dims["dx_block_n"]) == 64 and max(dims["state_block_m"]) == 64 and max(dims["dbc_block_n"]) == 128
 
 
 def test_opcheck_on_the_backward_op():

@@ -180,6 +180,7 @@ OP = register(Op(
     cost_model="autossd.ops.ssd.bwd:stage_costs",
     default_config="autossd.ops.ssd.bwd_knobs:default_config",
     excluded="autossd.ops.ssd.bwd_knobs:excluded",
+    caps="autossd.ops.ssd.bwd_knobs:caps",
     violations="autossd.ops.ssd.bwd_knobs:violations",
     doc="Mamba-2 SSD backward: gradients of x, dt, A, B, C, D, z, dt_bias, initial_states",
 ))
