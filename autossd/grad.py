@@ -58,7 +58,7 @@ _Z_ARG = 2 + DIFFERENTIABLE.index("z")   # z's position in _SSDFunction.forward'
 # With z requiring grad, the eager forward keeps the ungated output y' for the backward (dz needs
 # it; b x l x h x p elements in x's dtype, held from forward to backward per call, as mamba_ssm
 # holds it). False: the backward runs the forward again for it instead, holding nothing more
-# (on the H100 that recompute made a training step of the five training shapes 7-23% slower).
+# (on the H100 the step with the recompute took 7-8% longer at the large training shapes).
 # torch.compile's traced path and a Kernel's own call (autossd.get_kernel(...)(...), which runs its
 # config) always recompute.
 KEEP_UNGATED_OUTPUT = True
