@@ -12,7 +12,11 @@ every grid point (tuner/shapes.py grid_sizes): what a new user's call looks like
            nearest, transfer or default tier: the JSON says which and why);
   default  the arch default;
   tuned    the best of `autossd tune --trials N --mode measured` at that shape, into a scratch
-           database of this run (--scratch-db) that the lookup above does not see.
+           database of this run (--scratch-db) that the lookup above does not see. A tune
+           starts from the default and from the lookup's pick (both enqueued before its
+           sampler draws), so `tuned` is what a user's tune at that shape finds beyond the
+           pick (the figures of 2026-11-26 in BENCHMARKS predate that seeding: their tunes
+           started from the default and the op's own seeds).
 Each is timed by triton's do_bench on the same inputs, eager calls of ssd_forward with the
 config given. --only picks shapes by index, so a long run can be split over several calls
 (rows already in --out are kept); the target is lookup within 15% of tuned at every shape.
