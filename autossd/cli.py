@@ -262,10 +262,7 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
                 # one set of worker processes for every shape (each shape's study shared): the
                 # shapes run in order, their lines come together at the end
                 results += run_tune(arch, probs, mode, settings, sink, workers=workers, runner_kw=runner_kw)
-                probs_one_by_one = []
-            else:
-                probs_one_by_one = probs
-            for i, prob in enumerate(probs_one_by_one):
+            for i, prob in enumerate(probs if workers == 1 else ()):
                 if progress and len(probs) > 1:
                     # a grid's thousand shapes: where the run is, and when it should end
                     took = time.monotonic() - start

@@ -110,11 +110,9 @@ class _SSDFunction(torch.autograd.Function):
 def _forward_keeping_ungated(t: dict, call: dict):
     """(the drop-in's outputs, y'): the forward without its gate, then the gate as a kernel of
     its own (ops/ssd/gate.py)."""
+    from .ops.ssd.backward import forward_ungated
     from .ops.ssd.gate import silu_gate
-    from .runtime import _forward
-    out = _forward(t["x"], t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t["D"], None, t["dt_bias"],
-                   t["initial_states"], t["seq_idx"], call["cu_seqlens"], call["dt_softplus"], call["dt_limit"],
-                   call["return_final_states"], call["return_varlen_states"], call["state_dtype"], keep=True)
+    out = forward_ungated(t, call, outputs=True)
     y_pre = out[0] if isinstance(out, tuple) else out
     y = silu_gate(y_pre, t["z"])
     return ((y, *out[1:]) if isinstance(out, tuple) else y), y_pre

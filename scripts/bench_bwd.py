@@ -101,14 +101,14 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
             dout = torch.randn_like(t["x"])
             base = torch.cuda.memory_allocated()
             row = {"shape": spec, "dtype": dtype}
-            for name, fn in (("autossd", autossd.mamba_chunk_scan_combined), ("autossd_recompute", None),
-                             ("mamba_ssm", peer)):
-                if name == "autossd_recompute":
-                    # the backward running the forward again for z's gradient instead of the
-                    # forward keeping the ungated output
-                    grad.KEEP_UNGATED_OUTPUT, fn = False, autossd.mamba_chunk_scan_combined
+            # autossd_recompute: the backward runs the forward again for z's gradient instead of
+            # the forward keeping the ungated output
+            for name, fn, keep in (("autossd", autossd.mamba_chunk_scan_combined, True),
+                                   ("autossd_recompute", autossd.mamba_chunk_scan_combined, False),
+                                   ("mamba_ssm", peer, True)):
                 if fn is None:
                     continue
+                grad.KEEP_UNGATED_OUTPUT = keep
                 step = _step(fn, prob, t, dout)
                 step()   # compile, and gradients allocated
                 torch.cuda.synchronize()

@@ -12,8 +12,8 @@ from ..ops.registry import get_op
 from ..problem import Problem
 from .sinks import Sink
 from .storage import kept_journals
-from .study import (Settings, TuneResult, confirm, open_study, reap_stale, run_trials, save_best,
-                    say_resumed, seed, summarize, wait_for_others)
+from .study import (Settings, TuneResult, confirm, open_and_seed, open_study, run_trials, save_best,
+                    summarize, wait_for_others)
 
 MODES = ("auto", "measured", "static")
 
@@ -79,14 +79,6 @@ def _gpu_ids(n: int) -> list[str | None]:
     return [ids[i % len(ids)] for i in range(n)]
 
 
-def _open_and_seed(arch: str, prob: Problem, mode: str, runner, settings: Settings):
-    study, space = open_study(arch, prob, mode, runner.device, settings, None, getattr(runner, "objective", None))
-    reap_stale(study, storage=settings.storage)
-    say_resumed(study)
-    seed(study, arch, prob, space, settings.extra_seeds, settings.storage, runner.device)
-    return study, space
-
-
 def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink: Sink | None,
          workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
     """Tune each problem in turn; with workers > 1, that many processes (one per GPU in measured
@@ -102,7 +94,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
             for prob in problems:
                 runner = make_runner(mode, arch, prob, op=settings.op, **runner_kw)
                 try:
-                    _open_and_seed(arch, prob, mode, runner, settings)
+                    open_and_seed(arch, prob, runner, settings)
                 finally:
                     runner.close()
             ctx = mp.get_context("spawn")
@@ -122,7 +114,7 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                     study, _ = open_study(arch, prob, mode, runner.device, settings, None,
                                           getattr(runner, "objective", None))
                 else:
-                    study, space = _open_and_seed(arch, prob, mode, runner, settings)
+                    study, space = open_and_seed(arch, prob, runner, settings)
                     run_trials(study, space, arch, prob, runner, settings)
                 wait_for_others(study, settings.storage)   # workers of other runs sharing the study
                 result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))

@@ -603,16 +603,24 @@ def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Si
     return result.record
 
 
-def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
-                 sink: Sink | None = None, space: SearchSpace | None = None) -> TuneResult:
-    """Open (or resume) the study, seed it, run the loop, save the best as a record. `space`
-    overrides the knob space (e.g. a reduced grid); by default it is `build_space(...)`."""
-    arch = get_arch(arch).name
+def open_and_seed(arch: str, problem: Problem, runner, settings: Settings,
+                  space: SearchSpace | None = None) -> tuple[optuna.Study, SearchSpace]:
+    """Open (or resume) the problem's study for `runner`, give back the trials of workers killed
+    since, and enqueue the seeds."""
     study, space = open_study(arch, problem, runner.mode, runner.device, settings, space,
                               getattr(runner, "objective", None))
     reap_stale(study, storage=settings.storage)
     say_resumed(study)
     seed(study, arch, problem, space, settings.extra_seeds, settings.storage, runner.device)
+    return study, space
+
+
+def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
+                 sink: Sink | None = None, space: SearchSpace | None = None) -> TuneResult:
+    """Open (or resume) the study, seed it, run the loop, save the best as a record. `space`
+    overrides the knob space (e.g. a reduced grid); by default it is `build_space(...)`."""
+    arch = get_arch(arch).name
+    study, space = open_and_seed(arch, problem, runner, settings, space)
     run_trials(study, space, arch, problem, runner, settings)
     wait_for_others(study, settings.storage)
     result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))

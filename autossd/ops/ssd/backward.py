@@ -466,6 +466,16 @@ def forward_saving(t: dict, call: dict):
     return out, Saved(states=buf.states, dt=buf.dt, dA=buf.dA)
 
 
+def forward_ungated(t: dict, call: dict, outputs: bool = False):
+    """The forward of a call without its gate (z's gradient needs its output y'): y', or with
+    `outputs` everything the call asked for (y' first), from the drop-in's workspace."""
+    from ...runtime import _forward
+    return _forward(t["x"], t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), None, t.get("dt_bias"),
+                    t.get("initial_states"), t.get("seq_idx"), call.get("cu_seqlens") if outputs else None,
+                    call["dt_softplus"], call["dt_limit"], outputs and call["return_final_states"],
+                    outputs and call["return_varlen_states"], call.get("state_dtype"), keep=outputs)
+
+
 def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None) -> dict:
     """Gradients (name -> tensor) of the inputs named in `need`, from the gradient wrt y and wrt
     the final states (None where not returned). t: the forward's inputs by name; call: its
@@ -473,7 +483,7 @@ def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = 
     given, is the ungated output the forward kept; it is taken out of `t` (the backward frees it
     once read), and computed again where z's gradient is needed and it is not given."""
     from ...arch import get_arch
-    from ...runtime import _forward, arch_of_device
+    from ...runtime import arch_of_device
     x = t["x"]
     prob = _problem_of(t, call, dfinal is not None)
     arch = arch_of_device(x.device)
@@ -487,9 +497,7 @@ def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = 
     if t.get("z") is not None and "z" in need and "y_pre" not in t:
         # z's gradient needs the ungated output: the forward again, without the gate
         with torch.no_grad():
-            t["y_pre"] = _forward(x, t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), None,
-                                  t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx"), None,
-                                  call["dt_softplus"], call["dt_limit"], False, False, call.get("state_dtype"))
+            t["y_pre"] = forward_ungated(t, call)
     if dfinal is not None:
         dfinal = dfinal.float()
     if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):

@@ -81,7 +81,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         if not complete:
             return None
         taken = {_key(t.params) for t in trials if t.params}
-        taken |= {_key(p) for n, p in self._planned.items()}
+        taken |= {_key(p) for p in self._planned.values()}
         best = min(complete, key=lambda t: t.value)
         options = [p for p in self.neighbours(best.params) if _key(p) not in taken]
         return self._rng.choice(options) if options else None
