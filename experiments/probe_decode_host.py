@@ -3,6 +3,9 @@ serve the call, whether its launch record replays, the eager time per call in in
 and a cProfile of the slowest case (where an eager call's host time goes).
 
     python experiments/probe_decode_host.py [--batch 1 16] [--out FILE.json]
+
+With --parts, also the host time of a replayed call's parts at batch 1 (bf16 state): the kept-key
+check, the output's allocation, the current device and stream, the launch alone.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--out")
+    ap.add_argument("--parts", action="store_true")
     a = ap.parse_args()
     cases = {}
     for batch in a.batch:
@@ -65,9 +69,55 @@ def main() -> None:
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
     print(f"profile of {worst}:\n" + s.getvalue()[-3500:])
+    parts = host_parts() if a.parts else {}
+    for k, v in parts.items():
+        print(f"part {k}: {v:.2f} us")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "eager_us": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "eager_us": rows, "parts_us": parts}, f, indent=1)
+
+
+def host_parts(reps: int = 20000) -> dict:
+    from autossd.ops.common import launch_cache as lc
+    common, sets = make(1, 80, 64, 128, 1, "bf16", 1)
+    st = sets[0]
+    args = (st["state"], st["x"], common["dt"], common["A"], st["B"], st["C"], common["D"], st["z"],
+            common["dt_bias"], None, st["out"])
+    call = call_of(autossd.selective_state_update, common, st)
+    decode.clear_cache()
+    call()
+    call()
+    extra = (True, -1, None)
+    found = decode._recent.find(args, extra)
+    t = dict(zip(decode.NAMES, args))
+    out = {}
+
+    def clock(name, f):
+        for _ in range(100):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            f()
+        torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - t0) / reps * 1e6
+
+    clock("whole call", call)
+    if found is not None:
+        c, ptrs = found
+        clock("kept-key check (RecentCalls.find)", lambda: decode._recent.find(args, extra))
+        clock("replay_ptrs (device, stream, launch)", lambda: lc.replay_ptrs(c.record, ptrs, c.device.index))
+        d = lc._driver.active
+        dev = d.get_current_device()
+        stream = d.get_current_stream(dev)
+        e = c.record[0]
+        clock("launch alone (DirectLaunch.with_ptrs)", lambda: e[5].with_ptrs(e[1], stream, ptrs))
+        clock("current device and stream", lambda: d.get_current_stream(d.get_current_device()))
+    clock("full key (input_sig) and its lookup", lambda: decode._calls.get((lc.input_sig(t, decode.NAMES), True, -1, None)))
+    x = st["x"]
+    clock("torch.empty_like(x)", lambda: torch.empty_like(x))
+    clock("torch.empty(x.shape, dtype, device)", lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    return out
 
 
 if __name__ == "__main__":

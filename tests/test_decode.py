@@ -44,13 +44,13 @@ CASES = [
     # fp16 state and inputs, dt_bias without softplus, the dstate walked in slices (dstate 24: a
     # partial last slice)
     (DecodeProblem(2, 2, 4, 24, 1, "fp16", "fp16", has_dt_bias=True, has_z=True),
-     DecodeConfig(layout="tiled", block_n=16, block_p=2, heads=2)),
+     DecodeConfig(layout="tiled", block_n=16, block_p=2, heads=2, pdl=1)),
     # bf16 state with fp32 inputs; headdim 6 against a tile of 4: a partial headdim tile
-    (DecodeProblem(2, 2, 6, 16, 2, "fp32", "bf16", has_z=True), DecodeConfig(block_p=4, heads=2)),
+    (DecodeProblem(2, 2, 6, 16, 2, "fp32", "bf16", has_z=True), DecodeConfig(block_p=4, heads=2, pdl=1)),
 ]
 
 
-@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled", "bf16state-fp32"])
+@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled-pdl", "bf16state-fp32-pdl"])
 def test_matches_float64_reference(i):
     pr, cfg = CASES[i]
     t = tune_inputs(pr, seed=i)   # the tied-stride forms Mamba-2 passes
@@ -222,10 +222,56 @@ def test_meta_launches_plan_the_one_kernel():
 @pytest.mark.slow
 def test_cross_compiles_for_nvidia_and_amd_without_spills():
     """The default config, and a tiled one, compile for sm90 and gfx942 on meta tensors (a
-    spawned compile worker: the interpreter cannot compile) with no register spills."""
+    spawned compile worker: the interpreter cannot compile) with no register spills; on sm90 also
+    a programmatic dependent launch."""
     from autossd.compile import compile_config
     pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
     for arch in ("sm90", "gfx942"):
-        for cfg in (default_config(arch, pr), DecodeConfig(layout="tiled", block_p=8, heads=2)):
+        pdl = [DecodeConfig(pdl=1, block_p=16, warps=2)] if arch == "sm90" else []
+        for cfg in (default_config(arch, pr), DecodeConfig(layout="tiled", block_p=8, heads=2), *pdl):
             rep = compile_config(cfg, arch, pr)
             assert rep.ok and rep.stages and all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
+
+
+def test_a_kept_key_replays_without_building_the_key(monkeypatch):
+    """The routing on a GPU, with the launches stubbed (the interpreter records none): a call of a
+    kept key replays its record with the new tensors' pointers, and returns a fresh out; a call
+    with another shape, or with the replay refused (a profiler's hook, another device), takes
+    the checked path."""
+    from autossd.ops.common import launch_cache as lc
+    full = dict(has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    pr = DecodeProblem(2, 4, 8, 16, 1, "bf16", "fp32", **full)
+    cfg = DecodeConfig(heads=2, block_p=8)
+    dec.clear_cache()
+    seen = {"launch": 0, "replay": []}
+
+    def launch(call, t):
+        seen["launch"] += 1
+        call.record = ["record"]
+
+    monkeypatch.setattr(dec, "_launch", launch)
+    monkeypatch.setattr(lc, "pointers_only", lambda record: record == ["record"])
+    refuse = []
+    monkeypatch.setattr(lc, "replay_ptrs", lambda record, ptrs, device: (seen["replay"].append(ptrs), not refuse)[1])
+
+    def call(p=pr):
+        t = tune_inputs(p, seed=5)
+        y = selective_state_update(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
+                                   t["dt_bias"], p.dt_softplus, config=cfg)
+        return t, y
+
+    call()
+    t, y = call()
+    assert seen["launch"] == 1 and len(seen["replay"]) == 1
+    ptrs = seen["replay"][0]
+    assert ptrs == {"state": t["state"].data_ptr(), "x": t["x"].data_ptr(), "dt": t["dt"].data_ptr(),
+                    "A": t["A"].data_ptr(), "B": t["B"].data_ptr(), "C": t["C"].data_ptr(),
+                    "D": t["D"].data_ptr(), "z": t["z"].data_ptr(), "dt_bias": t["dt_bias"].data_ptr(),
+                    "out": y.data_ptr()}
+    assert y.shape == t["x"].shape and y.dtype == t["x"].dtype
+    call(DecodeProblem(3, 4, 8, 16, 1, "bf16", "fp32", **full))   # another batch: a new key, checked
+    assert seen["launch"] == 2 and len(seen["replay"]) == 1
+    refuse.append(True)
+    call()
+    assert seen["launch"] == 3 and len(seen["replay"]) == 2   # refused: launched the checked way
+    dec.clear_cache()

@@ -173,3 +173,65 @@ def test_nothing_else_launches_through_triton_internals():
                          r"_init_handles|packed_metadata|CudaLauncher|make_tensordesc_arg|get_current_stream")
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text()))
     assert users == ["ops/common/launch_cache.py"], users
+
+
+# --- the recent-calls memo ------------------------------------------------------------------------
+NAMES3 = ("a", "b", "c")
+
+
+def _three(dtype=torch.float16):
+    return (torch.randn(4, 8, dtype=dtype), torch.randn(8, dtype=dtype).expand(4, 8), None)
+
+
+def test_recent_calls_finds_a_kept_key_for_new_tensors_of_the_same_metadata():
+    memo = launch_cache.RecentCalls(NAMES3)
+    memo.add(_three(), ("flag",), "value")
+    t = _three()
+    value, ptrs = memo.find(t, ("flag",))
+    assert value == "value" and ptrs == {"a": t[0].data_ptr(), "b": t[1].data_ptr()}
+
+
+@pytest.mark.parametrize("change", ["dtype", "shape", "strides", "tensor where None was", "None where a tensor was",
+                                    "extra", "misaligned", "requires_grad"])
+def test_recent_calls_misses_every_change_of_the_key(change):
+    memo = launch_cache.RecentCalls(NAMES3)
+    memo.add(_three(), ("flag",), "value")
+    a, b, c = _three()
+    extra = ("flag",)
+    if change == "dtype":
+        a = a.float()
+    elif change == "shape":
+        a = torch.randn(5, 8, dtype=a.dtype)
+    elif change == "strides":
+        a = torch.randn(8, 4, dtype=a.dtype).t()
+    elif change == "tensor where None was":
+        c = torch.randn(3)
+    elif change == "None where a tensor was":
+        b = None
+    elif change == "extra":
+        extra = ("other",)
+    elif change == "misaligned":   # same shape and strides, 2 bytes past a 16-byte boundary
+        a = torch.randn(4 * 8 + 1, dtype=a.dtype)[1:].view(4, 8)
+    elif change == "requires_grad":
+        a = a.requires_grad_()
+    assert memo.find((a, b, c), extra) is None
+    assert memo.find(_three(), ("flag",))[0] == "value"   # and the kept key still matches
+
+
+def test_recent_calls_keeps_no_aliased_key_and_evicts_the_oldest():
+    memo = launch_cache.RecentCalls(NAMES3)
+    a = torch.randn(4, 8)
+    memo.add((a, a, None), (), "aliased")   # a record maps each pointer to one name: full key only
+    assert memo.find((a, a, None), ()) is None
+    for n in range(memo.SIZE + 1):
+        memo.add((torch.randn(n + 1, 8), None, None), (), n)
+    assert memo.find((torch.randn(1, 8), None, None), ()) is None   # the oldest is gone
+    assert [memo.find((torch.randn(n + 1, 8), None, None), ())[0] for n in range(1, memo.SIZE + 1)] \
+        == list(range(1, memo.SIZE + 1))
+
+
+def test_recent_calls_keeps_nothing_without_torchs_guard(monkeypatch):
+    monkeypatch.setattr(launch_cache, "_TensorGuard", None)
+    memo = launch_cache.RecentCalls(NAMES3)
+    memo.add(_three(), (), "value")
+    assert memo.find(_three(), ()) is None

@@ -227,10 +227,14 @@ _calls_lock = threading.Lock()
 CALLS_MAX = 4096
 
 
+_recent = _lc.RecentCalls(NAMES)
+
+
 def clear_cache() -> None:
     """Forget every call key's config and launch record (e.g. after a tuning-database write)."""
     with _calls_lock:
         _calls.clear()
+        _recent.clear()
 
 
 def _prepare(t: dict, dt_softplus, pad_slot_id, config: DecodeConfig | None) -> _Call:
@@ -293,8 +297,19 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     outside the state is not checked on the host (that would wait for the device): such a row is
     skipped like a pad row and its output is NaN. Returns out (batch, [T,] nheads, headdim) in
     x's dtype, or writes the caller's `out`. `config` forces a config (tests, the tuner)."""
-    t = {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
-         "idx": state_batch_indices, "out": out}
+    args = (state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out)
+    try:
+        extra = (bool(dt_softplus), pad_slot_id, config)
+        hit = _recent.find(args, extra)
+    except (TypeError, ValueError, RuntimeError):   # an odd argument: the checked path names it
+        extra = hit = None
+    if hit is not None:   # a kept key: replay with no key built (see launch_cache.RecentCalls)
+        call, ptrs = hit
+        y = torch.empty_like(x) if out is None else out
+        ptrs["out"] = y.data_ptr()
+        if _lc.replay_ptrs(call.record, ptrs, call.device.index):
+            return y
+    t = dict(zip(NAMES, args))
     try:
         key = (_lc.input_sig(t, NAMES), bool(dt_softplus), pad_slot_id, config)
         call = _calls.get(key)
@@ -305,9 +320,12 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         if key is not None:
             with _calls_lock:
                 _lc.remember(_calls, key, call, CALLS_MAX)
-    if out is None:
-        out = t["out"] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out is None:   # x's layout, as mamba_ssm's (a record keeps out's strides: x's key fixes them)
+        out = t["out"] = torch.empty_like(x)
     _launch(call, t)
+    if hit is None and extra is not None and key is not None and call.record is not None \
+            and _lc.pointers_only(call.record):
+        _recent.add(args, extra, call)
     return out
 
 

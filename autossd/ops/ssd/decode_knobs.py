@@ -34,6 +34,13 @@ KNOBS: tuple[Knob, ...] = (
     # cache policy is invisible to the static model.
     Knob("stream", (0, 1), 0, "1: the state's loads and stores take the streaming cache policy",
          "decode", measured_only=True, needs=("cuda",)),
+    # 1: the step is launched as a programmatic dependent of the kernel before it (sm90): its
+    # programs wait (griddepcontrol.wait) for that kernel's completion before any memory access,
+    # and release the next launch at once, so a launch's start overlaps its predecessor's last
+    # programs rather than following them. measured_only: launch overlap is invisible to the
+    # static model.
+    Knob("pdl", (0, 1), 0, "1: programmatic dependent launch (overlaps the previous kernel's tail)",
+         "decode", measured_only=True, needs=("pdl",)),
 )
 SPACE = KnobSpace("ssd_decode", KNOBS, mode_knob="layout")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
