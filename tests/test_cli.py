@@ -257,12 +257,17 @@ def test_doctor_and_bench_without_gpu(env):
     assert r.exit_code == 1 and "needs a GPU" in r.output
 
 
-def test_two_workers_share_each_study_and_budget_across_shapes(env):
+def test_two_workers_share_each_study_and_budget_across_shapes(env, monkeypatch):
     """Two worker processes, started once, go through both shapes: each shape's study gets one
     shared budget and one stored record, and no more than those two processes evaluated any
-    trial (workers started per shape made four)."""
+    trial (workers started per shape made four). The workers also finish the shapes (summary
+    and re-timing): the parent makes a runner only to seed each study, none after."""
     import optuna
+    from autossd.tuner import api
     from autossd.tuner.storage import open_storage
+    made = []
+    real = api.make_runner
+    monkeypatch.setattr(api, "make_runner", lambda *a, **kw: made.append(a[2]) or real(*a, **kw))
     other = "b=2,l=256,h=4,p=32,n=32,g=1"
     r = invoke("tune", "--arch", "sm80", "--shapes", f"{SHAPE};{other}", "--trials", 4, "--workers", 2,
                "--compile-workers", 0, "--db", env / "w.jsonl", "--storage", env / "w.journal",
@@ -272,6 +277,7 @@ def test_two_workers_share_each_study_and_budget_across_shapes(env):
         row = [ln for ln in r.output.splitlines() if ln.startswith(start)][0].split()
         assert 4 <= int(row[2]) + int(row[3]) <= 5     # one shared budget (a last concurrent one may land)
     assert len(json.loads(invoke("show", "--db", env / "w.jsonl", "--json").output)) == 2
+    assert len(made) == 2, made   # the seeding of each study; the workers finished both
     storage = open_storage(str(env / "w.journal"))
     pids = set()
     for s in optuna.get_all_study_summaries(storage):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import queue
 from typing import Any
 
 from ..arch import get_arch, local_arch
@@ -45,10 +46,14 @@ def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2
 
 
 def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: str, settings: dict,
-            runner_kw: dict) -> None:
+            runner_kw: dict, done=None) -> None:
     """One worker process for every problem of a tune, in order: its own GPU, each shared study,
     each study's shared budget. It lives across the problems, so its start (torch, CUDA and
-    Triton imports, the GPU context) is paid once, not once a shape."""
+    Triton imports, the GPU context) is paid once, not once a shape. Each problem is finished
+    (summarized, its finalists re-timed) by one worker, problem i by worker i mod workers, with
+    the runner it tuned with, and the result goes to `done` for the parent to store: done in
+    the parent after the workers, the re-timing was serial work on a runner started cold (2 H100s,
+    4 shapes: more than 80 s after the last trial)."""
     from ..lifeline import die_with_parent
     die_with_parent()   # a killed tuner takes this worker (and so its compile workers) with it
     if gpu is not None:
@@ -56,15 +61,52 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
     st = Settings(**{**settings, "worker": index})
     kind = get_op(st.op).problem_type   # the problem type of the op tuned
     with kept_journals():
-        for problem in problems:
+        for i, problem in enumerate(problems):
             prob = kind(**problem)
             runner = make_runner(mode, arch, prob, op=st.op, **runner_kw)
             try:
                 study, space = open_study(arch, prob, mode, runner.device, st, None,
                                           getattr(runner, "objective", None))
                 run_trials(study, space, arch, prob, runner, st)
+                if done is not None and i % st.workers == index:
+                    done.put((i, _finish(study, arch, prob, mode, runner, st)))
             finally:
                 runner.close()
+
+
+def _finish(study, arch: str, prob, mode: str, runner, settings: Settings) -> TuneResult:
+    """A problem's result once every worker's trials of it are in: summarized, its finalists
+    re-timed (`confirm`)."""
+    wait_for_others(study, settings.storage)   # workers of other runs sharing the study
+    result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
+    confirm(result, study, runner, settings.confirm)
+    return result
+
+
+def _collect(done, procs: list, n: int) -> dict:
+    """The finished results the workers send, {problem index: TuneResult}, read while they run (a
+    worker blocks on a full pipe until the parent reads, so reading only after join could hang)
+    until all n are in or every worker has exited."""
+    finished = {}
+    while len(finished) < n:
+        alive = any(p.is_alive() for p in procs)   # before the read: what a gone worker sent is in the pipe
+        try:
+            i, result = done.get(timeout=0.5)
+        except queue.Empty:
+            if not alive:
+                break
+            continue
+        finished[i] = result
+    return finished
+
+
+def _provenance(mode: str) -> str:
+    """What the records of a tune in `mode` say of themselves (its runner's provenance)."""
+    if mode == "static":
+        from .runners.static import StaticRunner
+        return StaticRunner.provenance
+    from .runners.measured import MeasuredRunner
+    return MeasuredRunner.provenance
 
 
 def _gpu_ids(n: int) -> list[str | None]:
@@ -100,14 +142,22 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
             ctx = mp.get_context("spawn")
             gpus = _gpu_ids(workers) if mode == "measured" else [None] * workers
             keys = [prob.key() for prob in problems]
-            procs = [ctx.Process(target=_worker, args=(i, gpus[i], arch, keys, mode, dataclasses.asdict(settings),
-                                                       runner_kw))
+            wsettings = {**dataclasses.asdict(settings), "workers": workers}
+            done = ctx.Queue()
+            procs = [ctx.Process(target=_worker, args=(i, gpus[i], arch, keys, mode, wsettings, runner_kw, done))
                      for i in range(workers)]
             for p in procs:
                 p.start()
+            finished = _collect(done, procs, len(problems))
             for p in procs:
                 p.join()
-        for prob in problems:
+        for i, prob in enumerate(problems):
+            if workers > 1 and i in finished:   # finished by the worker that owned it
+                result = finished[i]
+                save_best(result, _provenance(mode), sink, settings.sampler)
+                results.append(result)
+                continue
+            # one worker, or a problem whose finishing worker died: finished here
             runner = make_runner(mode, arch, prob, op=settings.op, **runner_kw)
             try:
                 if workers > 1:
@@ -116,10 +166,8 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                 else:
                     study, space = open_and_seed(arch, prob, runner, settings)
                     run_trials(study, space, arch, prob, runner, settings)
-                wait_for_others(study, settings.storage)   # workers of other runs sharing the study
-                result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
-                confirm(result, study, runner, settings.confirm)
-                save_best(result, study, runner.provenance, sink, settings.sampler)
+                result = _finish(study, arch, prob, mode, runner, settings)
+                save_best(result, runner.provenance, sink, settings.sampler)
                 results.append(result)
             finally:
                 runner.close()

@@ -64,6 +64,7 @@ class Settings:
     extra_seeds: list[dict] = field(default_factory=list)  # configs enqueued besides the defaults
     progress: bool = True
     worker: int = 0                  # progress-bar row when several workers share a study
+    workers: int = 1                 # the workers sharing each study (worker i finishes problem j when j % workers == i)
     confirm: int = 3                 # measured: each mode's N fastest re-timed before storing (0: off)
     op: str = OP                     # the op tuned (autossd.ops.registry)
     # offer configs whose correctness was never shown on this arch's hardware (Op.unvalidated)
@@ -577,8 +578,7 @@ def confirm(result: TuneResult, study: optuna.Study, runner, top: int) -> dict:
     return samples
 
 
-def save_best(result: TuneResult, study: optuna.Study, provenance: str, sink: Sink | None,
-              sampler: str) -> dict | None:
+def save_best(result: TuneResult, provenance: str, sink: Sink | None, sampler: str) -> dict | None:
     """Save the best record of each launch mode the runner timed (one record when it timed none:
     "any" for a static prediction, "eager" for a measurement); returns the record of the study's
     objective."""
@@ -626,5 +626,5 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
     confirm(result, study, runner, settings.confirm)
     if runner.mode != "simulated":
-        save_best(result, study, runner.provenance, sink, settings.sampler)
+        save_best(result, runner.provenance, sink, settings.sampler)
     return result
