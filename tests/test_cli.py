@@ -261,7 +261,9 @@ def test_two_workers_share_each_study_and_budget_across_shapes(env, monkeypatch)
     """Two worker processes, started once, go through both shapes: each shape's study gets one
     shared budget and one stored record, and no more than those two processes evaluated any
     trial (workers started per shape made four). The workers also finish the shapes (summary
-    and re-timing): the parent makes a runner only to seed each study, none after."""
+    and re-timing): the parent makes a runner only to seed each study, none after. And the tune
+    ends: each worker, with a compile pool of its own, shuts it down (a multiprocessing child
+    joins its live children on its way out, and the pool's workers wait for work forever)."""
     import optuna
     from autossd.tuner import api
     from autossd.tuner.storage import open_storage
@@ -269,8 +271,9 @@ def test_two_workers_share_each_study_and_budget_across_shapes(env, monkeypatch)
     real = api.make_runner
     monkeypatch.setattr(api, "make_runner", lambda *a, **kw: made.append(a[2]) or real(*a, **kw))
     other = "b=2,l=256,h=4,p=32,n=32,g=1"
+    # a compile worker in each: a worker process must shut its compile pool down to end
     r = invoke("tune", "--arch", "sm80", "--shapes", f"{SHAPE};{other}", "--trials", 4, "--workers", 2,
-               "--compile-workers", 0, "--db", env / "w.jsonl", "--storage", env / "w.journal",
+               "--compile-workers", 1, "--db", env / "w.jsonl", "--storage", env / "w.journal",
                "--no-progress")
     assert r.exit_code == 0, r.output
     for start in ("b=1,l=512", "b=2,l=256"):

@@ -58,20 +58,27 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
     die_with_parent()   # a killed tuner takes this worker (and so its compile workers) with it
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before anything touches CUDA in this process
+    from .runners.base import close_pools
     st = Settings(**{**settings, "worker": index})
     kind = get_op(st.op).problem_type   # the problem type of the op tuned
-    with kept_journals():
-        for i, problem in enumerate(problems):
-            prob = kind(**problem)
-            runner = make_runner(mode, arch, prob, op=st.op, **runner_kw)
-            try:
-                study, space = open_study(arch, prob, mode, runner.device, st, None,
-                                          getattr(runner, "objective", None))
-                run_trials(study, space, arch, prob, runner, st)
-                if done is not None and i % st.workers == index:
-                    done.put((i, _finish(study, arch, prob, mode, runner, st)))
-            finally:
-                runner.close()
+    try:
+        with kept_journals():
+            for i, problem in enumerate(problems):
+                prob = kind(**problem)
+                runner = make_runner(mode, arch, prob, op=st.op, **runner_kw)
+                try:
+                    study, space = open_study(arch, prob, mode, runner.device, st, None,
+                                              getattr(runner, "objective", None))
+                    run_trials(study, space, arch, prob, runner, st)
+                    if done is not None and i % st.workers == index:
+                        done.put((i, _finish(study, arch, prob, mode, runner, st)))
+                finally:
+                    runner.close()
+    finally:
+        # this process ends by joining its live children: the shared compile pool's workers
+        # (never shut down by atexit in a multiprocessing child) would keep it, and so the
+        # tune, waiting forever (2 GPUs, measured: hung after the last trial)
+        close_pools()
 
 
 def _finish(study, arch: str, prob, mode: str, runner, settings: Settings) -> TuneResult:

@@ -134,8 +134,15 @@ class CompilePool:
 # shape, and a pool of its own would start its workers afresh for every shape, each importing
 # torch and triton again (seconds on a small machine: more than the cache hits a shape of an
 # already compiled grid costs). The workers die with this process (lifeline.py) and are shut
-# down at exit.
+# down at exit, or by close_pools: a multiprocessing child runs no atexit handlers, and on its
+# way out it joins its live children, the pool's workers, which wait for work forever.
 _POOLS: dict[int, CompilePool] = {}
+
+
+def close_pools() -> None:
+    """Shut the shared compile pools down (a worker process's last step)."""
+    while _POOLS:
+        _POOLS.popitem()[1].close()
 
 
 def shared_pool(workers: int) -> CompilePool:
