@@ -34,7 +34,7 @@ from autossd import grad  # noqa: E402
 from autossd.bench import measure_ceilings  # noqa: E402
 from autossd.ops.ssd import backward as bw  # noqa: E402
 from autossd.problem import DTYPE_BYTES, Problem  # noqa: E402
-from autossd.testing import call_kwargs, make_inputs, rel_err  # noqa: E402
+from autossd.testing import call_kwargs, grad_tolerance, make_inputs, rel_err  # noqa: E402
 
 MODELS = {"mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
           "mamba2-130m": dict(nheads=24, headdim=64, dstate=128, ngroups=1),
@@ -42,7 +42,6 @@ MODELS = {"mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
 DEFAULT_SHAPES = ("mamba2-2.7b:8x2048,mamba2-2.7b:4x16384,mamba2-2.7b:1x65536,mamba2-130m:4x8192,"
                   "codestral:1x65536")
 GRAD = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
-TOL = {"fp32": 1e-4, "fp16": 3e-3, "bf16": 1.5e-2}
 
 
 def _shape(spec: str, dtype: str) -> Problem:
@@ -172,7 +171,7 @@ def check(dtypes: list[str]) -> int:
             errs = {k: (rel_err(leaves[k].grad, ref[k]) if float(ref[k].norm()) > 1e-12 * scale
                         else float(leaves[k].grad.double().norm()) / scale) for k in ref}
             worst = max(errs.values())
-            ok = worst < TOL[dtype]
+            ok = worst < grad_tolerance(dtype)
             failed += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {dtype} b={prob.batch} l={prob.seqlen} h={prob.nheads} "
                   f"p={prob.headdim} n={prob.dstate} g={prob.ngroups} chunk={prob.chunk_size}: "

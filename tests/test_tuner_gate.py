@@ -231,3 +231,29 @@ def test_a_reference_of_the_leading_sequences_judges_a_large_batch(interpret, mo
     assert ref[0].shape[0] == 2
     assert check(prob, cfg, t, ref).ok
     assert not check(prob, cfg, t, ref, _perturbed(_one_element)).ok
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_backward_gate_checks_every_gradient_at_the_gradient_bound(interpret, dtype):
+    """The backward's candidates are judged on every gradient the call makes (a config that buys
+    speed with dA's accuracy shows in dA alone), each at `testing.grad_tolerance`: the default
+    passes; a 5% error in A's gradient only, or a gradient missing, fails and names it."""
+    from autossd.ops.registry import get_op
+    from autossd.testing import grad_tolerance
+    prob = Problem(1, 96, 2, 16, 16, 1, dtype, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    cfg = get_op("ssd_bwd").fn("default_config")("sm90", prob).replace(chunk_size=64)
+    t = make_inputs(prob, "cpu", op="ssd_bwd")
+    ref = reference(prob, t, "ssd_bwd")
+    assert set(ref) == {"x", "dt", "A", "B", "C", "D", "z", "dt_bias"}
+    res = check(prob, cfg, t, ref)
+    assert res.ok and res.rel_l2 < grad_tolerance(dtype), res
+
+    def off(name, scale):
+        def run(p, c, tt):
+            out = default_run(p, c, tt)
+            return {**out, name: out[name] * scale}
+        return run
+    res = check(prob, cfg, t, ref, off("A", 1.05))
+    assert not res.ok and res.why.startswith("A: ") and "relative L2 error" in res.why, res.why
+    res = check(prob, cfg, t, ref, lambda p, c, tt: {k: v for k, v in default_run(p, c, tt).items() if k != "dt_bias"})
+    assert not res.ok and "expected" in res.why

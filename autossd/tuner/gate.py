@@ -9,7 +9,10 @@ single corrupted element cannot hide in the L2 norm of a large output:
 and every output must be finite (NaN/Inf: failed).
 
 An op's outputs are (the checked output, an optional second: the forward's and packed prefill's
-final states, the decode step's updated state, the backward's dB). Both are held to the looser bound of the input
+final states, the decode step's updated state), or, for the backward, every gradient by name,
+each held to `testing.grad_tolerance` of the input dtype (the bound the tests and the benchmark
+hold the drop-in's gradients to: a candidate that buys speed with one gradient's accuracy, e.g.
+dA's through the state path, fails here). The pair is held to the looser bound of the input
 dtype and the state dtype the *problem* names (the decode step's and packed prefill's callers
 choose the dtype their states are kept in; the forward's problems name none: fp32). A candidate
 never gets a looser bound for a state dtype of its own config: tuning must not buy speed with
@@ -27,7 +30,7 @@ import torch
 from ..knobs import BaseConfig as Config
 from ..ops.registry import get_op
 from ..problem import Problem
-from ..testing import tolerance
+from ..testing import grad_tolerance, tolerance
 
 MAX_ERR = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
 
@@ -64,10 +67,10 @@ def default_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"
     return get_op(config.op).fn("tune_run")(problem, config, t, backend)
 
 
-def compare(out, ref, dtype: str, state_dtype: str = "fp32") -> GateResult:
+def compare(out, ref, dtype: str, state_dtype: str = "fp32", tol: float | None = None) -> GateResult:
     """Judge one output tensor against its float64 reference, at the looser bound of `dtype` and
-    `state_dtype` (the problem's, never a candidate's: see the module docstring)."""
-    tol_l2 = tolerance(dtype, state_dtype)
+    `state_dtype` (the problem's, never a candidate's: see the module docstring), or at `tol`."""
+    tol_l2 = tolerance(dtype, state_dtype) if tol is None else tol
     tol_max = max(MAX_ERR[dtype], MAX_ERR[state_dtype] if state_dtype != "fp32" else 0.0, 10 * tol_l2)
     out64 = out.detach().to(torch.float64)
     ref = ref.to(out64.device)
@@ -89,11 +92,13 @@ def compare(out, ref, dtype: str, state_dtype: str = "fp32") -> GateResult:
 def check(problem: Problem, config: Config, t: dict, ref, run: Runner = default_run) -> GateResult:
     """Run the candidate once and compare with `ref` (from `reference`). An exception in the
     candidate is a failed gate, not a crash of the tuner."""
-    y_ref, final_ref = ref
     try:
         out = run(problem, config, t)
     except Exception as e:  # a candidate's error is a verdict on the candidate
         return GateResult(False, float("inf"), float("inf"), f"{type(e).__name__}: {e}")
+    if isinstance(ref, dict):
+        return _check_named(problem, out, ref)
+    y_ref, final_ref = ref
     y = out[0] if isinstance(out, tuple) else out
     state_dtype = getattr(problem, "state_dtype", "fp32")
     # a reference of a large batch may cover only its leading sequences (ssd_fwd reference_rows)
@@ -106,3 +111,20 @@ def check(problem: Problem, config: Config, t: dict, ref, run: Runner = default_
         if not fin.ok:
             return GateResult(False, fin.max_err, fin.rel_l2, f"states: {fin.why}")
     return res
+
+
+def _check_named(problem: Problem, out, ref: dict) -> GateResult:
+    """Every named output (the backward's gradients) against its reference, each at the gradient
+    bound of the problem's dtype: the first that fails, else the result of the worst."""
+    if not isinstance(out, dict) or set(out) != set(ref):
+        got = sorted(out) if isinstance(out, dict) else type(out).__name__
+        return GateResult(False, float("inf"), float("inf"), f"outputs {got}, expected {sorted(ref)}")
+    tol = grad_tolerance(problem.dtype)
+    worst = None
+    for name, r in ref.items():
+        res = compare(out[name], r, problem.dtype, tol=tol)
+        if not res.ok:
+            return GateResult(False, res.max_err, res.rel_l2, f"{name}: {res.why}")
+        if worst is None or res.rel_l2 > worst.rel_l2:
+            worst = GateResult(True, res.max_err, res.rel_l2, f"worst: {name}")
+    return worst if worst is not None else GateResult(False, float("inf"), float("inf"), "no outputs")

@@ -123,7 +123,8 @@ REF_BYTES = 8 << 30
 
 
 def tune_reference(problem: Problem, t: dict):
-    """float64 (dx, dB): the gradients the tuner's gate checks (every stage feeds one of them)."""
+    """float64 gradients, by name, of every input the call differentiates: the tuner's gate
+    checks each (a stage's rounding may show in one only: dA and dt_bias sum every token's)."""
     from ...testing import call_kwargs
     from .backward import reference
     kw = call_kwargs(problem, t)
@@ -131,17 +132,17 @@ def tune_reference(problem: Problem, t: dict):
                     initial_states=t["initial_states"], seq_idx=t["seq_idx"], dt_softplus=problem.dt_softplus,
                     dt_limit=kw.get("dt_limit", (0.0, float("inf"))), dout=t["dout"], dfinal=t["dfinal"],
                     max_bytes=REF_BYTES)
-    return ref["x"], ref["B"]
+    return {k: v for k, v in ref.items() if t.get(k) is not None}
 
 
 def tune_run(problem: Problem, config: BwdConfig, t: dict, backend: str = "cuda"):
-    """The generated backward of `config` on `t`: (dx, dB), as tune_reference."""
+    """The generated backward of `config` on `t`: every gradient tune_reference holds, by name
+    (what a training step asks for; the timed call too)."""
     from ...testing import call_kwargs
-    from .backward import execute
+    from .backward import GRAD_NAMES, execute
     kw = call_kwargs(problem, t)
-    out = execute(problem, config, t, t["dout"], t["dfinal"], need={"x", "B"},
-                  dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend)
-    return out["x"], out["B"]
+    return execute(problem, config, t, t["dout"], t["dfinal"], need={k for k in GRAD_NAMES if t.get(k) is not None},
+                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend)
 
 
 def meta_launches(problem: Problem, config: BwdConfig, backend: str) -> list:

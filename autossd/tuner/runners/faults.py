@@ -57,7 +57,7 @@ def wrap(run: Callable, kind: str) -> Callable:
         elif kind == "crash":
             os.abort()
         out = run(problem, config, t)
-        y = out[0] if isinstance(out, tuple) else out
+        y = out[0] if isinstance(out, tuple) else next(iter(out.values())) if isinstance(out, dict) else out
         y.view(-1)[0] += 10 * float(y.abs().max()) + 1.0   # one element far off
         return out
     return bad
