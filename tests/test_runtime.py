@@ -358,6 +358,32 @@ def test_a_repeated_call_skips_the_checks_and_a_changed_one_is_checked_again(mon
     assert len(checked) == n + 1
 
 
+def test_a_recent_call_is_found_without_building_its_key(monkeypatch):
+    """The last few validated calls are found by a guard check of the tensors (RecentCalls): a
+    call with new tensors of the same metadata builds no key and runs on its own inputs; one
+    that differs in strides, dtype, a None, or an argument builds the key (and is checked)."""
+    built = []
+    real = runtime._call_key
+    monkeypatch.setattr(runtime, "_call_key", lambda *a, **k: built.append(1) or real(*a, **k))
+    p = tiny(has_D=True, has_dt_bias=True, dt_softplus=True)
+    for seed in (0, 1, 2):
+        args, kw = _args(p, seed=seed)
+        y = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+        assert rel_err(y, _reference(args, 64, kw)[0]) < tolerance("fp32")
+    assert len(built) == 1
+    x, dt, A, B, C = args
+    dt_t = torch.cat([dt, dt], dim=-1)[..., :dt.shape[-1]]   # same values, other strides
+    changes = [dict(dt=dt_t), dict(x=x.double()), dict(D=None), dict(chunk_size=128)]
+    for i, change in enumerate(changes):
+        call = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=64, **kw)
+        call.update(change)
+        try:
+            autossd.mamba_chunk_scan_combined(**call)
+        except TypeError:   # x in float64: refused by the checks the key leads to
+            pass
+        assert len(built) == 2 + i, change
+
+
 def test_the_call_cache_is_bounded(monkeypatch):
     """At most _CALLS_MAX validated calls are kept; then the cache starts over."""
     monkeypatch.setattr(runtime, "_CALLS_MAX", 2)
