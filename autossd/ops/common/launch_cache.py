@@ -284,10 +284,10 @@ class RecentCalls:
                                  dynamic_dims_strides=[list(t.stride()) for t in ts])
             if not guard.check(*ts):   # a guard that refuses its own tensors is of no use
                 return
-        except Exception:  # noqa: BLE001 - another torch's guard: the caller's full key still works
+            aligned = tuple(t.data_ptr() & 15 == 0 for t in ts)
+        except Exception:  # noqa: BLE001 - another torch's guard, a tensor without storage: the full key works
             return
         absent = tuple(i for i in range(len(tensors)) if i not in present)
-        aligned = tuple(t.data_ptr() & 15 == 0 for t in ts)
         # itemgetter of one index returns the item, of several a tuple: always a tuple here
         take = operator.itemgetter(*present) if len(present) > 1 else (lambda a, i=present[0]: (a[i],))
         take_absent = None
