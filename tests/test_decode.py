@@ -47,10 +47,14 @@ CASES = [
      DecodeConfig(layout="tiled", block_n=16, block_p=2, heads=2, pdl=1)),
     # bf16 state with fp32 inputs; headdim 6 against a tile of 4: a partial headdim tile
     (DecodeProblem(2, 2, 6, 16, 2, "fp32", "bf16", has_z=True), DecodeConfig(block_p=4, heads=2, pdl=1)),
+    # resident programs walking the tiles (3 programs in the interpreter: 18 tiles, 6 each), a
+    # partial headdim tile, two groups, two pipeline stages
+    (DecodeProblem(3, 4, 6, 16, 2, "bf16", "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True),
+     DecodeConfig(layout="persistent", block_p=4, stages=2)),
 ]
 
 
-@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled-pdl", "bf16state-fp32-pdl"])
+@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled-pdl", "bf16state-fp32-pdl", "persistent"])
 def test_matches_float64_reference(i):
     pr, cfg = CASES[i]
     t = tune_inputs(pr, seed=i)   # the tied-stride forms Mamba-2 passes
@@ -84,7 +88,9 @@ def test_multi_token_step():
     _check(pr, t, got, state)
 
 
-def test_state_batch_indices_pad_permutation_and_bad_index():
+@pytest.mark.parametrize("cfg", [DecodeConfig(heads=2, block_p=4), DecodeConfig(layout="persistent", block_p=2)],
+                         ids=["whole", "persistent"])
+def test_state_batch_indices_pad_permutation_and_bad_index(cfg):
     """Rows update the slots their indices name (a permutation of some of 6 slots); the pad row
     leaves every slot as it was to the bit and outputs 0; an index past the cache outputs NaN and
     touches nothing."""
@@ -93,7 +99,7 @@ def test_state_batch_indices_pad_permutation_and_bad_index():
     cache = torch.randn(6, 2, 4, 16)
     t["state"] = cache
     idx = torch.tensor([4, -1, 0, 9], dtype=torch.int32)
-    got, state = _run(t, pr, DecodeConfig(heads=2, block_p=4), idx=idx)
+    got, state = _run(t, pr, cfg, idx=idx)
     ref_y, ref_s = state_update_ref(cache, t["x"], t["dt"], t["A"], t["B"], t["C"], None, t["z"], None, False, idx)
     for s in (1, 2, 3, 5):   # slots no row names (the pad row's and the bad row's included)
         assert torch.equal(state[s], cache[s])
@@ -182,7 +188,8 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     assert default_config("sm90", big.replace(dstate=4096)).layout == "tiled"
     small = DecodeProblem(1, 2, 4, 16, 1, "fp32")
     assert any("block_p" in w for w in violations(DecodeConfig(block_p=8), "sm90", small))
-    assert any("tokens" in w for w in violations(DecodeConfig(layout="tiled"), "sm90", small.replace(tokens=2)))
+    for layout in ("tiled", "persistent"):
+        assert any("tokens" in w for w in violations(DecodeConfig(layout=layout), "sm90", small.replace(tokens=2)))
     assert any("spill" in w for w in violations(DecodeConfig(block_p=64, warps=1), "sm90", big))
     with pytest.raises(ValueError, match="ngroups"):
         DecodeProblem(1, 3, 4, 16, 2, "fp32")
@@ -211,6 +218,23 @@ def test_the_shared_lookup_picks_exact_then_nearest_then_the_default(monkeypatch
     assert cfg == default_config("sm90", far) and why.startswith("default config")
 
 
+def test_the_persistent_layout_launches_what_keeps_the_memory_busy(monkeypatch):
+    """Per SM, enough programs that their pipelined tiles keep IN_FLIGHT_PER_SM loading, at most
+    what an SM runs at once (threads per SM over the program's, 32), never more than the tiles;
+    three elsewhere (the interpreter, meta tensors)."""
+    pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "bf16")
+    monkeypatch.setattr(dec, "_device_limits", lambda index: (132, 2048, 32))
+    cuda = torch.device("cuda", 0)
+    cfg = DecodeConfig(layout="persistent", block_p=16, warps=2, stages=2)   # 4 KB tiles, two in flight
+    assert dec.programs(pr, cfg, cuda) == 132 * (dec.IN_FLIGHT_PER_SM // (2 * 4096))
+    assert dec.programs(pr, cfg.replace(block_p=1, stages=1), cuda) == 132 * 32      # 256-byte tiles: 32 an SM
+    assert dec.programs(pr, cfg.replace(block_p=1, warps=8), cuda) == 132 * 8        # 8 warps: 8 an SM
+    assert dec.programs(pr.replace(batch=1, nheads=2), cfg.replace(block_p=64), cuda) == 2
+    assert dec.programs(pr, DecodeConfig(layout="persistent"), torch.device("cpu")) == 3
+    (ln,) = get_op("ssd_decode").fn("meta_launches")(pr, DecodeConfig(layout="persistent"), "cuda")
+    assert ln.kernel == "ssd_decode_persistent" and ln.grid == (3, 1, 1) and ln.args["ROWS"] == 16
+
+
 def test_meta_launches_plan_the_one_kernel():
     pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "bf16", has_D=True, has_z=True)
     cfg = default_config("sm90", pr)
@@ -221,14 +245,15 @@ def test_meta_launches_plan_the_one_kernel():
 
 @pytest.mark.slow
 def test_cross_compiles_for_nvidia_and_amd_without_spills():
-    """The default config, and a tiled one, compile for sm90 and gfx942 on meta tensors (a
+    """The default config, a tiled and a persistent one, compile for sm90 and gfx942 on meta tensors (a
     spawned compile worker: the interpreter cannot compile) with no register spills; on sm90 also
     a programmatic dependent launch."""
     from autossd.compile import compile_config
     pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
     for arch in ("sm90", "gfx942"):
         pdl = [DecodeConfig(pdl=1, block_p=16, warps=2)] if arch == "sm90" else []
-        for cfg in (default_config(arch, pr), DecodeConfig(layout="tiled", block_p=8, heads=2), *pdl):
+        walk = DecodeConfig(layout="persistent", block_p=8, warps=1 if arch == "sm90" else 2, stages=2)
+        for cfg in (default_config(arch, pr), DecodeConfig(layout="tiled", block_p=8, heads=2), walk, *pdl):
             rep = compile_config(cfg, arch, pr)
             assert rep.ok and rep.stages and all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
 

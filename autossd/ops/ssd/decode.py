@@ -2,9 +2,10 @@
 drop-in for mamba_ssm's function of that name in its Mamba-2 form.
 
 One launch per call. Each program owns one row (batch entry), BLOCK_P headdim rows of HEADS heads
-and either all of dstate ("whole") or dstate in slices ("tiled"); it reads its state tile once,
-updates it in fp32 and writes it once in the state's dtype, so the call streams the state at
-close to copy bandwidth.
+and either all of dstate ("whole") or dstate in slices ("tiled"), or ("persistent") walks such
+tiles of one head in a loop, as many programs as the SMs hold; every state tile is read once,
+updated in fp32 and written once in the state's dtype, so the call streams the state at close to
+copy bandwidth.
 
 The host path is built for a step that runs thousands of times with the same shapes. The first
 call of a key (every tensor's dtype, shape, strides, device and 16-byte alignment, the softplus
@@ -16,6 +17,7 @@ kernel with the new pointers.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -72,6 +74,8 @@ def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, ba
     heads = config.heads
     h, p, n = problem.nheads, problem.headdim, problem.dstate
     grid = (problem.batch, -(-p // config.block_p), -(-h // heads))
+    if config.layout == "persistent":
+        grid = (programs(problem, config, st.device), 1, 1)
     zero4 = (0, 0, 0, 0)
     args = dict(
         state_ptr=st, x_ptr=x, dt_ptr=dt, A_ptr=t["A"], B_ptr=B, C_ptr=C, D_ptr=t.get("D"),
@@ -91,11 +95,38 @@ def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, ba
     args.update({f"s_o_{k}": s for k, s in zip(names4, _s4(t["out"]))})
     idx = t.get("idx")
     args["s_idx"] = idx.stride(0) if idx is not None else 0
+    if config.layout == "persistent":
+        args["ROWS"] = problem.batch
     softplus = problem.dt_softplus if dt_softplus is None else bool(dt_softplus)
     constexprs = dict(HAS_D=problem.has_D, HAS_Z=problem.has_z, HAS_DT_BIAS=problem.has_dt_bias,
                       SOFTPLUS=softplus, HAS_IDX=idx is not None, N2=max(16, pow2_at_least(n)))
     options = OP.launch_options(config, backend)["decode"]
     return [Launch("decode", f"ssd_decode_{config.layout}", grid, args, constexprs, options)]
+
+
+# State bytes a persistent walk keeps loading per SM: about what the memory's bandwidth times its
+# latency under load spreads over the SMs (H100: 3.35 TB/s x ~2.5 us / 132 SMs is ~63 KB).
+IN_FLIGHT_PER_SM = 64 << 10
+
+
+def programs(problem: DecodeProblem, config: DecodeConfig, device) -> int:
+    """The persistent layout's program count: per SM, enough programs that their pipelined tiles
+    (stages of them each) keep IN_FLIGHT_PER_SM loading, no more than an SM runs at once (its
+    threads over a program's, at most 32), and no more programs than tiles. Elsewhere (the
+    interpreter, the meta tensors of a cross-compile report) three, so that the walk loops."""
+    tiles = problem.batch * problem.nheads * -(-problem.headdim // config.block_p)
+    if getattr(device, "type", None) != "cuda":
+        return min(tiles, 3)
+    sms, threads, warp = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
+    tile = config.block_p * problem.dstate * (4 if problem.state_dtype == "fp32" else 2)
+    per_sm = -(-IN_FLIGHT_PER_SM // (config.stages * tile))
+    return min(tiles, sms * max(1, min(per_sm, 32, threads // (config.warps * warp))))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_limits(index: int) -> tuple[int, int, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, props.max_threads_per_multi_processor, getattr(props, "warp_size", 32)
 
 
 # --- validation (once per call key) ---------------------------------------------------------
@@ -414,7 +445,8 @@ def _meta_inputs(problem: DecodeProblem) -> dict:
 def stage_costs(problem: DecodeProblem, config: DecodeConfig) -> list:
     """The one launch's bytes (every operand once: `DecodeProblem.min_bytes`) and FLOPs."""
     from ...tuner.model import StageCost
-    grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // config.heads)
+    heads = 1 if config.layout == "persistent" else config.heads   # the walk: one head a tile
+    grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // heads)
     width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
     return [StageCost("decode", grid, float(problem.min_bytes()), 0.0, float(problem.flops()),
                       (config.block_p, width, 1), config.stages)]

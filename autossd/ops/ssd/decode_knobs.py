@@ -5,7 +5,9 @@ The mode knob is `layout`: how a program walks the state's dstate axis. "whole" 
 program's (BLOCK_P, dstate) state tile in registers at once (one read, one write, and with several
 tokens per step the state stays in registers between them); "tiled" walks dstate in BLOCK_N
 slices, each read once and written once, for a dstate too large to hold (one token per step only:
-the output of a token sums over every slice).
+the output of a token sums over every slice); "persistent" launches as many programs as the SMs
+hold at once, each walking (row, head, headdim block) tiles of the whole dstate in a
+software-pipelined loop, the next tile's state loading while one is updated (one token per step).
 """
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ DTYPES = ("fp32", "bf16", "fp16")
 MAX_ELEMS_PER_THREAD = 128
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("layout", ("whole", "tiled"), "whole",
-         "the state tile's dstate extent: all of dstate at once, or BLOCK_N slices in a loop"),
+    Knob("layout", ("whole", "tiled", "persistent"), "whole",
+         "the state tile's dstate extent: all of dstate at once, BLOCK_N slices in a loop, or all of "
+         "dstate in resident programs that loop over the tiles"),
     Knob("block_p", (1, 2, 4, 8, 16, 32, 64, 128), 8, "headdim rows per program", "decode"),
     Knob("block_n", (16, 32, 64, 128), 64, "dstate columns per slice", "decode", depths=("tiled",)),
-    Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled: more loads in flight per program)", "decode"),
+    Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled: more loads in flight per program)", "decode",
+         depths=("whole", "tiled")),
     Knob("warps", (1, 2, 4, 8), 4, "num_warps", "decode"),
-    Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the token and slice loops)", "decode"),
+    Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the token, slice and tile loops)", "decode"),
     # 1: the state, read once and written once, bypasses the caches' keep-resident policy (load
     # evict_first, store .cs, streaming): it is the whole of the step's traffic and is not read
     # again this step, so it should not evict x, B, C and the other rows' data. measured_only: a
@@ -123,8 +127,8 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
         for name, cap in caps(problem).items():
             if config[name] > cap and not (name == "block_n" and config.layout != "tiled"):
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
-        if config.layout == "tiled" and problem.tokens > 1:
-            why.append(f"layout=tiled runs one token per step; the problem has tokens={problem.tokens}")
+        if config.layout in ("tiled", "persistent") and problem.tokens > 1:
+            why.append(f"layout={config.layout} runs one token per step; the problem has tokens={problem.tokens}")
         width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
         per_thread = config.block_p * width // threads
         if per_thread > MAX_ELEMS_PER_THREAD:
