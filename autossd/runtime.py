@@ -462,6 +462,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     # a recent key, found by a guard check rather than by building and hashing the key
     # (launch_cache.RecentCalls); its launch signature is the one stored with it
     args = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
+    gen = _recent.generation   # before the lookup: a clear_cache since then voids what it finds
     extra = (type(chunk_size), chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states,
              state_dtype, mode)
     try:
@@ -483,7 +484,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         if key is not None:
             remember(_calls, key, (prob, kernel), _CALLS_MAX)
     if key is not None and extra is not None:   # found: of another arch (AUTOSSD_ARCH changed)
-        _recent.add(args, extra, (prob, kernel, key[0]))
+        _recent.add(args, extra, (prob, kernel, key[0]), gen)
     return kernel.run(prob, tensors, cu_seqlens, dt_limit, state_dtype, keep,
                       sig=key[0] if key is not None else None, capturing=capturing)
 

@@ -190,6 +190,9 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     assert any("block_p" in w for w in violations(DecodeConfig(block_p=8), "sm90", small))
     for layout in ("tiled", "persistent"):
         assert any("tokens" in w for w in violations(DecodeConfig(layout=layout), "sm90", small.replace(tokens=2)))
+    huge = DecodeProblem(2**20, 64, 32, 16, 1, "bf16")   # 2^31 tiles of one headdim row
+    assert any("32-bit tile index" in w for w in violations(DecodeConfig(layout="persistent", block_p=1), "sm90", huge))
+    assert not any("tile index" in w for w in violations(DecodeConfig(block_p=1), "sm90", huge))
     assert any("spill" in w for w in violations(DecodeConfig(block_p=64, warps=1), "sm90", big))
     with pytest.raises(ValueError, match="ngroups"):
         DecodeProblem(1, 3, 4, 16, 2, "fp32")

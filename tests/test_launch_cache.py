@@ -235,3 +235,15 @@ def test_recent_calls_keeps_nothing_without_torchs_guard(monkeypatch):
     memo = launch_cache.RecentCalls(NAMES3)
     memo.add(_three(), (), "value")
     assert memo.find(_three(), ()) is None
+
+
+def test_recent_calls_keeps_nothing_looked_up_before_a_clear():
+    """A value prepared before a clear (a database write may change what the lookup picks) is not
+    kept after it: a steady loop would otherwise run the old pick for good."""
+    memo = launch_cache.RecentCalls(NAMES3)
+    gen = memo.generation
+    memo.clear()
+    memo.add(_three(), (), "old", gen)
+    assert memo.find(_three(), ()) is None
+    memo.add(_three(), (), "new", memo.generation)
+    assert memo.find(_three(), ())[0] == "new"

@@ -6,6 +6,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import queue
+import time
 from typing import Any
 
 from ..arch import get_arch, local_arch
@@ -13,8 +14,8 @@ from ..ops.registry import get_op
 from ..problem import Problem
 from .sinks import Sink
 from .storage import kept_journals
-from .study import (Settings, TuneResult, confirm, open_and_seed, open_study, run_trials, save_best,
-                    summarize, wait_for_others)
+from .study import (FLEET_WAIT_S, Settings, TuneResult, confirm, open_and_seed, open_study, run_trials,
+                    save_best, summarize, wait_for_others)
 
 MODES = ("auto", "measured", "static")
 
@@ -46,14 +47,16 @@ def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2
 
 
 def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: str, settings: dict,
-            runner_kw: dict, done=None) -> None:
+            runner_kw: dict, done=None, passed=None) -> None:
     """One worker process for every problem of a tune, in order: its own GPU, each shared study,
     each study's shared budget. It lives across the problems, so its start (torch, CUDA and
     Triton imports, the GPU context) is paid once, not once a shape. Each problem is finished
     (summarized, its finalists re-timed) by one worker, problem i by worker i mod workers, with
     the runner it tuned with, and the result goes to `done` for the parent to store: done in
     the parent after the workers, the re-timing was serial work on a runner started cold (2 H100s,
-    4 shapes: more than 80 s after the last trial)."""
+    4 shapes: more than 80 s after the last trial). `passed[w]`: how many problems worker w has
+    ended its trials of; the owner of problem i finishes it once every worker is past it (each
+    worker's --timeout runs from its own start of a problem, so another may still be asking)."""
     from ..lifeline import die_with_parent
     die_with_parent()   # a killed tuner takes this worker (and so its compile workers) with it
     if gpu is not None:
@@ -70,15 +73,30 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
                     study, space = open_study(arch, prob, mode, runner.device, st, None,
                                               getattr(runner, "objective", None))
                     run_trials(study, space, arch, prob, runner, st)
+                    if passed is not None:
+                        passed[index] = i + 1
                     if done is not None and i % st.workers == index:
+                        _wait_for_workers(passed, i + 1)
                         done.put((i, _finish(study, arch, prob, mode, runner, st)))
                 finally:
                     runner.close()
     finally:
+        if passed is not None:   # ended (or failed): no owner waits for this worker's trials
+            passed[index] = len(problems)
         # this process ends by joining its live children: the shared compile pool's workers
         # (never shut down by atexit in a multiprocessing child) would keep it, and so the
         # tune, waiting forever (2 GPUs, measured: hung after the last trial)
         close_pools()
+
+
+def _wait_for_workers(passed, n: int, poll_s: float = 0.5) -> None:
+    """Until every worker has ended its trials of the first n problems (at most FLEET_WAIT_S:
+    a worker that died never gets there; the study then holds what the others made)."""
+    if passed is None:
+        return
+    end = time.monotonic() + FLEET_WAIT_S
+    while min(passed[:]) < n and time.monotonic() < end:
+        time.sleep(poll_s)
 
 
 def _finish(study, arch: str, prob, mode: str, runner, settings: Settings) -> TuneResult:
@@ -151,7 +169,9 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
             keys = [prob.key() for prob in problems]
             wsettings = {**dataclasses.asdict(settings), "workers": workers}
             done = ctx.Queue()
-            procs = [ctx.Process(target=_worker, args=(i, gpus[i], arch, keys, mode, wsettings, runner_kw, done))
+            passed = ctx.Array("i", [0] * workers, lock=False)   # each entry written by one worker
+            procs = [ctx.Process(target=_worker,
+                                 args=(i, gpus[i], arch, keys, mode, wsettings, runner_kw, done, passed))
                      for i in range(workers)]
             for p in procs:
                 p.start()

@@ -240,14 +240,18 @@ class RecentCalls:
     record maps each pointer to one argument's name, and only the full key tells the patterns
     apart. Where torch lacks the guard, nothing is kept and every call builds its key."""
     SIZE = 4
-    __slots__ = ("names", "_entries")
+    __slots__ = ("names", "_entries", "generation", "_lock")
 
     def __init__(self, names: tuple):
         self.names = names
         self._entries = ()
+        self.generation = 0   # counts clears: a value prepared before one is not kept after it
+        self._lock = threading.Lock()
 
     def clear(self) -> None:
-        self._entries = ()
+        with self._lock:
+            self._entries = ()
+            self.generation += 1
 
     def find(self, tensors: tuple, extra):
         """(value, {name: data pointer} of the tensors given) of the kept key these tensors and
@@ -271,9 +275,10 @@ class RecentCalls:
                 return value, dict(zip(names, ptrs))
         return None
 
-    def add(self, tensors: tuple, extra, value) -> None:
+    def add(self, tensors: tuple, extra, value, generation: int | None = None) -> None:
         """Keep `value` for the key of these tensors (the call's own, as the caller passed them)
-        and `extra`, evicting the oldest past SIZE."""
+        and `extra`, evicting the oldest past SIZE; not where `generation` (read before the value
+        was looked up) is no longer current: a clear (a database write) came in between."""
         present = tuple(i for i, v in enumerate(tensors) if v is not None)
         ts = [tensors[i] for i in present]
         if _TensorGuard is None or not ts or not all(isinstance(t, torch.Tensor) for t in ts) \
@@ -295,7 +300,9 @@ class RecentCalls:
             take_absent = operator.itemgetter(*absent) if len(absent) > 1 else (lambda a, i=absent[0]: (a[i],))
         entry = (take, take_absent, (None,) * len(absent), guard, tuple(self.names[i] for i in present),
                  all(aligned), aligned, extra, value)
-        self._entries = (entry,) + self._entries[:self.SIZE - 1]
+        with self._lock:
+            if generation is None or generation == self.generation:
+                self._entries = (entry,) + self._entries[:self.SIZE - 1]
 
 
 def tma_descriptor_types() -> tuple:

@@ -30,7 +30,7 @@ from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_con
 
 PAD_SLOT_ID = -1   # what vLLM marks a padded row of a continuous batch with
 STAGES = (Stage("decode", "warps", "stages"),)
-SEQUENCES = {"whole": ("decode",), "tiled": ("decode",)}
+SEQUENCES = {"whole": ("decode",), "tiled": ("decode",), "persistent": ("decode",)}
 # every tensor a launch takes, by the names the plan and the launch cache use
 NAMES = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "idx", "out")
 MAX_GRID_YZ = 65535
@@ -329,6 +329,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     skipped like a pad row and its output is NaN. Returns out (batch, [T,] nheads, headdim) in
     x's dtype, or writes the caller's `out`. `config` forces a config (tests, the tuner)."""
     args = (state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out)
+    gen = _recent.generation   # before the lookup: a clear_cache since then voids what it finds
     try:
         extra = (bool(dt_softplus), pad_slot_id, config)
         hit = _recent.find(args, extra)
@@ -356,7 +357,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     _launch(call, t)
     if hit is None and extra is not None and key is not None and call.record is not None \
             and _lc.pointers_only(call.record):
-        _recent.add(args, extra, call)
+        _recent.add(args, extra, call, gen)
     return out
 
 

@@ -21,6 +21,9 @@ DTYPES = ("fp32", "bf16", "fp16")
 # fp32 state elements a thread may hold before the whole-dstate tile spills registers (the update,
 # the product with C and the loads in flight need a few registers per element)
 MAX_ELEMS_PER_THREAD = 128
+# the persistent layout's tile index is 32-bit: room left for a last step of as many programs as
+# any GPU holds at once
+MAX_TILES = 2**31 - 2**22
 
 KNOBS: tuple[Knob, ...] = (
     Knob("layout", ("whole", "tiled", "persistent"), "whole",
@@ -129,6 +132,9 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
         if config.layout in ("tiled", "persistent") and problem.tokens > 1:
             why.append(f"layout={config.layout} runs one token per step; the problem has tokens={problem.tokens}")
+        tiles = problem.batch * problem.nheads * -(-problem.headdim // config.block_p)
+        if config.layout == "persistent" and tiles > MAX_TILES:
+            why.append(f"layout=persistent walks {tiles} tiles, past its 32-bit tile index ({MAX_TILES})")
         width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
         per_thread = config.block_p * width // threads
         if per_thread > MAX_ELEMS_PER_THREAD:
