@@ -74,3 +74,51 @@ def test_state_dtype_sets_the_states_precision_on_the_gpu():
     assert torch.equal(y32, ye) and torch.equal(f32, fe)
     _, f16 = autossd.mamba_chunk_scan_combined(*args, 64, **kw, return_final_states=True)
     assert not torch.equal(f16, f32)
+
+
+@pytest.mark.parametrize("layout", ["whole", "persistent"])
+def test_a_kept_decode_key_replays_with_each_calls_own_tensors(layout):
+    """The decode step's kept-key path (RecentCalls, then a replay with the pointers read there)
+    gives each call its own result: repeated steps on new tensors, with and without out=, with
+    cache-slot indices and the pad slot, match the float64 reference and the checked path."""
+    from autossd.ops.ssd import decode as dec
+    from autossd.ops.ssd.decode import DecodeConfig, DecodeProblem, selective_state_update, tune_inputs
+    from autossd.ops.ssd.naive import state_update_ref
+    dec.clear_cache()
+    pr = DecodeProblem(16, 80, 64, 128, 1, "bf16", "fp32", has_D=True, has_dt_bias=True, dt_softplus=True)
+    cfg = DecodeConfig(layout=layout, block_p=8, warps=1, stages=2 if layout == "persistent" else 1)
+    for step in range(4):
+        t = tune_inputs(pr, "cuda", seed=step)
+        cache = torch.randn(20, 80, 64, 128, device="cuda")
+        idx = torch.randperm(20, device="cuda")[:16].to(torch.int32)
+        idx[3] = -1                                   # a padded row
+        before = cache.clone()
+        out = torch.full(t["x"].shape, float("nan"), dtype=t["x"].dtype, device="cuda") if step % 2 else None
+        y = selective_state_update(cache, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], None, t["dt_bias"],
+                                   True, state_batch_indices=idx, out=out, config=cfg)
+        ref_y, ref_s = state_update_ref(before, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], None,
+                                        t["dt_bias"], True, idx)
+        live = [r for r in range(16) if r != 3]
+        slots = idx[live].long()
+        untouched = sorted(set(range(20)) - set(slots.tolist()))
+        assert torch.equal(y[3], torch.zeros_like(y[3]))
+        assert rel_err(y[live], ref_y[live]) < tolerance("bf16"), step
+        assert rel_err(cache[slots], ref_s[slots]) < tolerance("fp32"), step
+        assert torch.equal(cache[untouched], before[untouched]), step
+        if out is not None:
+            assert y is out
+    assert dec._recent._entries, "the kept-key path was never taken"
+
+
+def test_a_recent_forward_call_runs_on_its_own_tensors():
+    """The drop-in's recent-call memo: repeated calls with new tensors of one shape each match the
+    float64 reference (the stored launch signature serves them all)."""
+    runtime.clear_cache()
+    p = Problem(2, 1000, 8, 64, 128, 1, "bf16", 256, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    for seed in range(3):
+        t = make_inputs(p, "cuda", seed=seed)
+        args, kw = tuple(t[k] for k in ("x", "dt", "A", "B", "C")), call_kwargs(p, t)
+        y = autossd.mamba_chunk_scan_combined(*args, 256, **kw)
+        ref = ssd_chunked(*args, chunk_size=256, **{k: v for k, v in kw.items() if not k.startswith("return_")})[0]
+        assert rel_err(y, ref) < tolerance("bf16"), seed
+    assert runtime._recent._entries
