@@ -14,8 +14,8 @@ from ..ops.registry import get_op
 from ..problem import Problem
 from .sinks import Sink
 from .storage import kept_journals
-from .study import (FLEET_WAIT_S, Settings, TuneResult, confirm, open_and_seed, open_study, run_trials,
-                    save_best, summarize, wait_for_others)
+from .study import (FLEET_WAIT_S, Settings, TuneResult, finish, open_and_seed, open_study, run_trials,
+                    save_best, tune_problem)
 
 MODES = ("auto", "measured", "static")
 
@@ -77,7 +77,7 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
                         passed[index] = i + 1
                     if done is not None and i % st.workers == index:
                         _wait_for_workers(passed, i + 1)
-                        done.put((i, _finish(study, arch, prob, mode, runner, st)))
+                        done.put((i, finish(study, arch, prob, runner, st)))
                 finally:
                     runner.close()
     finally:
@@ -97,15 +97,6 @@ def _wait_for_workers(passed, n: int, poll_s: float = 0.5) -> None:
     end = time.monotonic() + FLEET_WAIT_S
     while min(passed[:]) < n and time.monotonic() < end:
         time.sleep(poll_s)
-
-
-def _finish(study, arch: str, prob, mode: str, runner, settings: Settings) -> TuneResult:
-    """A problem's result once every worker's trials of it are in: summarized, its finalists
-    re-timed (`confirm`)."""
-    wait_for_others(study, settings.storage)   # workers of other runs sharing the study
-    result = summarize(study, arch, prob, mode, runner.device, getattr(runner, "objective", None))
-    confirm(result, study, runner, settings.confirm)
-    return result
 
 
 def _collect(done, procs: list, n: int) -> dict:
@@ -190,11 +181,10 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                 if workers > 1:
                     study, _ = open_study(arch, prob, mode, runner.device, settings, None,
                                           getattr(runner, "objective", None))
+                    result = finish(study, arch, prob, runner, settings)
+                    save_best(result, runner.provenance, sink, settings.sampler)
                 else:
-                    study, space = open_and_seed(arch, prob, runner, settings)
-                    run_trials(study, space, arch, prob, runner, settings)
-                result = _finish(study, arch, prob, mode, runner, settings)
-                save_best(result, runner.provenance, sink, settings.sampler)
+                    result = tune_problem(arch, prob, runner, settings, sink)
                 results.append(result)
             finally:
                 runner.close()

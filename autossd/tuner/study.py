@@ -615,6 +615,15 @@ def open_and_seed(arch: str, problem: Problem, runner, settings: Settings,
     return study, space
 
 
+def finish(study: optuna.Study, arch: str, problem: Problem, runner, settings: Settings) -> TuneResult:
+    """A problem's result once its trials are in (every worker's sharing the study): summarized,
+    its finalists re-timed (`confirm`) by `runner`."""
+    wait_for_others(study, settings.storage)   # workers of other runs sharing the study
+    result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
+    confirm(result, study, runner, settings.confirm)
+    return result
+
+
 def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
                  sink: Sink | None = None, space: SearchSpace | None = None) -> TuneResult:
     """Open (or resume) the study, seed it, run the loop, save the best as a record. `space`
@@ -622,9 +631,7 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     arch = get_arch(arch).name
     study, space = open_and_seed(arch, problem, runner, settings, space)
     run_trials(study, space, arch, problem, runner, settings)
-    wait_for_others(study, settings.storage)
-    result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
-    confirm(result, study, runner, settings.confirm)
+    result = finish(study, arch, problem, runner, settings)
     if runner.mode != "simulated":
         save_best(result, runner.provenance, sink, settings.sampler)
     return result

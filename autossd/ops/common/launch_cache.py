@@ -443,6 +443,11 @@ def _active(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+def _hooked() -> bool:
+    """Whether a launch hook (a profiler's) is set: launches then go through triton's runner."""
+    return _active(_knobs.runtime.launch_enter_hook) or _active(_knobs.runtime.launch_exit_hook)
+
+
 def pointers_only(cached: list) -> bool:
     """Whether every launch of a record is a DirectLaunch whose tensors are all inputs (no
     buffers, no TMA descriptors): what `replay_ptrs` can launch."""
@@ -455,7 +460,7 @@ def replay_ptrs(cached: list, ptrs: dict, device: int | None) -> bool:
     (`RecentCalls.find`), on the current stream, when
     the current device is `device` (the record's) and no launch hook is set. False, launching
     nothing, where one of those does not hold: the caller takes `replay`'s path."""
-    if _active(_knobs.runtime.launch_enter_hook) or _active(_knobs.runtime.launch_exit_hook):
+    if _hooked():
         return False
     d = _driver.active
     dev = d.get_current_device()
@@ -475,7 +480,7 @@ def replay(cached: list, t: dict, buf, stream=None) -> None:
     (problem.from_args), which is the check that query would make. With a launch hook set (a
     profiler), the launch goes through triton's runner, which calls the hooks; without one, the
     launcher gets None for them and no per-launch metadata is built."""
-    hooked = _active(_knobs.runtime.launch_enter_hook) or _active(_knobs.runtime.launch_exit_hook)
+    hooked = _hooked()
     if stream is None and not hooked:
         stream = current_stream()
     for ck, grid, srcs, template, slots, direct in cached:

@@ -3,7 +3,6 @@ compile pool (a process pool, so a compiler crash or hang costs one candidate, n
 from __future__ import annotations
 
 import atexit
-
 import concurrent.futures as cf
 import multiprocessing as mp
 import os

@@ -13,6 +13,7 @@ from ...knobs import BaseConfig as Config
 from ..model import floor_ms, predict
 from .base import Outcome, report_from, shared_pool
 
+
 class StaticRunner:
     mode = "static"
     provenance = "static"
