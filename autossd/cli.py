@@ -35,7 +35,9 @@ def _knob_value(kind: type, raw: str):
     return kind(raw)
 
 
-def _fixed(ctx, param, values) -> dict:
+def _knob_settings(ctx, param, values) -> dict:
+    """KNOB=VALUE items (each may hold several, comma-separated) as one checked dict of the op's
+    knobs."""
     from .knobs import ConfigError
     from .ops.registry import get_op
     op = get_op((ctx.params.get("op") if ctx is not None else None) or "ssd_fwd")   # --op is eager: parsed first
@@ -59,6 +61,11 @@ def _fixed(ctx, param, values) -> dict:
     except ConfigError as e:
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
     return out
+
+
+def _starts(ctx, param, values) -> list[dict]:
+    """One start config per --start: the knobs it names, the rest from the op's default."""
+    return [_knob_settings(ctx, param, (v,)) for v in values]
 
 
 def _op(ctx, param, value) -> str:
@@ -190,7 +197,11 @@ def main() -> None:
               help="auto: measured when --arch is the local GPU, else static")
 @click.option("--op", default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
               help="the op to tune (autossd.ops.registry)")
-@click.option("--fix", multiple=True, callback=_fixed, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
+@click.option("--fix", multiple=True, callback=_knob_settings, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
+@click.option("--start", multiple=True, callback=_starts, metavar="KNOB=VALUE,...",
+              help="a config to evaluate early in each shape's study, after the default and the stored "
+                   "picks (the knobs named; the rest the default's); the local sampler climbs from "
+                   "the best of them. Repeat for several")
 @click.option("--allow-unvalidated", is_flag=True,
               help="static tunes: also offer configs whose correctness was never shown on the arch's "
                    "hardware (on AMD: the fused depths' inter-program hand-off)")
@@ -211,7 +222,7 @@ def main() -> None:
 @click.option("--progress/--no-progress", default=True)
 @click.pass_context
 def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, storage, sampler, workers, mode,
-         op, fix, allow_unvalidated,
+         op, fix, start, allow_unvalidated,
          seed, compile_workers, eval_timeout, objective, confirm, plot_dir, progress) -> None:
     """Tune kernels for shapes on an arch: measured on the local GPU, static (predicted) otherwise."""
     from .tuner import Settings, choose_mode, open_sink, tune as run_tune
@@ -248,7 +259,8 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
                f"trials/shape: {trials}")
     settings = Settings(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                         batch=max(1, compile_workers), fixed=fix, progress=progress, confirm=confirm,
-                        op=op, allow_unvalidated=allow_unvalidated)
+                        op=op, allow_unvalidated=allow_unvalidated,
+                        extra_seeds=list(start))
     runner_kw = {"compile_workers": compile_workers}
     if mode == "measured":
         runner_kw["timeout"] = eval_timeout

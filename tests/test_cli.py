@@ -216,8 +216,8 @@ def test_a_shape_that_cannot_be_tuned_leaves_the_others_to_run_and_fails_the_exi
                                         ("True", True), ("1", True), ("yes", True)])
 def test_fix_reads_a_bool_knob_by_its_word(raw, value):
     # bool("False") is True: --fix decay_split=False once pinned the factored decay on
-    from autossd.cli import _fixed
-    assert _fixed(None, None, (f"decay_split={raw}",)) == {"decay_split": value}
+    from autossd.cli import _knob_settings
+    assert _knob_settings(None, None, (f"decay_split={raw}",)) == {"decay_split": value}
 
 
 def test_brute_force_on_a_huge_space_says_how_to_shrink_it(env):
@@ -467,3 +467,26 @@ def test_merge_prints_a_summary_in_words(env):
     r = invoke("merge", a, b, "--into", env / "m.sqlite")
     assert r.exit_code == 0 and "MergeResult" not in r.output, r.output
     assert "1 record kept" in r.output and "1 dropped" in r.output, r.output
+
+
+def test_start_configs_are_evaluated_early_and_bad_ones_name_the_option(env, no_shipped_db):
+    """--start: each given config (the rest of its knobs the default's) is evaluated right after
+    the default (no stored record here to come between), marked as a known seed; a knob the op
+    lacks is refused by name."""
+    import optuna
+    from autossd.tuner.storage import open_storage
+    journal = env / "s.journal"
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "4", "--db", env / "s.jsonl",
+               "--storage", journal, "--sampler", "random", "--seed", "0", "--no-progress",
+               "--start", "scan_warps=2", "--start", "scan_warps=8,chunk_size=128")
+    assert r.exit_code == 0, r.output
+    storage = open_storage(str(journal))
+    (name,) = optuna.get_all_study_names(storage)
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    seeded = [t.user_attrs["config"] for t in trials[1:3]]
+    assert all(t.user_attrs.get("seed") == "known" for t in trials[1:3])
+    assert seeded[0]["scan_warps"] == 2
+    assert seeded[1]["scan_warps"] == 8 and seeded[1]["chunk_size"] == 128
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--db", env / "s.jsonl", "--no-progress",
+               "--start", "no_such_knob=1")
+    assert r.exit_code == 2 and "no_such_knob" in r.output and "--start" in r.output

@@ -14,11 +14,13 @@ from autossd.ops.ssd.decode_knobs import KNOBS, DecodeConfig, default_config, vi
 from autossd.ops.ssd.naive import ssd_recurrent, state_update_ref
 from autossd.testing import rel_err, tolerance
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter without a GPU
+
 
 def _run(t, pr, config=None, idx=None, pad=-1, poison=True):
     """One call on a copy of the state, out= poisoned; returns (out, new state, the state object)."""
     state = t["state"].clone()
-    out = torch.full(t["x"].shape, float("nan"), dtype=t["x"].dtype) if poison else None
+    out = torch.full(t["x"].shape, float("nan"), dtype=t["x"].dtype, device=t["x"].device) if poison else None
     got = selective_state_update(state, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
                                  pr.dt_softplus, state_batch_indices=idx, pad_slot_id=pad, out=out, config=config)
     if poison:
@@ -57,7 +59,7 @@ CASES = [
 @pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled-pdl", "bf16state-fp32-pdl", "persistent"])
 def test_matches_float64_reference(i):
     pr, cfg = CASES[i]
-    t = tune_inputs(pr, seed=i)   # the tied-stride forms Mamba-2 passes
+    t = tune_inputs(pr, DEV, seed=i)   # the tied-stride forms Mamba-2 passes
     assert t["dt"].stride()[-1] == 0 and t["A"].stride()[1:] == (0, 0)
     got, state = _run(t, pr, cfg)
     _check(pr, t, got, state)
@@ -67,11 +69,11 @@ def test_plain_forms_tied_D_and_state_updated_in_place():
     """dt (batch, nheads), A and dt_bias (nheads,), D (nheads, headdim) varying over headdim; the
     caller's state tensor itself holds the new state; out allocated when not given."""
     pr = DecodeProblem(2, 2, 4, 16, 1, "fp32", "fp32", has_D=True, has_dt_bias=True, dt_softplus=True)
-    t = tune_inputs(pr, seed=3)
+    t = tune_inputs(pr, DEV, seed=3)
     t["dt"] = t["dt"][..., 0].contiguous()
     t["A"] = t["A"][:, 0, 0].contiguous()
     t["dt_bias"] = t["dt_bias"][:, 0].contiguous()
-    t["D"] = torch.randn(2, 4)
+    t["D"] = torch.randn(2, 4, device=DEV)
     state = t["state"].clone()
     ptr = state.data_ptr()
     got = selective_state_update(state, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], dt_bias=t["dt_bias"],
@@ -83,7 +85,7 @@ def test_plain_forms_tied_D_and_state_updated_in_place():
 def test_multi_token_step():
     """x (batch, T, nheads, headdim): T tokens per row in one step equal T single steps."""
     pr = DecodeProblem(2, 2, 4, 16, 1, "fp32", "fp32", has_D=True, has_z=True, tokens=3)
-    t = tune_inputs(pr, seed=5)
+    t = tune_inputs(pr, DEV, seed=5)
     got, state = _run(t, pr, DecodeConfig(heads=2, block_p=4))
     _check(pr, t, got, state)
 
@@ -95,10 +97,10 @@ def test_state_batch_indices_pad_permutation_and_bad_index(cfg):
     leaves every slot as it was to the bit and outputs 0; an index past the cache outputs NaN and
     touches nothing."""
     pr = DecodeProblem(4, 2, 4, 16, 1, "fp32", "fp32", has_z=True)
-    t = tune_inputs(pr, seed=7)
-    cache = torch.randn(6, 2, 4, 16)
+    t = tune_inputs(pr, DEV, seed=7)
+    cache = torch.randn(6, 2, 4, 16, device=DEV)
     t["state"] = cache
-    idx = torch.tensor([4, -1, 0, 9], dtype=torch.int32)
+    idx = torch.tensor([4, -1, 0, 9], dtype=torch.int32, device=DEV)
     got, state = _run(t, pr, cfg, idx=idx)
     ref_y, ref_s = state_update_ref(cache, t["x"], t["dt"], t["A"], t["B"], t["C"], None, t["z"], None, False, idx)
     for s in (1, 2, 3, 5):   # slots no row names (the pad row's and the bad row's included)
@@ -112,7 +114,7 @@ def test_state_batch_indices_pad_permutation_and_bad_index(cfg):
 
 def test_second_call_reuses_the_call_key():
     pr = DecodeProblem(1, 2, 4, 16, 1, "fp32", "fp32")
-    t = tune_inputs(pr, seed=11)
+    t = tune_inputs(pr, DEV, seed=11)
     dec.clear_cache()
     a, sa = _run(t, pr, DecodeConfig(heads=2, block_p=4))
     assert len(dec._calls) == 1
@@ -139,7 +141,7 @@ def test_reference_agrees_with_the_recurrent_forward():
 # --- bad input: clear errors naming the argument, before any launch ---------------------------
 def _args():
     pr = DecodeProblem(2, 2, 4, 16, 1, "fp32", "fp32")
-    t = tune_inputs(pr)
+    t = tune_inputs(pr, DEV)
     return dict(state=t["state"], x=t["x"], dt=t["dt"], A=t["A"], B=t["B"], C=t["C"])
 
 
@@ -149,16 +151,16 @@ def _args():
     (lambda a: a.update(x=a["x"][:, :1]), ValueError, "x"),
     (lambda a: a.update(x="x"), TypeError, "x"),
     (lambda a: a.update(dt=a["dt"][:1]), ValueError, "dt"),
-    (lambda a: a.update(A=torch.randn(2, 4, 16)), ValueError, "A"),
-    (lambda a: a.update(B=torch.randn(2, 3, 16)), ValueError, "B"),
+    (lambda a: a.update(A=torch.randn(2, 4, 16, device=DEV)), ValueError, "A"),
+    (lambda a: a.update(B=torch.randn(2, 3, 16, device=DEV)), ValueError, "B"),
     (lambda a: a.update(C=a["C"][..., :8]), ValueError, "C"),
-    (lambda a: a.update(D=torch.randn(3)), ValueError, "D"),
-    (lambda a: a.update(z=torch.randn(2, 2, 5)), ValueError, "z"),
-    (lambda a: a.update(dt_bias=torch.randn(2, 4, 1)), ValueError, "dt_bias"),
-    (lambda a: a.update(state_batch_indices=torch.zeros(2)), TypeError, "state_batch_indices"),
-    (lambda a: a.update(state_batch_indices=torch.zeros(3, dtype=torch.int32)), ValueError, "state_batch_indices"),
-    (lambda a: a.update(state=torch.randn(3, 2, 4, 16)), ValueError, "state"),
-    (lambda a: a.update(out=torch.empty(2, 2, 3)), ValueError, "out"),
+    (lambda a: a.update(D=torch.randn(3, device=DEV)), ValueError, "D"),
+    (lambda a: a.update(z=torch.randn(2, 2, 5, device=DEV)), ValueError, "z"),
+    (lambda a: a.update(dt_bias=torch.randn(2, 4, 1, device=DEV)), ValueError, "dt_bias"),
+    (lambda a: a.update(state_batch_indices=torch.zeros(2, device=DEV)), TypeError, "state_batch_indices"),
+    (lambda a: a.update(state_batch_indices=torch.zeros(3, dtype=torch.int32, device=DEV)), ValueError, "state_batch_indices"),
+    (lambda a: a.update(state=torch.randn(3, 2, 4, 16, device=DEV)), ValueError, "state"),
+    (lambda a: a.update(out=torch.empty(2, 2, 3, device=DEV)), ValueError, "out"),
     (lambda a: a.update(pad_slot_id=-1.0), TypeError, "pad_slot_id"),
     (lambda a: a.update(A=a["A"].to("meta")), ValueError, "A"),
 ])
@@ -283,7 +285,7 @@ def test_a_kept_key_replays_without_building_the_key(monkeypatch):
     monkeypatch.setattr(lc, "replay_ptrs", lambda record, ptrs, device: (seen["replay"].append(ptrs), not refuse)[1])
 
     def call(p=pr):
-        t = tune_inputs(p, seed=5)
+        t = tune_inputs(p, DEV, seed=5)
         y = selective_state_update(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
                                    t["dt_bias"], p.dt_softplus, config=cfg)
         return t, y

@@ -317,13 +317,14 @@ def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
          extra: list[dict], storage=_NO_LOCK, device: str | None = None) -> None:
     """Enqueue the known-good configs (once per study: skip_if_exists, under the study's lock
     in `storage`, so that workers seeding the study at once enqueue each config once): the op's
-    default, then what the stored records give this problem (`stored_picks`), then the op's
-    other seeds and `extra`."""
+    default, then what the stored records give this problem (`stored_picks`), then `extra` (the
+    caller's starting points: knob values set on the default), then the op's other seeds."""
     if isinstance(study.sampler, optuna.samplers.GridSampler):
         return  # brute force visits every point anyway
     known = seed_configs(arch, problem, space)
-    configs = known[:1] + stored_picks(arch, problem, space.op, device) + known[1:] + \
-        [_config(space.op, c) for c in extra]
+    base = known[0] if known else _config(space.op, {})
+    configs = known[:1] + stored_picks(arch, problem, space.op, device) + \
+        [base.replace(**c) for c in extra] + known[1:]
     with _locked(storage, study.study_name):
         for i, cfg in enumerate(configs):
             params = space.params(cfg)
