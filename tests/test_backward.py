@@ -407,6 +407,26 @@ def test_the_inline_mode(cb, monkeypatch):
     _check(prob, seed=14)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
+    """cb = "stage" with cb_dtype = "input": the bmm stage stores C·Bᵀ rounded to the inputs'
+    16-bit type and dx reads that; every gradient within the dtype's bound (a ragged chunk,
+    seq_idx, z)."""
+    cfg = bw.config_for
+    seen = []
+
+    def pick(p, a):
+        c = cfg(p, a).replace(cb="stage", cb_dtype="input")
+        seen.append(c)
+        return c
+    monkeypatch.setattr(bw, "config_for", pick)
+    prob = _prob(dtype, l=150, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                 has_seq_idx=True, return_final_states=True)
+    errs = _check(prob, seed=16)
+    assert seen and all(c.cb_dtype == "input" for c in seen)
+    print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
+
+
 def test_varlen_states_are_returned_without_gradient():
     prob = _prob("fp32", l=64, has_seq_idx=True, return_varlen_states=True)
     t = make_inputs(prob, DEV, seed=15)

@@ -63,7 +63,7 @@ class BwdBuffers:
     dt: torch.Tensor          # (b, h, c, q) fp32
     dA: torch.Tensor
     states: torch.Tensor      # (b, c, h, p, n) entering states
-    cb: torch.Tensor | None   # (b, c, g, q, q) fp32
+    cb: torch.Tensor | None   # (b, c, g, q, q) fp32, or the inputs' type (cb_dtype)
     dst: torch.Tensor         # (b, c, h, p, n) fp32
     dlast: torch.Tensor       # (b, h, c, pass blocks) fp32
     dinit: torch.Tensor | None
@@ -105,7 +105,9 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         dz=dz if dz is not None else (torch.empty_like(z, memory_format=torch.contiguous_format)
                                       if z is not None and "z" in need else None),
         dt=dtb, dA=dAb, states=states,
-        cb=e(b, nc, g, q, q) if config.cb == "stage" else None,
+        cb=(e(b, nc, g, q, q, dtype=f32 if config.cb_dtype == "fp32" or x.dtype == f32
+              else torch.promote_types(t["B"].dtype, t["C"].dtype))
+            if config.cb == "stage" else None),
         dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, npb),
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),

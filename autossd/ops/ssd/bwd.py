@@ -69,7 +69,8 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
                              chain=nc))
     if config.cb == "stage":
         out.append(StageCost("bmm", nc * b * g * _cdiv(q, config.bmm_block_m) * _cdiv(q, config.bmm_block_n),
-                             2 * bc + b * nc * g * q * q * 4, 0.0, b * nc * g * mm(q, n, q) / 2))
+                             2 * bc + b * nc * g * q * q * (4 if config.cb_dtype == "fp32" else e), 0.0,
+                             b * nc * g * mm(q, n, q) / 2))
     out.append(StageCost("dstates", nc * b * h * _cdiv(p, config.state_block_m) * _cdiv(n, config.state_block_n),
                          x + bc + st * 4, 0.0, b * nc * h * mm(p, q, n),
                          (config.state_block_m, config.state_block_n, config.state_block_k), config.state_stages))

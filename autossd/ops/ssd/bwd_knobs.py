@@ -32,6 +32,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=("stage",)),
     Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=("stage",)),
     Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=("stage",)),
+    # the staged C·Bᵀ in the inputs' 16-bit type: half the buffer and half the dx program's
+    # registers for its tile (the fp32 tile held dx at 173 registers and 2 blocks per SM on the
+    # H100), at one more rounding of C·Bᵀ before the decay (dx's causal product rounds the
+    # decayed weights to 16 bits anyway); dx is the only reader, so no other gradient sees it
+    Knob("cb_dtype", ("fp32", "input"), "fp32", "the staged C·Bᵀ's storage type: fp32, or the inputs' type",
+         "bmm", depths=("stage",)),
     Knob("dx_block_m", TILES, 64, "rows (time) per dx program", "dx"),
     Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx"),
     Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx"),
