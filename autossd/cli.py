@@ -233,6 +233,11 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
     if arch is None:
         raise click.BadParameter("no local GPU; name a target arch for static tuning "
                                  f"(one of {sorted(ARCHS)})", ctx=ctx, param_hint="'--arch'")
+    for s in start:
+        clash = sorted(k for k, v in s.items() if k in fix and fix[k] != v)
+        if clash:
+            raise click.BadParameter(f"{', '.join(f'{k}={s[k]}' for k in clash)}: --fix pins "
+                                     f"{', '.join(f'{k}={fix[k]}' for k in clash)}", ctx=ctx, param_hint="'--start'")
     probs = _problems(ctx, shapes, preset, dtype, op, state_dtype)
     try:
         mode = choose_mode(arch, mode, local)

@@ -490,3 +490,26 @@ def test_start_configs_are_evaluated_early_and_bad_ones_name_the_option(env, no_
     r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--db", env / "s.jsonl", "--no-progress",
                "--start", "no_such_knob=1")
     assert r.exit_code == 2 and "no_such_knob" in r.output and "--start" in r.output
+    r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--db", env / "s.jsonl", "--no-progress",
+               "--fix", "chunk_size=256", "--start", "chunk_size=128")
+    assert r.exit_code == 2 and "--fix pins chunk_size=256" in r.output
+
+
+def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db):
+    """A start whose knob its mode does not use, or whose value the space leaves out, is named
+    in a message and not enqueued as something else (the default again, say)."""
+    import optuna
+    from autossd.tuner import study as st
+    from autossd.tuner.search_space import build_space
+    from autossd.problem import Problem
+    prob = Problem(1, 512, 4, 32, 32, 1, "fp32", has_z=True)
+    space = build_space("sm90", prob, op="ssd_bwd", fixed={"cb": "inline"})
+    said = []
+    got = st.starts("sm90", prob, space, [{"cb_dtype": "input"}, {"dx_warps": 8}, {"save_states": 1}],
+                    say=said.append)
+    assert [c.dx_warps for c in got] == [8]
+    assert any("cb_dtype unused at cb=inline" in m for m in said)
+    assert any("save_states=1" in m and "outside the search space" in m for m in said)
+    s = optuna.create_study()
+    st.seed(s, "sm90", prob, space, [{"dx_warps": 8}])
+    assert [t.user_attrs["seed"] for t in s.trials] == ["default", "known"]

@@ -184,14 +184,21 @@ def build_space(arch: Arch | str, problem, fixed: Mapping[str, Any] | None = Non
     return SearchSpace(arch.name, tuple(dims), pinned, pinned_at, op)
 
 
+def space_default(arch: Arch | str, problem, space: SearchSpace) -> Config:
+    """The op's default for the problem at the space's pinned mode, with the space's pins set
+    (feasible or not)."""
+    o = get_op(space.op)
+    mode = space.pinned.get(space.mode)
+    base = o.fn("default_config")(arch, problem, **({space.mode: mode} if mode is not None else {}))
+    return base.replace(**{k: v for k, v in space.pins(base[space.mode]).items() if base[k] != v})
+
+
 def seed_configs(arch: Arch | str, problem, space: SearchSpace) -> list[Config]:
     """Known-good starting points enqueued before sampling, the op's default first: the op's
     own seeds where it declares them (`Op.seeds`), each inside the space and feasible."""
     o = get_op(space.op)
     if o.seeds:
         return o.fn("seeds")(arch, problem, space)
-    mode = space.pinned.get(space.mode)
-    base = o.fn("default_config")(arch, problem, **({space.mode: mode} if mode is not None else {}))
-    base = base.replace(**{k: v for k, v in space.pins(base[space.mode]).items() if base[k] != v})
+    base = space_default(arch, problem, space)
     ok = space.params(base) is not None and not o.fn("violations")(base, arch, problem)
     return [base] if ok else []

@@ -44,7 +44,7 @@ from ..knobs import BaseConfig as Config
 from ..ops.registry import get_op
 from .model import floor_ms
 from .sinks import _UNSAFE, OP, DbSink, Sink, make_result, mode_of
-from .search_space import SearchSpace, build_space, seed_configs
+from .search_space import SearchSpace, build_space, seed_configs, space_default
 from . import failures
 from .storage import open_storage, study_lock
 from .strategies import make_sampler
@@ -313,6 +313,29 @@ def stored_picks(arch: str, problem: Problem, op: str, device: str | None = None
     return out
 
 
+def starts(arch: str, problem: Problem, space: SearchSpace, extra: list[dict], say=None) -> list[Config]:
+    """The caller's starting points (knob values set on the op's default in this space), each
+    one the space can run; one that it cannot, or that the config rules change, is said and
+    left out rather than silently replaced (a knob the start's mode does not use, a value the
+    space leaves out or --fix pins otherwise, an infeasible tile)."""
+    if not extra:
+        return []
+    base = space_default(arch, problem, space)
+    violations = get_op(space.op).fn("violations")
+    out = []
+    for c in extra:
+        cfg = base.replace(**c)
+        unused = sorted(k for k, v in c.items() if cfg[k] != v)
+        why = (f"{', '.join(unused)} unused at {space.mode}={cfg[space.mode]}" if unused
+               else "outside the search space (a value it leaves out, or pinned otherwise)"
+               if space.params(cfg) is None else "; ".join(violations(cfg, arch, problem)))
+        if why:
+            (say or _say)(f"--start {','.join(f'{k}={v}' for k, v in c.items())} left out at {problem}: {why}")
+        else:
+            out.append(cfg)
+    return out
+
+
 def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
          extra: list[dict], storage=_NO_LOCK, device: str | None = None) -> None:
     """Enqueue the known-good configs (once per study: skip_if_exists, under the study's lock
@@ -322,9 +345,8 @@ def seed(study: optuna.Study, arch: str, problem: Problem, space: SearchSpace,
     if isinstance(study.sampler, optuna.samplers.GridSampler):
         return  # brute force visits every point anyway
     known = seed_configs(arch, problem, space)
-    base = known[0] if known else _config(space.op, {})
     configs = known[:1] + stored_picks(arch, problem, space.op, device) + \
-        [base.replace(**c) for c in extra] + known[1:]
+        starts(arch, problem, space, extra) + known[1:]
     with _locked(storage, study.study_name):
         for i, cfg in enumerate(configs):
             params = space.params(cfg)

@@ -36,8 +36,10 @@ KNOBS: tuple[Knob, ...] = (
     # registers for its tile (the fp32 tile held dx at 173 registers and 2 blocks per SM on the
     # H100), at one more rounding of C·Bᵀ before the decay (dx's causal product rounds the
     # decayed weights to 16 bits anyway); dx is the only reader, so no other gradient sees it
+    # measured_only: the static model sees the smaller buffer, not the accuracy it costs nor dx's
+    # registers, so a static tune would always take it
     Knob("cb_dtype", ("fp32", "input"), "fp32", "the staged C·Bᵀ's storage type: fp32, or the inputs' type",
-         "bmm", depths=("stage",)),
+         "bmm", depths=("stage",), measured_only=True),
     Knob("dx_block_m", TILES, 64, "rows (time) per dx program", "dx"),
     Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx"),
     Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx"),
@@ -84,8 +86,12 @@ class BwdConfig(BaseConfig):
 def excluded(problem) -> dict[str, tuple]:
     """Values a tune never offers: the tuner times the backward alone, from inputs, with no
     forward to keep the chunk states; whether the forward keeps them is memory held from forward
-    to backward, the caller's choice (a record may still pin save_states = 1)."""
-    return {"save_states": (1,)}
+    to backward, the caller's choice (a record may still pin save_states = 1). At fp32 inputs
+    the staged C·Bᵀ is fp32 whatever cb_dtype says: "input" would be the same kernel again."""
+    out = {"save_states": (1,)}
+    if problem.dtype == "fp32":
+        out["cb_dtype"] = ("input",)
+    return out
 
 
 def caps(problem) -> dict[str, int]:
@@ -129,7 +135,7 @@ def fit(config: BwdConfig, problem) -> BwdConfig:
                            "group_split": problem.nheads // problem.ngroups})
 
 
-def default_config(arch: Arch | str, problem=None) -> BwdConfig:
+def default_config(arch: Arch | str, problem=None, cb: str | None = None) -> BwdConfig:
     """The per-arch default, used where no tuned record applies: untuned starting points (64-wide
     tiles suit headdim 64 / dstate 128), the caller's chunk size, states in fp32 (the backward's
     gradients through the state chain are the most sensitive to rounding)."""
@@ -172,4 +178,6 @@ def default_config(arch: Arch | str, problem=None) -> BwdConfig:
         split = max((v for v in KNOB_BY_NAME["group_split"].values if v <= max(1, r // 16)), default=1)
         base = base.replace(group_split=split)
         base = fit(base, problem)
+    if cb is not None:   # the default at that mode (the tuner asks for it when the mode is pinned)
+        base = base.replace(cb=cb)
     return base
