@@ -102,7 +102,7 @@ def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str
         try:
             if p == "grid" and ctx.get_parameter_source("dtype") is click.core.ParameterSource.DEFAULT:
                 from .tuner.shapes import grid
-                probs += grid(op=op)   # the grid is both half dtypes; --dtype narrows it to one
+                probs += grid(op=op, state_dtype=state_dtype)   # both half dtypes; --dtype narrows it to one
             else:
                 probs += preset(p, dtype, op, state_dtype)
         except ShapeError as e:
@@ -177,7 +177,9 @@ def main() -> None:
               help="every shape benchmarked for a model (autossd/tuner/shapes.py: the forward's PRESET_SHAPES; "
                    "batches 1, 16, 64 for ssd_decode; packed batches for ssd_varlen). grid: the model grid "
                    "the shipped databases cover (every distinct SSD layer of the models in shapes.py x "
-                   "batch 1-64 x length 512-128k), fp16 and bf16 unless --dtype is given")
+                   "batch 1-64 x length 512-128k; for ssd_decode x batch 1, 16, 64 x a cache in fp32 "
+                   "and in the inputs' type; for ssd_varlen x 8192 tokens in 16 sequences and 64k in "
+                   "64), fp16 and bf16 unless --dtype is given")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--state-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
               help="--op ssd_decode / ssd_varlen: the dtype the caller keeps its states in (the decode "

@@ -54,8 +54,23 @@ def test_presets_keep_the_benchmark_shapes_and_add_grid():
     assert preset("grid", "fp16", op="ssd_bwd") == grid(("fp16",), op="ssd_bwd")
     with pytest.raises(ShapeError, match="grid"):
         preset("gpt-9")
-    with pytest.raises(ShapeError, match="batch x sequence"):
-        grid(op="ssd_decode")
+
+
+
+def test_the_decode_and_packed_prefill_grids_cover_every_layer_in_both_cache_types():
+    from autossd.ops.ssd.decode_knobs import DecodeProblem
+    from autossd.tuner.shapes import GRID_DECODE_BATCHES, GRID_VARLEN
+    dec = grid(op="ssd_decode")
+    assert all(isinstance(p, DecodeProblem) and p.has_D and p.has_dt_bias and p.dt_softplus and not p.has_z
+               for p in dec)
+    assert len(dec) == len(set(dec)) == len(grid_dims()) * len(GRID_DECODE_BATCHES) * 2 * 2
+    assert {(p.dtype, p.state_dtype) for p in dec} == {("fp16", "fp32"), ("fp16", "fp16"), ("bf16", "fp32"),
+                                                       ("bf16", "bf16")}
+    assert {p.state_dtype for p in grid(op="ssd_decode", state_dtype="bf16")} == {"bf16"}
+    var = grid(("bf16",), op="ssd_varlen")
+    assert len(var) == len(grid_dims()) * len(GRID_VARLEN)
+    assert {(p.tokens, p.seqs) for p in var} == set(GRID_VARLEN) and {p.state_dtype for p in var} == {"fp32"}
+    assert preset("grid", "bf16", op="ssd_varlen") == var
 
 
 def test_a_model_prefix_sets_its_layer():

@@ -60,6 +60,12 @@ GRID_BATCHES = (1, 4, 16, 64)
 GRID_SEQLENS = (512, 2048, 8192, 32768, 131072)
 GRID_MAX_TOKENS = 2 ** 19
 GRID_DTYPES = ("fp16", "bf16")
+# The decode step's grid: rows per step from one sequence to a served batch, each with its cache
+# in fp32 or in the inputs' 16-bit type. The lookup's nearest tier reaches other batches.
+GRID_DECODE_BATCHES = (1, 16, 64)
+# Packed prefill's grid: (tokens, sequences) of an engine's prefill step, many short sequences
+# and few long ones; states in fp32 (the engines' default cache).
+GRID_VARLEN = ((8192, 16), (65536, 64))
 
 # (batch, seqlen) shapes per model: the benchmark's for the first three; the grid's for the rest
 PRESET_SHAPES: dict[str, list[tuple[int, int]]] = {
@@ -241,22 +247,32 @@ def grid_sizes() -> list[tuple[int, int]]:
     return [(b, l) for l in GRID_SEQLENS for b in GRID_BATCHES if b * l <= GRID_MAX_TOKENS]
 
 
-def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, op: str = "ssd_fwd") -> list:
-    """Every grid shape as a problem of `op` (the forward's or the backward's: batch x sequence
-    problems), with the flags Mamba-2's layer passes. Ordered for a tune: by dtype, then headdim
-    and dstate (the kernels' tile sizes), then groups and heads, then size, so that shapes whose
-    candidates compile to the same kernels come one after another and the later ones find them
-    in Triton's cache."""
-    if form_of(op) is not FORWARD:
-        raise ShapeError(f"op {op!r}: the grid is batch x sequence shapes, which its problems are not")
+def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, op: str = "ssd_fwd",
+         state_dtype: str | None = None) -> list:
+    """Every grid shape as a problem of `op`, with the flags Mamba-2's layer passes: for the
+    forward and the backward the layers x `grid_sizes()`; for the decode step the layers x
+    GRID_DECODE_BATCHES x a cache in fp32 and in the inputs' type (or `state_dtype`); for packed
+    prefill the layers x GRID_VARLEN, states in fp32 (or `state_dtype`). Ordered for a tune: by
+    dtype, then headdim and dstate (the kernels' tile sizes), then groups and heads, then size,
+    so that shapes whose candidates compile to the same kernels come one after another and the
+    later ones find them in Triton's cache."""
+    form = form_of(op)
+    dims = grid_dims()
+    if form is DECODE:
+        return [parse_shape(f"b={b},h={h},p={p},n={n},g={g}", dtype, op, sd)
+                for dtype in dtypes for sd in ((state_dtype,) if state_dtype else ("fp32", dtype))
+                for h, p, n, g in dims for b in GRID_DECODE_BATCHES]
+    if form is VARLEN:
+        return [parse_shape(f"t={t},s={n_seq},h={h},p={p},n={n},g={g}", dtype, op, state_dtype or "fp32")
+                for dtype in dtypes for h, p, n, g in dims for t, n_seq in GRID_VARLEN]
     return [parse_shape(f"b={b},l={l},h={h},p={p},n={n},g={g}", dtype, op)
-            for dtype in dtypes for h, p, n, g in grid_dims() for b, l in grid_sizes()]
+            for dtype in dtypes for h, p, n, g in dims for b, l in grid_sizes()]
 
 
 def preset(name: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype: str | None = None) -> list:
     """Every shape of a model's preset for `op`'s problem type; "grid": the grid at `dtype`."""
     if name == "grid":
-        return grid((dtype,), op)
+        return grid((dtype,), op, state_dtype)
     if name not in MODELS:
         raise ShapeError(f"unknown preset {name!r}; expected one of {sorted(MODELS) + ['grid']}")
     form = form_of(op)
