@@ -358,6 +358,23 @@ def test_transfer_serves_the_other_half_dtype_and_a_requested_chunk_size_but_not
     assert m.kind == "default" and m.config == default_config("sm90", P.replace(dtype="fp32"))
 
 
+@pytest.mark.parametrize("op", ["ssd_fwd", "ssd_bwd"])
+def test_transfer_keeps_states_in_the_querys_half_type_where_the_record_kept_them_in_its_own(op):
+    """A record whose states follow its 16-bit inputs (fp16 states of an fp16 call) serves a
+    bf16 call with bf16 states (fp16's range is narrower), and back; fp32 states stay fp32."""
+    from autossd.ops.registry import get_op
+    o = get_op(op)
+    src = P.replace(seqlen=131072) if op == "ssd_fwd" else Problem(8, 2048, 80, 64, 128, 1, "fp16", has_z=True)
+    base = o.fn("default_config")("sm90", src)
+    for rec_states, src_dtype, query_dtype, want in [("fp16", "fp16", "bf16", "bf16"), ("bf16", "bf16", "fp16", "fp16"),
+                                                     ("fp32", "fp16", "bf16", "fp32")]:
+        rec = make_record(src.replace(dtype=src_dtype), base.replace(state_dtype=rec_states), "sm90",
+                          provenance="measured", time_ms=1.0, op=op)
+        q = src.replace(dtype=query_dtype, seqlen=src.seqlen // 4)
+        m = L.pick(q, [rec], "sm90", op=op)
+        assert m.kind == "transfer" and m.config.state_dtype == want, (rec_states, query_dtype, m.reason)
+
+
 def test_transfer_ranks_like_the_other_tiers_and_prefers_the_closer_record():
     far, farther = R("b", P.replace(seqlen=65536)), R("c", P.replace(seqlen=131072))
     assert L.pick(P, [farther, far], "sm90").config == CFG["b"]

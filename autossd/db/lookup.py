@@ -284,17 +284,23 @@ def _transfer_distance(a, b) -> float:
     return d
 
 
-def transfer(config: BaseConfig, arch: str, problem, op: str = "ssd_fwd") -> BaseConfig | None:
-    """`config` carried over to `problem`: its requested chunk size, tiles shrunk to the problem's
-    caps (Op.caps), then, while the op's `violations` name reasons, the knob they name (else any
-    knob) set back to the arch default's value where that leaves fewer reasons. None when no
-    such step is left (the default itself then serves)."""
+def transfer(config: BaseConfig, arch: str, problem, op: str = "ssd_fwd", source=None) -> BaseConfig | None:
+    """`config` carried over to `problem`: its requested chunk size, states kept in the record's
+    own 16-bit input type (`source`: the record's problem) kept in the query's (a bf16 call
+    never gets fp16 states, whose range is narrower, nor an fp16 call bf16 ones, whose precision
+    is), tiles shrunk to the problem's caps (Op.caps), then, while the op's `violations` name
+    reasons, the knob they name (else any knob) set back to the arch default's value where that
+    leaves fewer reasons. None when no such step is left (the default itself then serves)."""
     o = get_op(op)
     violations = o.fn("violations")
     default = o.fn("default_config")(arch, problem)
     c = config
     if getattr(problem, "chunk_size", None) is not None and "chunk_size" in c.space.by_name:
         c = c.replace(chunk_size=problem.chunk_size)
+    src_dtype, dtype = getattr(source, "dtype", None), getattr(problem, "dtype", None)
+    if "state_dtype" in c.space.by_name and c["state_dtype"] == src_dtype and src_dtype != dtype \
+            and {src_dtype, dtype} <= HALF_DTYPES:
+        c = c.replace(state_dtype=dtype)
     if o.caps:
         from ..knobs import shrink
         c = shrink(c, o.fn("caps")(problem))
@@ -468,7 +474,7 @@ def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op
             cands.append((_rank(rec, d, bool(rec.stale_reasons(triton_v, th)), launch_mode, device), rec))
     cands.sort(key=lambda c: c[0])
     for rank, rec in cands:
-        cfg = transfer(rec.config, arch, problem, op)
+        cfg = transfer(rec.config, arch, problem, op, rec.problem)
         if cfg is None:
             continue
         kept = "its config as it is" if cfg == rec.config else "its config carried over (knobs the query cannot run set back to the default's)"
