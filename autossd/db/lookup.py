@@ -38,7 +38,8 @@ Match tiers, in order
        static or default, while the arch has fresh measured records: then among those), the
        best-ranked record of the arch and op at any size, headdim or dstate (a 16-bit dtype
        serves the other 16-bit one), its config carried over to the query (`transfer`): chunk
-       size set to a requested one, tiles shrunk to the query's caps, and every knob the
+       size set to a requested one, states kept in the record's own 16-bit type kept in the
+       query's, tiles shrunk to the query's caps, and every knob the
        query's problem cannot run (`violations`) set back to the arch default's value, one at
        a time, until none is left. Measured on an H100 at 12 random shapes no database was
        tuned at, the configs 30-trial tunes found there were the shipped records' family (the
