@@ -67,19 +67,3 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
         assert m.record.provenance == "static" and m.record.origin == "shipped"
         assert config_for(p, arch) == m.config   # what the training path's backward runs
 
-
-@pytest.mark.parametrize("arch", STATIC_ARCHS)
-def test_the_decode_and_packed_prefill_grids_find_their_static_records(arch):
-    """The decode step's and packed prefill's grid shapes: the decode step's lookup gives each its
-    exact fresh static record of the shipped file; packed prefill's lookup a static shipped
-    record at the shape's own token and sequence counts."""
-    from autossd.ops.ssd import decode, varlen
-    recs = lookup.load_records(arch, "ssd_decode")
-    for p in grid(op="ssd_decode"):
-        m = lookup.pick(p, recs, arch, op="ssd_decode")
-        assert m.kind == "exact" and not m.stale, (p, m.reason)
-        assert m.record.provenance == "static" and m.record.origin == "shipped"
-        assert decode.choose(p, arch)[0] == m.config
-    for p in grid(op="ssd_varlen"):
-        cfg, why = varlen.choose(p, arch)
-        assert why.startswith(f"static record (shipped db) at {p.tokens} tokens / {p.seqs} sequences"), (p, why)
