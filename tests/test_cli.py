@@ -189,8 +189,13 @@ def test_preset_grid_tunes_the_whole_grid_in_order_with_progress(env, monkeypatc
     seen.clear()
     invoke("tune", "--arch", "gfx942", "--preset", "grid", "--dtype", "bf16", "--db", env / "g.sqlite")
     assert seen == grid(("bf16",))
-    r = invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode")
-    assert r.exit_code == 2 and "'--preset'" in r.output and "batch x sequence" in r.output
+    seen.clear()
+    invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode", "--db", env / "g.sqlite")
+    assert seen == grid(op="ssd_decode")   # the decode step's grid: both cache types unless named
+    seen.clear()
+    invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode", "--state-dtype", "fp32",
+           "--db", env / "g.sqlite")
+    assert seen == grid(op="ssd_decode", state_dtype="fp32")
 
 
 def test_a_shape_that_cannot_be_tuned_leaves_the_others_to_run_and_fails_the_exit_status(env, monkeypatch):
