@@ -190,8 +190,9 @@ def test_preset_grid_tunes_the_whole_grid_in_order_with_progress(env, monkeypatc
     invoke("tune", "--arch", "gfx942", "--preset", "grid", "--dtype", "bf16", "--db", env / "g.sqlite")
     assert seen == grid(("bf16",))
     seen.clear()
-    invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode", "--db", env / "g.sqlite")
+    r = invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode", "--db", env / "g.sqlite")
     assert seen == grid(op="ssd_decode")   # the decode step's grid: both cache types unless named
+    assert "Caveat for ssd_decode" in r.output and "slower than the default" in r.output
     seen.clear()
     invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode", "--state-dtype", "fp32",
            "--db", env / "g.sqlite")

@@ -93,6 +93,9 @@ class Op:
     # them serve it, at a distance penalty per differing flag (autossd.db.lookup). Every other
     # field must match. Empty (the safe choice) until each flag's use in the op's kernels is read.
     soft_flags: tuple[str, ...] = ()
+    # what is known of the static model's ranking of this op's configs against measurements,
+    # where it does not beat the op's default: a static tune says it before it starts
+    static_caveat: str = ""
     doc: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
