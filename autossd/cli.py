@@ -263,8 +263,9 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
         click.echo("== The times below are PREDICTIONS, not measurements; records are stored "
                    "with provenance 'static' ==")
         from .ops.registry import get_op
-        if get_op(op).static_caveat:
-            click.echo(f"== Caveat for {op}: {get_op(op).static_caveat} ==")
+        caveat = get_op(op).static_caveat
+        if caveat:
+            click.echo(f"== Caveat for {op}: {caveat} ==")
     click.echo(f"storage: {describe(storage)}   records: {sink!r}   sampler: {sampler}   "
                f"trials/shape: {trials}")
     settings = Settings(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,

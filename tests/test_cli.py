@@ -501,7 +501,7 @@ def test_start_configs_are_evaluated_early_and_bad_ones_name_the_option(env, no_
     assert r.exit_code == 2 and "--fix pins chunk_size=256" in r.output
 
 
-def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db):
+def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db, capsys):
     """A start whose knob its mode does not use, or whose value the space leaves out, is named
     in a message and not enqueued as something else (the default again, say)."""
     import optuna
@@ -510,9 +510,8 @@ def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db):
     from autossd.problem import Problem
     prob = Problem(1, 512, 4, 32, 32, 1, "fp32", has_z=True)
     space = build_space("sm90", prob, op="ssd_bwd", fixed={"cb": "inline"})
-    said = []
-    got = st.starts("sm90", prob, space, [{"cb_dtype": "input"}, {"dx_warps": 8}, {"save_states": 1}],
-                    say=said.append)
+    got = st.starts("sm90", prob, space, [{"cb_dtype": "input"}, {"dx_warps": 8}, {"save_states": 1}])
+    said = capsys.readouterr().err.splitlines()
     assert [c.dx_warps for c in got] == [8]
     assert any("cb_dtype unused at cb=inline" in m for m in said)
     assert any("save_states=1" in m and "outside the search space" in m for m in said)

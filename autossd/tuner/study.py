@@ -313,7 +313,7 @@ def stored_picks(arch: str, problem: Problem, op: str, device: str | None = None
     return out
 
 
-def starts(arch: str, problem: Problem, space: SearchSpace, extra: list[dict], say=None) -> list[Config]:
+def starts(arch: str, problem: Problem, space: SearchSpace, extra: list[dict]) -> list[Config]:
     """The caller's starting points (knob values set on the op's default in this space), each
     one the space can run; one that it cannot, or that the config rules change, is said and
     left out rather than silently replaced (a knob the start's mode does not use, a value the
@@ -330,7 +330,7 @@ def starts(arch: str, problem: Problem, space: SearchSpace, extra: list[dict], s
                else "outside the search space (a value it leaves out, or pinned otherwise)"
                if space.params(cfg) is None else "; ".join(violations(cfg, arch, problem)))
         if why:
-            (say or _say)(f"--start {','.join(f'{k}={v}' for k, v in c.items())} left out at {problem}: {why}")
+            _say(f"--start {','.join(f'{k}={v}' for k, v in c.items())} left out at {problem}: {why}")
         else:
             out.append(cfg)
     return out
