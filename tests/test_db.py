@@ -870,6 +870,25 @@ def test_merge_keeps_the_best_measurement_of_each_launch_mode(tmp_path):
     assert got["graph"].config == graph and got["graph"].time_ms == 0.08
 
 
+def test_merge_keeps_each_devices_best_measurement_and_the_lookup_prefers_the_callers(tmp_path):
+    """An arch's shipped file holds an H100's and an H200's records of one problem side by side:
+    the faster GPU's time must not evict the other's record."""
+    h100, h200 = str(tmp_path / "h100.sqlite"), str(tmp_path / "h200.sqlite")
+    cfg_a, cfg_b = TUNED, TUNED.replace(scan_warps=8)
+    add_records(h100, [rec(config=cfg_a, time_ms=0.50, device="NVIDIA H100 80GB HBM3"),
+                       rec(config=cfg_b, time_ms=0.60, device="NVIDIA H100 80GB HBM3")])
+    add_records(h200, [rec(config=cfg_b, time_ms=0.35, device="NVIDIA H200")])
+    out = tmp_path / "sm90.sqlite"
+    res = merge_dbs([h100, h200], out)
+    got = {r.device: r for r in read_records(str(out))}
+    assert (res.kept, res.dropped) == (2, 1)
+    assert got["NVIDIA H100 80GB HBM3"].config == cfg_a and got["NVIDIA H100 80GB HBM3"].time_ms == 0.50
+    assert got["NVIDIA H200"].config == cfg_b
+    recs = read_records(str(out))
+    assert dblookup.pick(PROB, recs, "sm90", device="NVIDIA H100 80GB HBM3").config == cfg_a
+    assert dblookup.pick(PROB, recs, "sm90", device="NVIDIA H200").config == cfg_b
+
+
 def test_merge_keeps_one_record_per_key_by_the_conflict_rule(tmp_path):
     a, b = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
     p2 = PROB.replace(seqlen=8192)

@@ -7,8 +7,9 @@ file and `dest` may also be one of the sources.
 
 Merge conflict rule: records conflict when they share (op, arch, problem). One survives per key,
 chosen in the lookup's order without the user/shipped distinction (below); when it is measured,
-so does the best measured record of each other launch mode, since a pick timed by eager calls
-and one timed by CUDA-graph replay answer different questions. The order:
+so does the best measured record of each other (device, launch mode): a pick timed by eager calls
+and one timed by CUDA-graph replay answer different questions, and so do two GPUs of one arch
+(an H100's and an H200's records both ship; the lookup prefers the caller's device). The order:
     fresh before stale (triton version, and the hash of the kernels the config launches)
     > measured > static > default  > smaller time (time_ms, or predicted_ms for static records)
     > newer created_at  > earlier source
@@ -127,12 +128,12 @@ def merge_records(sources: list[list[Record]]) -> tuple[list[Record], MergeResul
         cands.sort(key=lambda c: c[0])
         winner = cands[0][1]
         kept.append(winner)
-        if winner.provenance == "measured":   # and the best measurement of each other mode
-            modes = {winner.launch_mode}
+        if winner.provenance == "measured":   # and the best measurement of each other device and mode
+            seen = {(winner.device, winner.launch_mode)}
             for _, rec in cands[1:]:
-                if rec.provenance == "measured" and rec.launch_mode not in modes:
+                if rec.provenance == "measured" and (rec.device, rec.launch_mode) not in seen:
                     kept.append(rec)
-                    modes.add(rec.launch_mode)
+                    seen.add((rec.device, rec.launch_mode))
     counts = {g: len(c) for g, c in groups.items()}
     total = sum(counts.values())
     return kept, MergeResult(len(kept), total - len(kept), sum(c > 1 for c in counts.values()))
