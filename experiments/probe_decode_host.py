@@ -104,14 +104,14 @@ def host_parts(reps: int = 20000) -> dict:
 
     clock("whole call", call)
     if found is not None:
-        c, ptrs = found
+        c, names, ptrs = found
         clock("kept-key check (RecentCalls.find)", lambda: decode._recent.find(args, extra))
-        clock("replay_ptrs (device, stream, launch)", lambda: lc.replay_ptrs(c.record, ptrs, c.device.index))
+        clock("replay_ptrs (device, stream, launch)", lambda: lc.replay_ptrs(c.record, names, ptrs, c.device.index))
         d = lc._driver.active
         dev = d.get_current_device()
         stream = d.get_current_stream(dev)
         e = c.record[0]
-        clock("launch alone (DirectLaunch.with_ptrs)", lambda: e[5].with_ptrs(e[1], stream, ptrs))
+        clock("launch alone (DirectLaunch.with_ptrs)", lambda: e[5].with_ptrs(e[1], stream, names, ptrs))
         clock("current device and stream", lambda: d.get_current_stream(d.get_current_device()))
     clock("full key (input_sig) and its lookup", lambda: decode._calls.get((lc.input_sig(t, decode.NAMES), True, -1, None)))
     x = st["x"]

@@ -282,7 +282,8 @@ def test_a_kept_key_replays_without_building_the_key(monkeypatch):
     monkeypatch.setattr(dec, "_launch", launch)
     monkeypatch.setattr(lc, "pointers_only", lambda record: record == ["record"])
     refuse = []
-    monkeypatch.setattr(lc, "replay_ptrs", lambda record, ptrs, device: (seen["replay"].append(ptrs), not refuse)[1])
+    monkeypatch.setattr(lc, "replay_ptrs",
+                        lambda record, names, ptrs, device: (seen["replay"].append(dict(zip(names, ptrs))), not refuse)[1])
 
     def call(p=pr):
         t = tune_inputs(p, DEV, seed=5)

@@ -254,9 +254,10 @@ class RecentCalls:
             self.generation += 1
 
     def find(self, tensors: tuple, extra):
-        """(value, {name: data pointer} of the tensors given) of the kept key these tensors and
-        `extra` match, or None. Written for host time (itemgetter and map run in C): a few µs
-        for ten tensors."""
+        """(value, names, data pointers) of the kept key these tensors and `extra` match, or
+        None: the names of the tensors given (not None) and their pointers in that order, a list
+        the caller may extend. Written for host time (itemgetter and map run in C, no dict is
+        built): a few µs for ten tensors."""
         for take, take_absent, nones, guard, names, all_aligned, aligned, ex, value in self._entries:
             if ex != extra:
                 continue
@@ -272,7 +273,7 @@ class RecentCalls:
             else:
                 ok = tuple(p & 15 == 0 for p in ptrs) == aligned
             if ok:
-                return value, dict(zip(names, ptrs))
+                return value, names, ptrs
         return None
 
     def add(self, tensors: tuple, extra, value, generation: int | None = None) -> None:
@@ -367,11 +368,12 @@ class DirectLaunch:
     address varies: each is encoded once per address (by triton's own encoder). `of` returns
     None where the launcher is not the one this was written against (HIP, another triton,
     scratch memory): the replay then goes through triton's launcher."""
-    __slots__ = ("raw", "head", "template", "slots", "encode")
+    __slots__ = ("raw", "head", "template", "slots", "encode", "_at")
     KEEP = 8   # encodings kept per descriptor argument: a few caller buffers take turns
 
     def __init__(self, raw, head, template, slots, encode):
         self.raw, self.head, self.template, self.slots, self.encode = raw, head, template, slots, encode
+        self._at = {}   # names of a call's pointers (RecentCalls.find) -> (argument, pointer index) pairs
 
     @classmethod
     def of(cls, ck, template: list, slots: tuple) -> DirectLaunch | None:
@@ -411,12 +413,21 @@ class DirectLaunch:
                 None, None, None)   # scratch buffers (none), launch metadata and hooks (none)
         return cls(raw, head, xtemplate, xslots, encode)
 
-    def with_ptrs(self, grid: tuple, stream, ptrs: dict) -> None:
-        """The launch with every pointer given as an integer by name (a record without
-        descriptors or buffers: `replay_ptrs` checks)."""
+    def with_ptrs(self, grid: tuple, stream, names: tuple, ptrs: list) -> None:
+        """The launch with every pointer given as an integer, `ptrs[i]` the pointer of the
+        argument named `names[i]` (a record without descriptors or buffers: `replay_ptrs`
+        checks). Where each name's argument goes is worked out once per names tuple: a call
+        then copies the template and sets its pointers, with no dict built per call."""
+        at = self._at.get(names)
+        if at is None:
+            index = {k: i for i, k in enumerate(names)}
+            at = tuple((a, index[k]) for a, _, k in self.slots[0])
+            if len(self._at) >= self.KEEP:
+                self._at.clear()
+            self._at[names] = at
         args = self.template.copy()
-        for at, _, k in self.slots[0]:
-            args[at] = ptrs[k]
+        for a, i in at:
+            args[a] = ptrs[i]
         self.raw(grid[0], grid[1], grid[2], stream, *self.head, *args)
 
     def __call__(self, grid: tuple, stream, t: dict, buf) -> None:
@@ -455,9 +466,9 @@ def pointers_only(cached: list) -> bool:
                for e in cached)
 
 
-def replay_ptrs(cached: list, ptrs: dict, device: int | None) -> bool:
-    """Launch a record that is `pointers_only`, the pointers given by name
-    (`RecentCalls.find`), on the current stream, when
+def replay_ptrs(cached: list, names: tuple, ptrs: list, device: int | None) -> bool:
+    """Launch a record that is `pointers_only`, `ptrs[i]` the pointer of the argument named
+    `names[i]` (as `RecentCalls.find` gives them), on the current stream, when
     the current device is `device` (the record's) and no launch hook is set. False, launching
     nothing, where one of those does not hold: the caller takes `replay`'s path."""
     if _hooked():
@@ -468,7 +479,7 @@ def replay_ptrs(cached: list, ptrs: dict, device: int | None) -> bool:
         return False
     stream = d.get_current_stream(dev)
     for entry in cached:
-        entry[5].with_ptrs(entry[1], stream, ptrs)
+        entry[5].with_ptrs(entry[1], stream, names, ptrs)
     return True
 
 

@@ -336,10 +336,13 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     except (TypeError, ValueError, RuntimeError):   # an odd argument: the checked path names it
         extra = hit = None
     if hit is not None:   # a kept key: replay with no key built (see launch_cache.RecentCalls)
-        call, ptrs = hit
-        y = torch.empty_like(x) if out is None else out
-        ptrs["out"] = y.data_ptr()
-        if _lc.replay_ptrs(call.record, ptrs, call.device.index):
+        call, names, ptrs = hit
+        y = out
+        if out is None:   # out was absent from the key: its pointer goes last
+            y = torch.empty_like(x)
+            names = names + ("out",)
+            ptrs.append(y.data_ptr())
+        if _lc.replay_ptrs(call.record, names, ptrs, call.device.index):
             return y
     t = dict(zip(NAMES, args))
     try:
