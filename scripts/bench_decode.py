@@ -15,7 +15,9 @@ Figures per (batch, state dtype) and implementation:
             run (bytes = state read + state write + x + dt + B + C + z + out; dt counted as one
             value per head)
 A row "copy" times a device-to-device copy of the same bytes the same way (its %copy: how near a
-kernel of that size can come to the 1 GB copy rate at all).
+kernel of that size can come to the 1 GB copy rate at all); a row "in-place" times torch's in-place
+scaling of the state alone (`state.mul_`: the same addresses read and written in the state's
+dtype, the step's traffic with no other work; its bytes are the state's read and write).
 Each timed call takes the next of several state sets, so that together they exceed the L2 cache
 and the state streams from HBM as it does in a model with many layers.
 """
@@ -183,12 +185,17 @@ def main() -> None:
             # as they do on any, so the 1 GB copy rate is a bar no kernel of this size meets
             bufs = [(torch.empty(per_set // 2, dtype=torch.uint8, device="cuda"),
                      torch.empty(per_set // 2, dtype=torch.uint8, device="cuda")) for _ in range(nsets)]
-            copies = {"copy": [(lambda s_, d_: (lambda: d_.copy_(s_)))(s_, d_) for s_, d_ in bufs]}
+            copies = {"copy": [(lambda s_, d_: (lambda: d_.copy_(s_)))(s_, d_) for s_, d_ in bufs],
+                      # torch's own in-place elementwise kernel over the state alone (read and
+                      # written at the same addresses in its dtype, as the step does): what a
+                      # kernel with nothing else to do reaches on this traffic
+                      "in-place": [(lambda s_: (lambda: s_.mul_(-1.0)))(st["state"]) for st in sets]}
             for name, fn in [*impls.items(), *copies.items()]:
-                calls = fn if name == "copy" else [call_of(fn, common, st) for st in sets]
+                calls = fn if name in copies else [call_of(fn, common, st) for st in sets]
                 e = eager_us(calls)
                 gu = graph_us(calls)
-                gbps = per_set / (gu * 1e-6) / 1e9
+                moved = 2 * sets[0]["state"].nbytes if name == "in-place" else per_set
+                gbps = moved / (gu * 1e-6) / 1e9
                 row = dict(batch=batch, state=sd, impl=name, eager_us=e, graph_us=gu, gbps=gbps,
                            pct_copy=100 * gbps / bw, copy_gbps=bw, device=torch.cuda.get_device_name())
                 rows.append(row)
