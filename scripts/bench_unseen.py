@@ -75,7 +75,7 @@ def _time(prob: Problem, config) -> float:
 
 def measure(model: str, prob: Problem, trials: int, scratch: str, tune_only: bool = False) -> dict:
     import autossd
-    from autossd.db.lookup import load_records, pick
+    from autossd.db.lookup import clear_cache, load_records, pick
     from autossd.ops.ssd.fwd_knobs import default_config
     from autossd.runtime import arch_of_device
     arch = arch_of_device()
@@ -89,6 +89,7 @@ def measure(model: str, prob: Problem, trials: int, scratch: str, tune_only: boo
         subprocess.run([sys.executable, "-m", "autossd.cli", "tune", "--shapes", _spec(prob), "--dtype",
                         prob.dtype, "--trials", str(trials), "--mode", "measured", "--db", scratch,
                         "--compile-workers", str(min(16, os.cpu_count() or 2))], check=True)
+        clear_cache()   # the tune wrote from another process: the records read above are stale
         tuned = pick(prob, load_records(arch, "ssd_fwd", scratch), arch, max_distance=0.0)
     if tune_only:
         return row
