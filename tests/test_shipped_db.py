@@ -1,7 +1,8 @@
 """The shipped static databases (tuning_db/sm80, gfx90a, gfx942.sqlite): every shape of the model
 grid (autossd/tuner/shapes.py) resolves to an exact, fresh, static forward record of the shipped
 file, the backward to one at the training shapes, and the files open read-only (no write-ahead
-log left in them)."""
+log left in them). The measured sm90 file: an H100's and an H200's forward records of the
+benchmark's shapes side by side, each GPU's lookup taking its own."""
 from __future__ import annotations
 
 import sqlite3
@@ -67,3 +68,22 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
         assert m.record.provenance == "static" and m.record.origin == "shipped"
         assert config_for(p, arch) == m.config   # what the training path's backward runs
 
+
+
+# the benchmark's forward shapes, measured on both sm90 GPUs (the H200 at 5 of 7 in fp16)
+BENCH = ["mamba2-2.7b:b=8,l=2048", "mamba2-2.7b:b=4,l=16384", "mamba2-2.7b:b=1,l=131072",
+         "codestral-7b:b=1,l=131072", "mamba2-130m:b=1,l=131072"]
+DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_sm90_ships_each_gpus_measurements_and_each_gpu_takes_its_own(dtype):
+    recs = lookup.load_records("sm90", "ssd_fwd")
+    now = lookup._freshness()
+    for p in parse_shapes(BENCH, dtype):
+        mine = {d: [r for r in recs if r.problem == p and r.device == d] for d in DEVICES}
+        for device, own in mine.items():
+            assert own and all(r.provenance == "measured" and not r.stale_reasons(*now) for r in own), (p, device)
+            for mode in ("eager", "graph"):
+                m = lookup.pick(p, recs, "sm90", launch_mode=mode, device=device)
+                assert m.kind == "exact" and m.record.device == device, (p, device, mode, m.reason)
