@@ -442,9 +442,14 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
     if arch is None:
         raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
     from .tuner.sinks import best_records, mode_of
-    # bench times eager calls (do_bench): the best record of each problem timed that way
+    # bench times eager calls (do_bench): the best record of each problem timed that way, this
+    # GPU's own where the store holds several devices' (sorted last, so that it is the one kept)
+    import torch
+    here = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     recs = {json.dumps(r["problem"], sort_keys=True): r
-            for r in best_records(r for r in _load_records(db) if r["arch"] == arch and mode_of(r) != "graph")
+            for r in sorted(best_records(r for r in _load_records(db)
+                                         if r["arch"] == arch and mode_of(r) != "graph"),
+                            key=lambda r: r.get("device") == here)
             } if db else {}
     ceil = measure_ceilings()  # once, in this run: the floor is against this GPU as it is now
     click.echo(f"ceilings measured: copy {ceil['copy_GBps']:.0f} GB/s, "
@@ -554,8 +559,8 @@ def merge(sources, into) -> None:
         except Exception as e:  # noqa: BLE001
             raise click.ClickException(f"merge: {e}") from None
         click.echo(f"merged {len(sources)} sources into {into}: {res.kept} record{'s' * (res.kept != 1)} "
-                   f"kept, {res.dropped} dropped (lost to a better record of the same problem and "
-                   f"launch mode; {res.conflicts} problem{'s' * (res.conflicts != 1)} had several)")
+                   f"kept, {res.dropped} dropped (lost to a better record of the same problem, "
+                   f"device and launch mode; {res.conflicts} problem{'s' * (res.conflicts != 1)} had several)")
         return
     if not into.endswith(".jsonl"):
         raise click.BadParameter("without the database layer, merge writes a .jsonl store",

@@ -378,6 +378,12 @@ def test_best_records_keep_each_measured_mode_and_drop_a_prediction_beside_them(
                  for r in kept)
     assert got == [(2048, "measured", "(none)", 0.09), (2048, "measured", "graph", 0.07),
                    (4096, "static", "any", 0.2)]
+    # another GPU's measurement of the same problem and mode is kept beside this one's
+    other = dict(mk(0.03, mode="graph"), device="other GPU")
+    kept = best_records(recs + [other, dict(mk(0.04, mode="graph"), device="other GPU")])
+    assert sorted((r["device"], r.get("launch_mode", "(none)"), r["time_ms"]) for r in kept
+                  if r["provenance"] == "measured") == [("dev", "(none)", 0.09), ("dev", "graph", 0.07),
+                                                        ("other GPU", "graph", 0.03)]
 
 
 def test_study_naming_separates_modes_devices_problems_and_pins():

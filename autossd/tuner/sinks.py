@@ -136,7 +136,7 @@ class JsonlSink:
 def best_records(records: Iterable[dict]) -> list[dict]:
     """The records worth keeping, by the tuning database's merge rule (autossd.db.exchange): per
     (arch, op, problem) the best record (measured beats static, then the fastest); when it is
-    measured, also the best measured record of each other launch mode."""
+    measured, also the best measured record of each other (device, launch mode)."""
     groups: dict[str, list[dict]] = {}
     for r in records:
         groups.setdefault(json.dumps([r["arch"], r["op"], r["problem"]], sort_keys=True), []).append(r)
@@ -147,10 +147,11 @@ def best_records(records: Iterable[dict]) -> list[dict]:
             winner = better(winner, r)
         keep.append(winner)
         if winner["provenance"] == "measured":
-            for mode in sorted({mode_of(r) for r in recs if r["provenance"] == "measured"} - {mode_of(winner)}):
+            kinds = {(r.get("device", ""), mode_of(r)) for r in recs if r["provenance"] == "measured"}
+            for kind in sorted(kinds - {(winner.get("device", ""), mode_of(winner))}):
                 best = None
                 for r in recs:
-                    if r["provenance"] == "measured" and mode_of(r) == mode:
+                    if r["provenance"] == "measured" and (r.get("device", ""), mode_of(r)) == kind:
                         best = r if best is None else better(best, r)
                 keep.append(best)
     return keep
