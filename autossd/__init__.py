@@ -2,7 +2,7 @@
 from .arch import ARCHS, Arch, get_arch, local_arch
 from .ops.ssd.chunk import ssd_forward
 from .problem import Problem, from_args
-from .runtime import Kernel, get_kernel, mamba_chunk_scan_combined
+from .runtime import Kernel, clear_cache, get_kernel, mamba_chunk_scan_combined
 from .ops.ssd.decode import selective_state_update
 from .ops.ssd.varlen import mamba_chunk_scan_combined_varlen, ssd_varlen, varlen_chunks
 from .ops.ssd.split_conv1d import mamba_split_conv1d_scan_combined
@@ -11,6 +11,6 @@ from .ops.ssd.fwd_knobs import KNOBS, Config, ConfigError, default_config
 __version__ = "0.1.0"
 __all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "default_config",
            "from_args", "get_arch", "local_arch", "ssd_forward", "__version__",
-           "Kernel", "get_kernel", "mamba_chunk_scan_combined", "selective_state_update",
+           "Kernel", "clear_cache", "get_kernel", "mamba_chunk_scan_combined", "selective_state_update",
            "ssd_varlen", "mamba_chunk_scan_combined_varlen", "varlen_chunks",
            "mamba_split_conv1d_scan_combined"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -443,13 +444,14 @@ def bench(ctx, shapes, preset, dtype, db) -> None:
         raise click.ClickException("bench needs a GPU (CUDA or ROCm); none is visible on this machine")
     from .tuner.sinks import best_records, mode_of
     # bench times eager calls (do_bench): the best record of each problem timed that way, this
-    # GPU's own where the store holds several devices' (sorted last, so that it is the one kept)
-    import torch
-    here = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    # GPU's own where the store holds several devices' (sorted last, so that it is the one kept;
+    # among other devices' the fastest)
+    from .db.lookup import device_name
+    here = device_name()
     recs = {json.dumps(r["problem"], sort_keys=True): r
             for r in sorted(best_records(r for r in _load_records(db)
                                          if r["arch"] == arch and mode_of(r) != "graph"),
-                            key=lambda r: r.get("device") == here)
+                            key=lambda r: (r.get("device") == here, -(r.get("time_ms") or math.inf)))
             } if db else {}
     ceil = measure_ceilings()  # once, in this run: the floor is against this GPU as it is now
     click.echo(f"ceilings measured: copy {ceil['copy_GBps']:.0f} GB/s, "

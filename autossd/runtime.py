@@ -29,7 +29,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from .arch import ARCHS, get_arch
-from .db.lookup import Match, load_records, pick, user_db_url
+from .db.lookup import Match, device_name, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
@@ -224,14 +224,19 @@ _device_arch: dict[int, str] = {}
 
 
 def clear_cache() -> None:
-    """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes) and the kept
-    workspaces of intermediates. Configs this GPU could not load are remembered (_unfit)."""
+    """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes), the configs the
+    decode step, packed prefill and the backward chose from them, and the kept workspaces of
+    intermediates. Configs this GPU could not load are remembered (_unfit)."""
+    from .ops.ssd import backward, decode, varlen
     with _kernels_lock:
         _kernels.clear()
         _calls.clear()
         _recent.clear()
     _clear_records()
     clear_workspaces()
+    decode.clear_cache()
+    varlen.clear_cache()
+    backward._configs.clear()
 
 
 on_write(lambda url: clear_cache())  # a write in this process may change what the lookup picks
@@ -293,17 +298,20 @@ def _detect(idx: int) -> str:
     return near
 
 
-def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: str = "eager") -> Kernel:
+def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: str = "eager",
+               device: int | str | None = None) -> Kernel:
     """The Kernel for a problem: `problem_or_shape` is a Problem, a dict of its fields, or a
     tuple (batch, seqlen, nheads, headdim, dstate, ngroups, dtype). arch: "sm90", ... (default:
     the local GPU's). db: the user database (URL or path; default env AUTOSSD_DB, else the cache
     file). launch_mode: "eager" for calls launched one by one, "graph" for a forward captured in
     a CUDA graph (the records timed that way are preferred; see autossd.db.lookup, which
-    refuses any other value). Cached per
-    process: a warm call is one dict lookup (plus, with arch=None, which device is current: a
-    process with GPUs of two archs gets each one's kernel). After changing AUTOSSD_DB or
-    AUTOSSD_ARCH in a running process, call autossd.clear_cache()."""
-    dev = _current_device() if arch is None else None
+    refuses any other value). device: the GPU whose own measurements rank first among records
+    of the arch (an H100 takes the H100's records before the H200's), by index or by its name
+    (`torch.cuda.get_device_name`); default: the current GPU, none without one. Cached per
+    process: a warm call is one dict lookup (plus which device is current: a process with GPUs
+    of two archs gets each one's kernel). After changing AUTOSSD_DB or AUTOSSD_ARCH in a running
+    process, call autossd.clear_cache()."""
+    dev = _current_device() if device is None else device
     try:
         return _kernels[(problem_or_shape, arch, db, launch_mode, dev)]
     except (KeyError, TypeError):  # TypeError: an unhashable shape (dict)
@@ -314,22 +322,12 @@ def _current_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
-def _device_name(dev: int | None) -> str | None:
-    """The GPU's name (its measured records rank first), or None where there is none to ask."""
-    if dev is None:
-        return None
-    try:
-        return torch.cuda.get_device_name(dev)
-    except (AssertionError, RuntimeError):   # a CPU build of torch, or no such device
-        return None
-
-
 def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kernel:
     problem = _as_problem(problem_or_shape)
     arch_name = get_arch(arch).name if arch is not None else arch_of_device()
     url = user_db_url(db)
-    # the local GPU's name, so that its own measurements rank first (None: an arch asked for)
-    device = _device_name(dev)
+    # the GPU's name, so that its own measurements rank first (None: no GPU to ask)
+    device = dev if isinstance(dev, str) else (device_name(dev) if dev is not None else None)
     norm = (problem, arch_name, url, launch_mode, device)
     with _kernels_lock:
         kernel = _kernels.get(norm)
@@ -480,7 +478,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
         _check_new_call(x, A, capturing)
-        kernel = get_kernel(prob, arch_of_device(x.device), None, mode)
+        kernel = get_kernel(prob, arch_of_device(x.device), None, mode, x.device.index)
         if key is not None:
             remember(_calls, key, (prob, kernel), _CALLS_MAX)
     if key is not None and extra is not None:   # found: of another arch (AUTOSSD_ARCH changed)

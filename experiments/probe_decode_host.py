@@ -111,7 +111,7 @@ def host_parts(reps: int = 20000) -> dict:
         dev = d.get_current_device()
         stream = d.get_current_stream(dev)
         e = c.record[0]
-        clock("launch alone (DirectLaunch.with_ptrs)", lambda: e[5].with_ptrs(e[1], stream, names, ptrs))
+        clock("launch alone (DirectLaunch.with_ptrs)", lambda: e[5].with_ptrs(e[1], stream, e[5].positions(names), ptrs))
         clock("current device and stream", lambda: d.get_current_stream(d.get_current_device()))
     clock("full key (input_sig) and its lookup", lambda: decode._calls.get((lc.input_sig(t, decode.NAMES), True, -1, None)))
     x = st["x"]

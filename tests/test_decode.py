@@ -305,4 +305,15 @@ def test_a_kept_key_replays_without_building_the_key(monkeypatch):
     refuse.append(True)
     call()
     assert seen["launch"] == 3 and len(seen["replay"]) == 2   # refused: launched the checked way
+    refuse.clear()
+    # the caller's out: a key of its own (out given), then replayed with that buffer's pointer
+    outs = []
+    for _ in range(2):
+        t = tune_inputs(pr, DEV, seed=6)
+        outs.append(torch.empty_like(t["x"]))
+        y = selective_state_update(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
+                                   t["dt_bias"], pr.dt_softplus, out=outs[-1], config=cfg)
+        assert y is outs[-1]
+    assert seen["launch"] == 4 and len(seen["replay"]) == 3
+    assert seen["replay"][-1]["out"] == outs[-1].data_ptr() and seen["replay"][-1]["x"] == t["x"].data_ptr()
     dec.clear_cache()

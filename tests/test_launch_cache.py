@@ -247,3 +247,28 @@ def test_recent_calls_keeps_nothing_looked_up_before_a_clear():
     assert memo.find(_three(), ()) is None
     memo.add(_three(), (), "new", memo.generation)
     assert memo.find(_three(), ())[0] == "new"
+
+
+def test_a_pointer_replay_puts_each_named_pointer_in_its_argument_and_refuses_a_missing_name(monkeypatch):
+    """DirectLaunch takes the pointers of a kept call by name (RecentCalls.find's order, with out
+    appended where the caller gave none): each goes to its argument whatever the names' order;
+    a record taking a pointer the call does not name launches nothing (the checked path runs)."""
+    launched = []
+    raw = lambda gx, gy, gz, stream, *rest: launched.append((gx, gy, gz, stream, rest))  # noqa: E731
+    template = [None, 7, None, 9, None]   # constants at 1 and 3; pointers at 0 (x), 2 (out), 4 (B)
+    slots = (((0, True, "x"), (2, True, "out"), (4, True, "B")), ())
+    dl = launch_cache.DirectLaunch(raw, ("head",), template, slots, None)
+    for names, ptrs in ((("x", "B", "out"), [100, 400, 200]), (("B", "out", "x"), [400, 200, 100]),
+                        (("x", "B", "z", "out"), [100, 400, 300, 200])):
+        at = dl.positions(names)
+        dl.with_ptrs((3, 1, 1), "stream", at, ptrs)
+        assert launched.pop() == (3, 1, 1, "stream", ("head", 100, 7, 200, 9, 400)), names
+    assert dl.positions(("x", "B")) is None   # out not named
+    record = [(None, (3, 1, 1), None, None, None, dl)]
+    monkeypatch.setattr(launch_cache, "_hooked", lambda: False)
+    monkeypatch.setattr(launch_cache, "_driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda dev: "s0")))
+    assert launch_cache.replay_ptrs(record, ("x", "B"), [1, 2], 0) is False and not launched
+    assert launch_cache.replay_ptrs(record, ("out", "x", "B"), [2, 1, 4], 0) is True
+    assert launched == [(3, 1, 1, "s0", ("head", 1, 7, 2, 9, 4))]
+    assert launch_cache.replay_ptrs(record, ("out", "x", "B"), [2, 1, 4], 1) is False   # another device

@@ -19,7 +19,7 @@ STATIC_ARCHS = ("sm80", "gfx90a", "gfx942")
 pytestmark = pytest.mark.usefixtures("isolated_db")   # conftest: an empty user DB, caches reset
 
 
-@pytest.mark.parametrize("arch", STATIC_ARCHS)
+@pytest.mark.parametrize("arch", ("sm90",) + STATIC_ARCHS)
 def test_the_file_is_a_single_read_only_friendly_database(arch):
     path = lookup.shipped_db_path(arch)
     assert path is not None, f"tuning_db/{arch}.sqlite is missing"
@@ -87,3 +87,42 @@ def test_sm90_ships_each_gpus_measurements_and_each_gpu_takes_its_own(dtype):
             for mode in ("eager", "graph"):
                 m = lookup.pick(p, recs, "sm90", launch_mode=mode, device=device)
                 assert m.kind == "exact" and m.record.device == device, (p, device, mode, m.reason)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_get_kernel_takes_the_gpus_own_records_and_one_cards_where_it_has_none(monkeypatch, dtype):
+    """Through the public entry: the device named, or the current GPU's name when none is named;
+    a GPU none of the records was measured on (or no GPU) takes the card with the most records
+    throughout, never a mix chosen by which card timed faster."""
+    from autossd import runtime
+    recs = lookup.load_records("sm90", "ssd_fwd")
+    counts = {d: sum(r.device == d for r in recs) for d in DEVICES}
+    most = max(DEVICES, key=lambda d: counts[d])
+    for p in parse_shapes(BENCH, dtype):
+        for mode in ("eager", "graph"):
+            for device in DEVICES:
+                k = autossd.get_kernel(p, "sm90", launch_mode=mode, device=device)
+                assert k.match.record.device == device, (p, device, mode, k.reason)
+            for other in (None, "NVIDIA H800"):
+                k = autossd.get_kernel(p, "sm90", launch_mode=mode, device=other)
+                assert k.match.record.device == most, (p, other, mode, k.reason)
+    # no device named: the current GPU's name decides (here faked: this machine has none)
+    autossd.clear_cache()
+    monkeypatch.setattr(runtime, "_current_device", lambda: 0)
+    monkeypatch.setattr(runtime, "device_name", lambda dev: "NVIDIA H200")
+    p = parse_shapes(BENCH[:1], dtype)[0]
+    assert autossd.get_kernel(p, "sm90", launch_mode="graph").match.record.device == "NVIDIA H200"
+    autossd.clear_cache()
+
+
+def test_the_decode_step_takes_the_gpus_own_records():
+    """Layers no decode record was measured at (another headdim) are served by the transfer tier,
+    where both cards' records compete: each card's call takes its own."""
+    from autossd.ops.ssd import decode
+    recs = lookup.load_records("sm90", "ssd_decode")
+    assert {r.device for r in recs} == set(DEVICES)
+    for r in recs:
+        q = r.problem.replace(headdim=128)
+        for device in DEVICES:
+            config, why = decode.choose(q, "sm90", device=device)
+            assert why.startswith("transfer") and f"on {device}" in why, (q, device, why)

@@ -52,7 +52,9 @@ Match tiers, in order
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
     fresh before stale  >  measured > static > default  >  user before shipped
     >  measured on this device (the runtime passes the GPU's name: an H200 prefers H200 records
-    to H100 ones of the same arch)  >  the launch mode asked for  >  smaller distance  >  smaller
+    to H100 ones of the same arch; a GPU none of the records was measured on, or a caller naming
+    none, prefers the device with the most measured records, so that its configs come from one
+    card)  >  the launch mode asked for  >  smaller distance  >  smaller
     time (time_ms; for static records predicted_ms)  >  config key (text)  >  record id.
     A measurement beats a prediction wherever each is stored: a static tune on a machine without
     the GPU writes predictions into the user database, and those must not hide the shipped
@@ -381,6 +383,45 @@ def _describe(rec: Record) -> str:
     return ", ".join(bits)
 
 
+def device_name(device=None) -> str | None:
+    """The name torch gives a GPU (`torch.cuda.get_device_name`), which `pick`'s `device` takes:
+    of a torch.device, a device index, or (None) the current GPU. None where there is no GPU to
+    ask: a CPU tensor, a CPU build of torch."""
+    import torch
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            return None
+        device = device.index
+    try:
+        if not torch.cuda.is_available():
+            return None
+        return _name_of(torch.cuda.current_device() if device is None else int(device))
+    except (AssertionError, RuntimeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _name_of(index: int) -> str:
+    # a device's name does not change while a process runs; asking torch takes µs per call
+    import torch
+    return torch.cuda.get_device_name(index)
+
+
+def _preferred_device(records: list[Record], arch: str, op: str, device: str | None) -> str | None:
+    """The device whose measurements rank first: the caller's where any of `records` (of the
+    arch and op) was measured on it; else the device with the most measured records (ties: the
+    name first in order). Times from two GPUs do not compare, so a GPU none of the records was
+    measured on (an H800, a GH200), or a caller naming none, takes one device's configs
+    throughout rather than, shape by shape, those of whichever card timed faster."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.arch == arch and r.op == op and r.provenance == "measured" and r.device:
+            counts[r.device] = counts.get(r.device, 0) + 1
+    if not counts or (device and device in counts):
+        return device
+    return min(counts, key=lambda d: (-counts[d], d))
+
+
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
          launch_mode: str = "eager", op: str = "ssd_fwd", transfer: bool = True,
          device: str | None = None) -> Match:
@@ -389,9 +430,11 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
     op: the op asked for (its records only; its default config where none applies).
     transfer: False leaves out the transfer tier (exact, nearest, else the default).
     device: the GPU's name (torch.cuda.get_device_name): its measured records rank before those
-    of another device of the arch, within each tier; None: no preference."""
+    of another device of the arch, within each tier (`_preferred_device`: a GPU none was
+    measured on, or None, prefers one device's records throughout)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
+    device = _preferred_device(records, arch, op, device)
     triton_v, th = _freshness()
     soft = soft_flags(op)
     violations = get_op(op).fn("violations")

@@ -147,11 +147,11 @@ def best_records(records: Iterable[dict]) -> list[dict]:
             winner = better(winner, r)
         keep.append(winner)
         if winner["provenance"] == "measured":
-            kinds = {(r.get("device", ""), mode_of(r)) for r in recs if r["provenance"] == "measured"}
-            for kind in sorted(kinds - {(winner.get("device", ""), mode_of(winner))}):
+            kinds = {(r.get("device") or "", mode_of(r)) for r in recs if r["provenance"] == "measured"}
+            for kind in sorted(kinds - {(winner.get("device") or "", mode_of(winner))}):
                 best = None
                 for r in recs:
-                    if r["provenance"] == "measured" and (r.get("device", ""), mode_of(r)) == kind:
+                    if r["provenance"] == "measured" and (r.get("device") or "", mode_of(r)) == kind:
                         best = r if best is None else better(best, r)
                 keep.append(best)
     return keep

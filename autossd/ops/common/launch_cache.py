@@ -413,18 +413,25 @@ class DirectLaunch:
                 None, None, None)   # scratch buffers (none), launch metadata and hooks (none)
         return cls(raw, head, xtemplate, xslots, encode)
 
-    def with_ptrs(self, grid: tuple, stream, names: tuple, ptrs: list) -> None:
-        """The launch with every pointer given as an integer, `ptrs[i]` the pointer of the
-        argument named `names[i]` (a record without descriptors or buffers: `replay_ptrs`
-        checks). Where each name's argument goes is worked out once per names tuple: a call
-        then copies the template and sets its pointers, with no dict built per call."""
+    def positions(self, names: tuple) -> tuple | None:
+        """(argument, index in `names`) of each pointer this launch takes, or None where one of
+        them is not named. Worked out once per names tuple: a call then copies the template and
+        sets its pointers, with no dict built per call."""
         at = self._at.get(names)
         if at is None:
             index = {k: i for i, k in enumerate(names)}
+            if any(k not in index for _, _, k in self.slots[0]):
+                return None
             at = tuple((a, index[k]) for a, _, k in self.slots[0])
             if len(self._at) >= self.KEEP:
                 self._at.clear()
             self._at[names] = at
+        return at
+
+    def with_ptrs(self, grid: tuple, stream, at: tuple, ptrs: list) -> None:
+        """The launch with every pointer given as an integer: `ptrs[i]` goes to argument `a` for
+        each (a, i) of `at` (`positions`; a record without descriptors or buffers:
+        `replay_ptrs` checks)."""
         args = self.template.copy()
         for a, i in at:
             args[a] = ptrs[i]
@@ -469,17 +476,21 @@ def pointers_only(cached: list) -> bool:
 def replay_ptrs(cached: list, names: tuple, ptrs: list, device: int | None) -> bool:
     """Launch a record that is `pointers_only`, `ptrs[i]` the pointer of the argument named
     `names[i]` (as `RecentCalls.find` gives them), on the current stream, when
-    the current device is `device` (the record's) and no launch hook is set. False, launching
-    nothing, where one of those does not hold: the caller takes `replay`'s path."""
+    the current device is `device` (the record's), no launch hook is set and every pointer a
+    launch takes is named. False, launching nothing, where one of those does not hold: the
+    caller takes `replay`'s path."""
     if _hooked():
         return False
     d = _driver.active
     dev = d.get_current_device()
     if device not in (None, dev):
         return False
+    at = [entry[5].positions(names) for entry in cached]
+    if None in at:   # a pointer the record takes is not among the names: launch nothing
+        return False
     stream = d.get_current_stream(dev)
-    for entry in cached:
-        entry[5].with_ptrs(entry[1], stream, names, ptrs)
+    for entry, where in zip(cached, at):
+        entry[5].with_ptrs(entry[1], stream, where, ptrs)
     return True
 
 

@@ -411,15 +411,16 @@ def _reference_by_heads(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_state
 _configs: dict = {}
 
 
-def config_for(prob, arch: str) -> BwdConfig:
+def config_for(prob, arch: str, device: str | None = None) -> BwdConfig:
     """The backward's config for a problem on an arch: a tuned ssd_bwd record where the lookup
-    finds one, else the arch default. Cached per process."""
-    key = (prob, arch)
+    finds one (the records measured on `device`, a GPU's name, first), else the arch default.
+    Cached per process."""
+    key = (prob, arch, device)
     hit = _configs.get(key)
     if hit is None:
         from ...db.lookup import load_records, pick
         try:
-            hit = pick(prob, load_records(arch, "ssd_bwd"), arch, op="ssd_bwd").config
+            hit = pick(prob, load_records(arch, "ssd_bwd"), arch, op="ssd_bwd", device=device).config
         except Exception:   # no usable store: the default is always correct
             from .bwd_knobs import default_config
             hit = default_config(arch, prob)
@@ -441,6 +442,7 @@ def forward_saving(t: dict, call: dict):
     config recomputes, or the forward's config does not leave every chunk's entering state in
     its buffer (the fused depths and the Gluon walk keep them elsewhere): the caller then runs the
     forward as usual and the backward recomputes."""
+    from ...db.lookup import device_name
     from ...runtime import _unit_stride, arch_of_device, get_kernel
     from .chunk import _execute
     from .workspace import allocate as fwd_allocate
@@ -450,10 +452,10 @@ def forward_saving(t: dict, call: dict):
     final = bool(call.get("return_final_states"))
     prob = _problem_of(t, call, final)
     arch = arch_of_device(x.device)
-    cfg = config_for(prob, arch)
+    cfg = config_for(prob, arch, device_name(x.device))
     if not cfg.save_states:
         return None
-    kern = get_kernel(prob, arch)
+    kern = get_kernel(prob, arch, device=x.device.index)
     fcfg = kern.config
     if fcfg.launches != 5 or fcfg.state_walk or fcfg.chunk_size != cfg.chunk_size:
         return None
@@ -485,11 +487,12 @@ def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = 
     given, is the ungated output the forward kept; it is taken out of `t` (the backward frees it
     once read), and computed again where z's gradient is needed and it is not given."""
     from ...arch import get_arch
+    from ...db.lookup import device_name
     from ...runtime import arch_of_device
     x = t["x"]
     prob = _problem_of(t, call, dfinal is not None)
     arch = arch_of_device(x.device)
-    config = config_for(prob, arch)
+    config = config_for(prob, arch, device_name(x.device))
     backend = get_arch(arch).backend
     kept = t.pop("y_pre", None)
     t = dict(t)

@@ -225,11 +225,12 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
 
 
 # --- config choice --------------------------------------------------------------------------
-def choose(problem: DecodeProblem, arch: str, db=None):
+def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None):
     """(config, why): the shared lookup's pick (`autossd.db.lookup.pick`) among the decode records
     of the tuning databases (user first, then shipped): an exact record, else the nearest in
     batch, heads and groups (a batch of 32 takes the record of 16 or 64), else a record's config
-    carried over (transfer), else the arch default."""
+    carried over (transfer), else the arch default. device: the GPU's name, whose own
+    measurements rank first."""
     recs = []
     try:
         from ...db.lookup import load_records
@@ -238,7 +239,7 @@ def choose(problem: DecodeProblem, arch: str, db=None):
         import logging
         logging.getLogger("autossd").warning("autossd: decode records unreadable (%s); using defaults", e)
     from ...db.lookup import pick
-    m = pick(problem, recs, arch, op="ssd_decode")
+    m = pick(problem, recs, arch, op="ssd_decode", device=device)
     return m.config, m.reason
 
 
@@ -280,7 +281,8 @@ def _prepare(t: dict, dt_softplus, pad_slot_id, config: DecodeConfig | None) -> 
     from ...arch import get_arch
     arch = arch_of_device(dev)
     if config is None:
-        config, why = choose(prob, arch)
+        from ...db.lookup import device_name
+        config, why = choose(prob, arch, device=device_name(dev))
     else:
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config: expected a DecodeConfig, got {type(config).__name__}")
