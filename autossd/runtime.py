@@ -31,7 +31,7 @@ from triton.runtime.errors import OutOfResources
 from .arch import ARCHS, get_arch
 from .db.lookup import Match, device_name, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
-from .db.records import Record, on_write
+from .db.records import Record, device_text, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
 from .ops.common.launch_cache import RecentCalls
 from .ops.ssd.chunk import INPUTS, clear_workspaces, execute, input_sig, remember
@@ -306,11 +306,16 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
     file). launch_mode: "eager" for calls launched one by one, "graph" for a forward captured in
     a CUDA graph (the records timed that way are preferred; see autossd.db.lookup, which
     refuses any other value). device: the GPU whose own measurements rank first among records
-    of the arch (an H100 takes the H100's records before the H200's), by index or by its name
-    (`torch.cuda.get_device_name`); default: the current GPU, none without one. Cached per
+    of the arch (an H100 takes the H100's records before the H200's): an index, a torch.device
+    or "cuda:N" (with arch None, that GPU's arch too), or a GPU's name as
+    `torch.cuda.get_device_name` gives it; default: the current GPU, none without one. Cached per
     process: a warm call is one dict lookup (plus which device is current: a process with GPUs
     of two archs gets each one's kernel). After changing AUTOSSD_DB or AUTOSSD_ARCH in a running
     process, call autossd.clear_cache()."""
+    if isinstance(device, torch.device):   # a torch.device or "cuda:N": its index
+        device = device.index if device.type == "cuda" else None
+    elif isinstance(device, str) and device.startswith("cuda"):
+        device = torch.device(device).index
     dev = _current_device() if device is None else device
     try:
         return _kernels[(problem_or_shape, arch, db, launch_mode, dev)]
@@ -319,15 +324,21 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
 
 
 def _current_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
+    try:
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    except RuntimeError:   # e.g. a process forked after its parent started CUDA: no device to ask
+        return None
 
 
 def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kernel:
     problem = _as_problem(problem_or_shape)
-    arch_name = get_arch(arch).name if arch is not None else arch_of_device()
+    if arch is not None:
+        arch_name = get_arch(arch).name
+    else:   # the arch of the GPU asked for (by index), else of the current one
+        arch_name = arch_of_device(torch.device("cuda", dev)) if isinstance(dev, int) else arch_of_device()
     url = user_db_url(db)
     # the GPU's name, so that its own measurements rank first (None: no GPU to ask)
-    device = dev if isinstance(dev, str) else (device_name(dev) if dev is not None else None)
+    device = device_text(dev) if isinstance(dev, str) else (device_name(dev) if dev is not None else None)
     norm = (problem, arch_name, url, launch_mode, device)
     with _kernels_lock:
         kernel = _kernels.get(norm)

@@ -90,7 +90,7 @@ def test_chunk_states_kept_in_16_bits(monkeypatch, dtype, state_dtype):
     their halved bytes): every gradient within the input dtype's bound, over several chunks with
     initial and final states."""
     cfg = bw.config_for
-    monkeypatch.setattr(bw, "config_for", lambda p, a: cfg(p, a).replace(state_dtype=state_dtype))
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(state_dtype=state_dtype))
     prob = _prob(dtype, l=200, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
                  has_initial_states=True, return_final_states=True)
     errs = _check(prob, seed=2)
@@ -271,7 +271,7 @@ def test_saved_states_give_the_recomputed_gradients(monkeypatch):
     prob = _prob("fp32", l=150, h=2, has_initial_states=True, return_final_states=True, has_dt_bias=True)
     recomputed, ref = _grads(prob, seed=13)
     cfg = bw.config_for
-    monkeypatch.setattr(bw, "config_for", lambda p, a: cfg(p, a).replace(save_states=1))
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(save_states=1))
     launched = []
     real = bw.run
     monkeypatch.setattr(bw, "run", lambda lns, m: (launched.extend(ln.stage for ln in lns), real(lns, m)))
@@ -369,7 +369,7 @@ def test_a_config_keeping_states_whose_forward_kept_none_recomputes_them(monkeyp
     prob = _prob("fp32", l=150, h=2, has_initial_states=True, return_final_states=True, has_dt_bias=True)
     recomputed, ref = _grads(prob, seed=13)
     cfg = bw.config_for
-    monkeypatch.setattr(bw, "config_for", lambda p, a: cfg(p, a).replace(save_states=1))
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(save_states=1))
     monkeypatch.setattr(bw, "forward_saving", lambda t, call: None)
     got, _ = _grads(prob, seed=13)
     for k in ref:
@@ -402,7 +402,7 @@ def test_the_reference_taken_a_slice_of_heads_at_a_time_is_the_whole_one(heads):
 def test_the_inline_mode(cb, monkeypatch):
     """cb = "inline": the dx kernel recomputes C·Bᵀ (no bmm launch)."""
     cfg = bw.config_for
-    monkeypatch.setattr(bw, "config_for", lambda p, a: cfg(p, a).replace(cb=cb, group_split=2))
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(cb=cb, group_split=2))
     prob = _prob("fp32", l=100, h=4, g=1, has_seq_idx=True, return_final_states=True)
     _check(prob, seed=14)
 
@@ -415,8 +415,8 @@ def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
     cfg = bw.config_for
     seen = []
 
-    def pick(p, a):
-        c = cfg(p, a).replace(cb="stage", cb_dtype="input")
+    def pick(p, a, d=None):
+        c = cfg(p, a, d).replace(cb="stage", cb_dtype="input")
         seen.append(c)
         return c
     monkeypatch.setattr(bw, "config_for", pick)
@@ -491,3 +491,15 @@ def test_default_config_cross_compiles(arch):
     assert not rep.reasons, rep.reasons
     assert {s.stage for s in rep.stages} == set(get_op("ssd_bwd").sequences[cfg.cb])
     assert all(not s.reasons for s in rep.stages), [s.reasons for s in rep.stages]
+
+
+def test_the_backward_asks_for_the_config_of_the_inputs_gpu(monkeypatch):
+    """The backward's config comes from the records of the GPU the inputs are on (its name, as
+    the lookup ranks a card's own measurements first): here the name faked on the CPU."""
+    from autossd.db import lookup
+    cfg = bw.config_for
+    asked = []
+    monkeypatch.setattr(lookup, "device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: asked.append(d) or cfg(p, a, d))
+    _check(_prob("fp32", l=70, h=2, p=16, n=16), seed=3)
+    assert asked and set(asked) == {"NVIDIA H200"}

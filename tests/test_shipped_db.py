@@ -94,11 +94,24 @@ def test_get_kernel_takes_the_gpus_own_records_and_one_cards_where_it_has_none(m
     """Through the public entry: the device named, or the current GPU's name when none is named;
     a GPU none of the records was measured on (or no GPU) takes the card with the most records
     throughout, never a mix chosen by which card timed faster."""
+    from dataclasses import replace
+
     from autossd import runtime
+    from autossd.db.records import make_record
+    from autossd.ops.ssd.fwd_knobs import default_config
+    autossd.clear_cache()
+    monkeypatch.setattr(runtime, "_current_device", lambda: None)   # no GPU to ask, on any host
     recs = lookup.load_records("sm90", "ssd_fwd")
     counts = {d: sum(r.device == d for r in recs) for d in DEVICES}
     most = max(DEVICES, key=lambda d: counts[d])
+    # an H800 whose user database holds one record of its own, at another shape
+    p0 = parse_shapes(["mamba2-2.7b:b=3,l=1000"], dtype)[0]
+    own = replace(make_record(p0, default_config("sm90", p0), "sm90", provenance="measured", time_ms=1.0,
+                              device="NVIDIA H800"), origin="user")
     for p in parse_shapes(BENCH, dtype):
+        for mode in ("eager", "graph"):
+            m = lookup.pick(p, recs + [own], "sm90", launch_mode=mode, device="NVIDIA H800")
+            assert m.kind == "exact" and m.record.device == most, (p, mode, m.reason)
         for mode in ("eager", "graph"):
             for device in DEVICES:
                 k = autossd.get_kernel(p, "sm90", launch_mode=mode, device=device)
@@ -106,7 +119,7 @@ def test_get_kernel_takes_the_gpus_own_records_and_one_cards_where_it_has_none(m
             for other in (None, "NVIDIA H800"):
                 k = autossd.get_kernel(p, "sm90", launch_mode=mode, device=other)
                 assert k.match.record.device == most, (p, other, mode, k.reason)
-    # no device named: the current GPU's name decides (here faked: this machine has none)
+    # no device named: the current GPU's name decides (here faked)
     autossd.clear_cache()
     monkeypatch.setattr(runtime, "_current_device", lambda: 0)
     monkeypatch.setattr(runtime, "device_name", lambda dev: "NVIDIA H200")

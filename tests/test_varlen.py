@@ -206,6 +206,7 @@ def test_a_record_near_in_size_is_picked_else_the_default(monkeypatch):
 
     class Rec:   # what load_records returns, as far as the pick reads it
         arch, op, origin, provenance, launch_mode, time_ms = "sm90", "ssd_varlen", "user", "measured", "eager", 0.1
+        device = "NVIDIA H100 80GB HBM3"
         problem, config = pr.replace(tokens=5000, chunks=82), tuned
 
     import autossd.db.lookup as lookup

@@ -52,9 +52,9 @@ Match tiers, in order
 Ranking within a tier (first difference wins; the result is deterministic, with no timing):
     fresh before stale  >  measured > static > default  >  user before shipped
     >  measured on this device (the runtime passes the GPU's name: an H200 prefers H200 records
-    to H100 ones of the same arch; a GPU none of the records was measured on, or a caller naming
-    none, prefers the device with the most measured records, so that its configs come from one
-    card)  >  the launch mode asked for  >  smaller distance  >  smaller
+    to H100 ones of the same arch; then the other cards one after another, the one with the most
+    measured records first, so that a GPU with few or none of its own, or a caller naming none,
+    takes one card's configs rather than a mix by raw time)  >  the launch mode asked for  >  smaller distance  >  smaller
     time (time_ms; for static records predicted_ms)  >  config key (text)  >  record id.
     A measurement beats a prediction wherever each is stored: a static tune on a machine without
     the GPU writes predictions into the user database, and those must not hide the shipped
@@ -354,11 +354,11 @@ def record_time(rec: Record) -> float:
 RANK_DISTANCE = 5   # where _rank's tuple holds the distance
 
 
-def _rank(rec: Record, d: float, stale: bool, launch_mode: str, device: str | None = None) -> tuple:
-    # a measurement on another device of the arch (an H100 record on an H200) ranks after one on
-    # this device; predictions name no device of their own
-    other_device = bool(device) and rec.provenance == "measured" and rec.device != device
-    return (stale, PROVENANCE_RANK[rec.provenance], ORIGIN_RANK.get(rec.origin, 2), other_device,
+def _rank(rec: Record, d: float, stale: bool, launch_mode: str, devices: dict | None = None) -> tuple:
+    # measurements rank by their device's place in `devices` (`_device_order`: this GPU's first,
+    # then one other card before the next); predictions name no device of their own
+    place = devices.get(rec.device, len(devices)) if devices and rec.provenance == "measured" else 0
+    return (stale, PROVENANCE_RANK[rec.provenance], ORIGIN_RANK.get(rec.origin, 2), place,
             rec.launch_mode != launch_mode, d, record_time(rec), rec.config.key(), rec.id or 0)
 
 
@@ -402,24 +402,26 @@ def device_name(device=None) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _name_of(index: int) -> str:
-    # a device's name does not change while a process runs; asking torch takes µs per call
+    # a device's name does not change while a process runs; asking torch takes µs per call. As
+    # a record stores it (records.device_text), so that a GPU's name matches its own records
     import torch
-    return torch.cuda.get_device_name(index)
+    from .records import device_text
+    return device_text(torch.cuda.get_device_name(index))
 
 
-def _preferred_device(records: list[Record], arch: str, op: str, device: str | None) -> str | None:
-    """The device whose measurements rank first: the caller's where any of `records` (of the
-    arch and op) was measured on it; else the device with the most measured records (ties: the
-    name first in order). Times from two GPUs do not compare, so a GPU none of the records was
-    measured on (an H800, a GH200), or a caller naming none, takes one device's configs
-    throughout rather than, shape by shape, those of whichever card timed faster."""
+def _device_order(records: list[Record], arch: str, op: str, device: str | None) -> dict[str, int]:
+    """The order in which devices' measurements rank (device -> place): the caller's first, then
+    the others by their number of measured records of the arch and op (most first; ties: by
+    name). Times from two GPUs do not compare, so a GPU with few or none of the records (an
+    H800, a GH200), or a caller naming none, takes one other card's configs wherever that card
+    has a record of the tier, rather than, shape by shape, those of whichever card timed
+    faster."""
     counts: dict[str, int] = {}
     for r in records:
         if r.arch == arch and r.op == op and r.provenance == "measured" and r.device:
             counts[r.device] = counts.get(r.device, 0) + 1
-    if not counts or (device and device in counts):
-        return device
-    return min(counts, key=lambda d: (-counts[d], d))
+    others = sorted((d for d in counts if d != device), key=lambda d: (-counts[d], d))
+    return {d: i for i, d in enumerate(([device] if device else []) + others)}
 
 
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
@@ -430,11 +432,11 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
     op: the op asked for (its records only; its default config where none applies).
     transfer: False leaves out the transfer tier (exact, nearest, else the default).
     device: the GPU's name (torch.cuda.get_device_name): its measured records rank before those
-    of another device of the arch, within each tier (`_preferred_device`: a GPU none was
-    measured on, or None, prefers one device's records throughout)."""
+    of another device of the arch, within each tier (`_device_order`: then one other card's
+    before the next's, the card with the most records first)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
-    device = _preferred_device(records, arch, op, device)
+    devices = _device_order(records, arch, op, device)
     triton_v, th = _freshness()
     soft = soft_flags(op)
     violations = get_op(op).fn("violations")
@@ -449,12 +451,12 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             continue
         stale = bool(rec.stale_reasons(triton_v, th))
         if d == 0.0 and not flags:   # exact: every field equal (FLAG_PENALTY > 0 keeps d > 0 anyway)
-            exact.append((_rank(rec, 0.0, stale, launch_mode, device), rec))
+            exact.append((_rank(rec, 0.0, stale, launch_mode, devices), rec))
         # feasibility is judged for the query's problem (its flags too), not the record's
         elif rec.provenance != "default" and not violations(rec.config, arch, problem):
             best_d = min(best_d, d)
             if d <= max_distance:
-                near.append((_rank(rec, d, stale, launch_mode, device), rec))
+                near.append((_rank(rec, d, stale, launch_mode, devices), rec))
                 differ[id(rec)] = flags
     for kind, cands in (("exact", exact), ("nearest", near)):
         if not cands:
@@ -486,7 +488,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             measured = [r for r in records if r.provenance == "measured" and not r.stale_reasons(triton_v, th)]
             moved = _transferred(problem, measured, arch, launch_mode, op, triton_v, th,
                                  f"a measurement beats a prediction: the {kind} record is {rec.provenance}, "
-                                 f"{_describe(rec)}", device) if measured else None
+                                 f"{_describe(rec)}", devices) if measured else None
             if moved is not None:
                 return moved
         return Match(kind, rec.config, d, reason, rec, bool(stale_why))
@@ -497,7 +499,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
             why += f" (records that differ in {', '.join(sorted(soft))} serve at +{FLAG_PENALTY:g} each)"
     else:
         why = f"nearest usable record at distance {best_d:.2f} > bound {max_distance:g}"
-    moved = _transferred(problem, records, arch, launch_mode, op, triton_v, th, why, device) if transfer else None
+    moved = _transferred(problem, records, arch, launch_mode, op, triton_v, th, why, devices) if transfer else None
     if moved is not None:
         return moved
     n = sum(r.arch == arch and r.op == op for r in records)
@@ -506,7 +508,7 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
 
 
 def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op: str,
-                 triton_v: str, th: str, why: str, device: str | None = None) -> Match | None:
+                 triton_v: str, th: str, why: str, devices: dict | None = None) -> Match | None:
     """The transfer tier (module docstring): the best-ranked record at a finite transfer distance
     whose config `transfer` carries over, or None."""
     cands = []
@@ -515,7 +517,7 @@ def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op
             continue
         d = _transfer_distance(problem, rec.problem)
         if d < math.inf:
-            cands.append((_rank(rec, d, bool(rec.stale_reasons(triton_v, th)), launch_mode, device), rec))
+            cands.append((_rank(rec, d, bool(rec.stale_reasons(triton_v, th)), launch_mode, devices), rec))
     cands.sort(key=lambda c: c[0])
     for rank, rec in cands:
         cfg = transfer(rec.config, arch, problem, op, rec.problem)

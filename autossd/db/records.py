@@ -50,6 +50,14 @@ log = logging.getLogger("autossd.db")
 MEASURED_CEILINGS = {"sm90": (3000.0, 738.0)}  # GB/s, TFLOP/s
 
 _SAFE_TEXT = r"[A-Za-z0-9 ._:/+@%,=-]"
+_UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9 ._:/+@%,=-]")
+
+
+def device_text(name: str) -> str:
+    """A GPU's name as a record stores it: characters outside the stored set replaced by '-', at
+    most 128 characters (what the tuner writes, and what the lookup compares with)."""
+    return _UNSAFE_CHAR.sub("-", name)[:128]
+
 TEXT_PATTERNS = {
     "op": re.compile(r"[a-z][a-z0-9_]{0,15}"),
     "dtype": re.compile(r"[A-Za-z0-9_]{0,16}"),

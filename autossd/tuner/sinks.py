@@ -215,13 +215,14 @@ class DbSink:
                                                         ("template_hash", "template_hash"),
                                                         ("created_at", "date"), ("host", "host"))
                     if record.get(src)}
+        from ..db.records import device_text
         from ..ops.registry import get_op
         op = get_op(record.get("op", OP))
         return self.layer.make_record(
             op.problem_type(**record["problem"]), op.config(record["config"]), record["arch"],
             op=op.name, provenance=record["provenance"], time_ms=None if static else record["time_ms"],
             predicted_ms=record["time_ms"] if static else None,
-            device=_UNSAFE.sub("-", record.get("device", ""))[:128],
+            device=device_text(record.get("device") or ""),
             launch_mode=mode_of(record),
             notes=_UNSAFE.sub("-", notes)[:256], made=made)
 

@@ -288,10 +288,11 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
 _SIZE = ("tokens", "seqs", "chunks")
 
 
-def choose(problem: VarlenProblem, arch: str, db=None):
+def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None):
     """(config, why): a record of the tuning databases for the same dimensions, dtypes and flags
-    (user first, then shipped; measured before static), the one nearest in log2 tokens and
-    sequences, else the arch default. Packed batches change length every call, so an exact match
+    (user first, then shipped; measured before static; measured on `device`, a GPU's name, before
+    another card's, then one card's before the next's, as the shared lookup orders them), the one
+    nearest in log2 tokens and sequences, else the arch default. Packed batches change length every call, so an exact match
     on the token count would almost never hit."""
     import math
     recs = []
@@ -310,7 +311,11 @@ def choose(problem: VarlenProblem, arch: str, db=None):
             and {k: v for k, v in r.problem.key().items() if k not in _SIZE} == same
             and not violations(fit(r.config, problem), arch, problem)]
     if hits:
-        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3), round(dist(r), 3),
+        from ...db.lookup import _device_order
+        order = _device_order(recs, arch, "ssd_varlen", device)
+        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3),
+                                 order.get(r.device, len(order)) if r.provenance == "measured" else 0,
+                                 round(dist(r), 3),
                                  r.launch_mode != "eager", r.time_ms if r.time_ms is not None else float("inf"),
                                  r.config.key()))
         r = hits[0]
@@ -332,12 +337,13 @@ def clear_cache() -> None:
 
 def _config_for(problem: VarlenProblem, device) -> tuple[VarlenConfig, str, str]:
     from ...arch import get_arch
+    from ...db.lookup import device_name
     from ...runtime import arch_of_device
     arch = arch_of_device(device)
-    key = (problem, arch)
+    key = (problem, arch, device)
     hit = _choices.get(key)
     if hit is None:
-        config, why = choose(problem, arch)
+        config, why = choose(problem, arch, device=device_name(device))
         hit = (config, why, get_arch(arch).backend)
         with _lock:
             if len(_choices) >= CHOICES_MAX:
