@@ -312,10 +312,10 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
     process: a warm call is one dict lookup (plus which device is current: a process with GPUs
     of two archs gets each one's kernel). After changing AUTOSSD_DB or AUTOSSD_ARCH in a running
     process, call autossd.clear_cache()."""
+    if isinstance(device, str) and device.startswith("cuda"):
+        device = torch.device(device)
     if isinstance(device, torch.device):   # a torch.device or "cuda:N": its index
         device = device.index if device.type == "cuda" else None
-    elif isinstance(device, str) and device.startswith("cuda"):
-        device = torch.device(device).index
     dev = _current_device() if device is None else device
     try:
         return _kernels[(problem_or_shape, arch, db, launch_mode, dev)]

@@ -355,7 +355,7 @@ RANK_DISTANCE = 5   # where _rank's tuple holds the distance
 
 
 def _rank(rec: Record, d: float, stale: bool, launch_mode: str, devices: dict | None = None) -> tuple:
-    # measurements rank by their device's place in `devices` (`_device_order`: this GPU's first,
+    # measurements rank by their device's place in `devices` (`device_order`: this GPU's first,
     # then one other card before the next); predictions name no device of their own
     place = devices.get(rec.device, len(devices)) if devices and rec.provenance == "measured" else 0
     return (stale, PROVENANCE_RANK[rec.provenance], ORIGIN_RANK.get(rec.origin, 2), place,
@@ -409,7 +409,7 @@ def _name_of(index: int) -> str:
     return device_text(torch.cuda.get_device_name(index))
 
 
-def _device_order(records: list[Record], arch: str, op: str, device: str | None) -> dict[str, int]:
+def device_order(records: list[Record], arch: str, op: str, device: str | None) -> dict[str, int]:
     """The order in which devices' measurements rank (device -> place): the caller's first, then
     the others by their number of measured records of the arch and op (most first; ties: by
     name). Times from two GPUs do not compare, so a GPU with few or none of the records (an
@@ -432,11 +432,11 @@ def pick(problem: Problem, records: list[Record], arch: str, max_distance: float
     op: the op asked for (its records only; its default config where none applies).
     transfer: False leaves out the transfer tier (exact, nearest, else the default).
     device: the GPU's name (torch.cuda.get_device_name): its measured records rank before those
-    of another device of the arch, within each tier (`_device_order`: then one other card's
+    of another device of the arch, within each tier (`device_order`: then one other card's
     before the next's, the card with the most records first)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
-    devices = _device_order(records, arch, op, device)
+    devices = device_order(records, arch, op, device)
     triton_v, th = _freshness()
     soft = soft_flags(op)
     violations = get_op(op).fn("violations")

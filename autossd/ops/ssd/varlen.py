@@ -311,8 +311,8 @@ def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None
             and {k: v for k, v in r.problem.key().items() if k not in _SIZE} == same
             and not violations(fit(r.config, problem), arch, problem)]
     if hits:
-        from ...db.lookup import _device_order
-        order = _device_order(recs, arch, "ssd_varlen", device)
+        from ...db.lookup import device_order
+        order = device_order(recs, arch, "ssd_varlen", device)
         hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3),
                                  order.get(r.device, len(order)) if r.provenance == "measured" else 0,
                                  round(dist(r), 3),
