@@ -3,6 +3,7 @@ Mamba-2's training call (D, z, dt_bias, softplus, chunk 256): which stage the ti
 
     python experiments/profile_bwd.py [--shape mamba2-2.7b:8x2048] [--dtype bf16] [--set dx_block_m=32 ...]
     python experiments/profile_bwd.py --no-peer --sweep "dx_block_n=32; dcb_block_k=64 dcb_warps=8"
+    python experiments/profile_bwd.py --no-peer --base record --sweep "; dx_heads=2; dcb_heads=2"
 
 --sweep: several override sets (';' between sets), each profiled in turn in the same process,
 with the stages matching --stages shown.
@@ -41,6 +42,8 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--set", nargs="*", default=[], help="ssd_bwd knob=value overrides of the config used")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--base", choices=("default", "record"), default="default",
+                    help="what --set / --sweep override: the arch default or the stored record's config")
     ap.add_argument("--sweep", default="", help="override sets separated by ';'")
     ap.add_argument("--check", default="", help="dtypes: scripts/bench_bwd.py's gradient check with --set applied")
     ap.add_argument("--stages", default="dx,dcb,ssd_bwd_db,ssd_bwd_dc,chunk_state,dstates,state_passing",
@@ -52,7 +55,13 @@ def main():
     prob = bb._shape(a.shape, a.dtype)
     from autossd.ops.ssd.bwd_knobs import KNOB_BY_NAME, default_config
     from autossd.runtime import arch_of_device
-    base = default_config(arch_of_device(torch.device("cuda")), prob)
+    arch = arch_of_device(torch.device("cuda"))
+    if a.base == "record":   # what the drop-in runs at this shape on this GPU: the lookup's pick
+        from autossd.db.lookup import device_name
+        base = bw.config_for(prob, arch, device_name(torch.device("cuda")))
+    else:
+        base = default_config(arch, prob)
+    print("base config:", a.base, base.key())
 
     def config_of(sets):
         kv = {}
@@ -62,12 +71,17 @@ def main():
         return base.replace(**kv)
     if a.set:
         cfg = config_of(a.set)
-        bw.config_for = lambda p, ar, _c=cfg: _c
+        bw.config_for = lambda p, ar, d=None, _c=cfg: _c
         print("config:", cfg.as_dict())
         if a.check:
             # bench_bwd's checks run each at its own shape: the overrides on that shape's default
-            bw.config_for = lambda p, ar: default_config(ar, p).replace(**{k: cfg[k] for k in
-                                                                            (x.split("=")[0] for x in a.set)})
+            from autossd.db.lookup import transfer
+            over = {k: cfg[k] for k in (x.split("=")[0] for x in a.set)}
+
+            def at_shape(p, ar, d=None):   # knobs a shape cannot take are set back, as the lookup does
+                c = default_config(ar, p).replace(**over)
+                return transfer(c, ar, p, op="ssd_bwd") or default_config(ar, p)
+            bw.config_for = at_shape
             return bb.check(a.check.split(","))
     t = make_inputs(prob, "cuda", seed=0)
     for k in bb.GRAD:
@@ -79,7 +93,7 @@ def main():
         show = a.stages.split(",")
         for spec in [x.split() for x in a.sweep.split(";")]:
             cfg = config_of(spec)
-            bw.config_for = lambda p, ar, _c=cfg: _c
+            bw.config_for = lambda p, ar, d=None, _c=cfg: _c
             try:
                 total, rows = profile(None, step)
             except Exception as e:   # noqa: BLE001 - a set that does not compile or fit
