@@ -269,13 +269,21 @@ def test_two_workers_share_each_study_and_budget_across_shapes(env, monkeypatch)
     trial (workers started per shape made four). The workers also finish the shapes (summary
     and re-timing): the parent makes a runner only to seed each study, none after. And the tune
     ends: each worker, with a compile pool of its own, shuts it down (a multiprocessing child
-    joins its live children on its way out, and the pool's workers wait for work forever)."""
+    joins its live children on its way out, and the pool's workers wait for work forever). Each
+    shape is stored as it is finished, not after the last one."""
     import optuna
     from autossd.tuner import api
     from autossd.tuner.storage import open_storage
+    import multiprocessing
     made = []
     real = api.make_runner
     monkeypatch.setattr(api, "make_runner", lambda *a, **kw: made.append(a[2]) or real(*a, **kw))
+    # each shape's record stored as its result arrives (a tune stopped at a time limit keeps the
+    # shapes it finished): the first store happens while a worker is still on the other shape
+    alive_at_store = []
+    save = api.save_best
+    monkeypatch.setattr(api, "save_best", lambda *a, **kw: alive_at_store.append(
+        len(multiprocessing.active_children())) or save(*a, **kw))
     other = "b=2,l=256,h=4,p=32,n=32,g=1"
     # a compile worker in each: a worker process must shut its compile pool down to end
     r = invoke("tune", "--arch", "sm80", "--shapes", f"{SHAPE};{other}", "--trials", 4, "--workers", 2,
@@ -287,6 +295,7 @@ def test_two_workers_share_each_study_and_budget_across_shapes(env, monkeypatch)
         assert 4 <= int(row[2]) + int(row[3]) <= 5     # one shared budget (a last concurrent one may land)
     assert len(json.loads(invoke("show", "--db", env / "w.jsonl", "--json").output)) == 2
     assert len(made) == 2, made   # the seeding of each study; the workers finished both
+    assert len(alive_at_store) == 2 and alive_at_store[0] >= 1, alive_at_store
     storage = open_storage(str(env / "w.journal"))
     pids = set()
     for s in optuna.get_all_study_summaries(storage):
