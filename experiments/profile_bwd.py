@@ -3,7 +3,7 @@ Mamba-2's training call (D, z, dt_bias, softplus, chunk 256): which stage the ti
 
     python experiments/profile_bwd.py [--shape mamba2-2.7b:8x2048] [--dtype bf16] [--set dx_block_m=32 ...]
     python experiments/profile_bwd.py --no-peer --sweep "dx_block_n=32; dcb_block_k=64 dcb_warps=8"
-    python experiments/profile_bwd.py --no-peer --base record --sweep "; dx_heads=2; dcb_heads=2"
+    python experiments/profile_bwd.py --no-peer --base record --sweep "; cb=stage cb_dtype=input"
 
 --sweep: several override sets (';' between sets), each profiled in turn in the same process,
 with the stages matching --stages shown.

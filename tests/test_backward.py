@@ -407,44 +407,6 @@ def test_the_inline_mode(cb, monkeypatch):
     _check(prob, seed=14)
 
 
-@pytest.mark.parametrize("dtype,cb,heads,split", [("fp32", "inline", 2, 1), ("bf16", "inline", 4, 1),
-                                                  ("fp16", "stage", 2, 2)])
-def test_programs_of_several_heads(dtype, cb, heads, split, monkeypatch):
-    """dx_heads / dcb_heads > 1: a dx program takes several heads of one group (sharing B, C and
-    C·Bᵀ), the dCB loop several heads a step; every gradient within the dtype's bound, with two
-    groups, seq_idx, a ragged chunk, D per headdim and z."""
-    cfg = bw.config_for
-    seen = []
-
-    def pick(p, a, d=None):
-        c = cfg(p, a, d).replace(cb=cb, dx_heads=heads, dcb_heads=heads // split, group_split=split)
-        seen.append(c)
-        return c
-    monkeypatch.setattr(bw, "config_for", pick)
-    prob = _prob(dtype, l=150, h=2 * heads, p=16, n=32, g=2, has_D=True, D_has_hdim=True, has_z=True,
-                 has_dt_bias=True, dt_softplus=True, has_seq_idx=True, return_final_states=True)
-    _check(prob, seed=18)
-    assert seen and all(c.dx_heads == heads and c.dcb_heads * c.group_split == heads for c in seen)
-
-
-def test_the_heads_knobs_must_divide_a_groups_heads(monkeypatch):
-    prob = Problem(2, 512, 6, 64, 128, 2, "bf16", chunk_size=256)   # 3 heads per group
-    cfg = default_config("sm90", prob)
-    assert any("dx_heads" in w for w in violations(cfg.replace(dx_heads=2), "sm90", prob))
-    assert not violations(cfg.replace(dx_heads=2), "sm90", Problem(2, 512, 8, 64, 128, 2, "bf16", chunk_size=256))
-    # a record's dx_heads carried to a problem it does not divide is set back, not run
-    from autossd.db.lookup import transfer
-    assert any("dcb_heads" in w for w in violations(cfg.replace(dcb_heads=2, group_split=1), "sm90", prob))
-    moved = transfer(cfg.replace(dx_heads=4, dcb_heads=2), "sm90", prob, op="ssd_bwd")
-    assert moved is not None and moved.dx_heads == 1 and moved.dcb_heads == 1
-    # a config given straight to the backward is refused with the knob named, not run on a
-    # grid that would leave heads unwritten
-    cfg_for = bw.config_for
-    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg_for(p, a, d).replace(dx_heads=2))
-    with pytest.raises(ValueError, match="dx_heads=2"):
-        _grads(_prob("fp32", l=64, h=6, g=2))
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
     """cb = "stage" with cb_dtype = "input": the bmm stage stores C·Bᵀ rounded to the inputs'

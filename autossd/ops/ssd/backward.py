@@ -149,11 +149,6 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
     hpg = h // g
-    if hpg % config.dx_heads:   # a dx program's heads must lie in one group (the lookup sets it back)
-        raise ValueError(f"config: dx_heads={config.dx_heads} does not divide the {hpg} heads per group")
-    if config.dcb_heads > 1 and hpg % (config.group_split * config.dcb_heads):
-        raise ValueError(f"config: dcb_heads={config.dcb_heads} x group_split={config.group_split} does not divide "
-                         f"the {hpg} heads per group")
     opts = launch_options(config, backend)
     x, dt, A, B, C = t["x"], t["dt"], t["A"], t["B"], t["C"]
     D, z, bias, init, seq = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx")
@@ -229,8 +224,7 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
         s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
     g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
     out.append(Launch("dx", "ssd_bwd_dx",
-                      (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * (h // config.dx_heads),
-                       nc, b),
+                      (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
                       dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
                            seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
                            dD_ptr=buf.dDp,

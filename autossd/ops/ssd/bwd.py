@@ -76,11 +76,10 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
                          (config.state_block_m, config.state_block_n, config.state_block_k), config.state_stages))
     out.append(StageCost("state_passing_rev", b * h * _cdiv(p * n, config.pass_block), 2 * st * 4 + st * s, 0.0, 0.0,
                          chain=nc))
-    # inline, C·Bᵀ is made once per program, for its dx_heads heads
-    inline = b * nc * (h // config.dx_heads) * mm(q, n, q) / 2 if config.cb == "inline" else 0.0
+    inline = b * nc * h * mm(q, n, q) / 2 if config.cb == "inline" else 0.0
     # the dx state product runs twice at 16-bit inputs (the state gradient split in two halves)
     split = 1 if problem.dtype == "fp32" else config.dx_g_split
-    out.append(StageCost("dx", nc * b * (h // config.dx_heads) * _cdiv(q, config.dx_block_m) * _cdiv(p, config.dx_block_n),
+    out.append(StageCost("dx", nc * b * h * _cdiv(q, config.dx_block_m) * _cdiv(p, config.dx_block_n),
                          2 * x + bc + st * 4, 0.0,
                          b * nc * h * (split * mm(q, n, p) + mm(q, q, p) / 2) + inline,
                          (config.dx_block_m, config.dx_block_n, config.dx_block_k), config.dx_stages))

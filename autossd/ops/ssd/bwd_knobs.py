@@ -53,9 +53,6 @@ KNOBS: tuple[Knob, ...] = (
     # tuner's gate, which holds every gradient to its bound, passed one operand at each training
     # shape, worst 2.9e-3 in bf16 as with two, and the shipped sm90 records use it)
     Knob("dx_g_split", (1, 2), 2, "16-bit operands G is carried in, in dx's state product", "dx"),
-    # heads of one group per dx program: the B and C tiles, and inline the C·Bᵀ products, are
-    # loaded and made once for all of them, at one more (rows x headdim) fp32 accumulator each
-    Knob("dx_heads", (1, 2, 4), 1, "heads of one group per dx program, sharing B, C and C·Bᵀ", "dx"),
     Knob("dx_warps", (2, 4, 8), 4, "num_warps", "dx"),
     Knob("dx_stages", (1, 2, 3), 2, "num_stages", "dx"),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
@@ -64,9 +61,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dcb_block_m", TILES, 64, "rows (time t) per dCB program", "dcb"),
     Knob("dcb_block_k", TILES, 32, "columns (time s) per dCB program", "dcb"),
     Knob("dcb_warps", (2, 4, 8), 4, "num_warps of the dCB stage", "dcb"),
-    # heads a step of the dCB loop: their (dy·xᵀ) products are issued together, before any of
-    # their elementwise work (one head's product can run while another's result is consumed)
-    Knob("dcb_heads", (1, 2, 4), 1, "heads a step of the dCB stage's loop over a group's heads", "dcb"),
     # the dCB stage's loop over heads holds no accumulator of dB's or dC's size, so it has the
     # registers for the next heads' tiles in flight (H200, mamba2-2.7b 8 x 2048 bf16: dCB 641
     # us at one stage, 608 at two, 536 at three)
@@ -132,11 +126,6 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
         r = problem.nheads // problem.ngroups
         if config.group_split > r:
             why.append(f"group_split={config.group_split} exceeds the heads per group ({r})")
-        if config.dcb_heads > 1 and r % (config.group_split * config.dcb_heads):
-            why.append(f"dcb_heads={config.dcb_heads} x group_split={config.group_split} does not divide "
-                       f"the heads per group ({r})")
-        if r % config.dx_heads:
-            why.append(f"dx_heads={config.dx_heads} does not divide the heads per group ({r})")
     return why
 
 
