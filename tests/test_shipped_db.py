@@ -70,6 +70,29 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
 
 
 
+# the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tune finished (three
+# candidates each: the default, the stored records' pick, the first seed family); the others
+# are served by the lookup's transfer tier until the tune is resumed
+SM90_GRID_MEASURED = 200
+
+
+def test_sm90_grid_records_are_fresh_measurements_each_found_exactly_on_its_gpu():
+    recs = read_records(str(lookup.shipped_db_path("sm90")), "sm90", "ssd_fwd", immutable=True)
+    h200 = {(r.problem, r.launch_mode): r for r in recs if r.device == "NVIDIA H200"}
+    shapes = [p for p in grid() if (p, "graph") in h200 and (p, "eager") in h200]
+    assert len(shapes) >= SM90_GRID_MEASURED, len(shapes)
+    assert {p.dtype for p in shapes} == {"fp16", "bf16"}
+    now = lookup._freshness()
+    for (p, mode), r in h200.items():
+        assert r.provenance == "measured" and r.time_ms > 0 and not r.stale_reasons(*now), (p, mode)
+    for p in shapes:
+        for mode in ("eager", "graph"):
+            k = autossd.get_kernel(p, "sm90", launch_mode=mode, device="NVIDIA H200")
+            rec = k.match.record
+            assert k.source == "exact" and rec.device == "NVIDIA H200" and rec.problem == p, (p, mode, k.reason)
+            assert rec.config == h200[(p, mode)].config, (p, mode)
+
+
 # the benchmark's forward shapes, measured on both sm90 GPUs (the H200 at 5 of 7 in fp16)
 BENCH = ["mamba2-2.7b:b=8,l=2048", "mamba2-2.7b:b=4,l=16384", "mamba2-2.7b:b=1,l=131072",
          "codestral-7b:b=1,l=131072", "mamba2-130m:b=1,l=131072"]
