@@ -36,3 +36,14 @@ def no_shipped_db(monkeypatch):
     lookup.clear_cache()
     yield
     lookup.clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def _no_eval_worker_outlives_its_test():
+    """The tuner keeps its evaluation subprocess across the shapes of a tune; a test's (spawned
+    with that test's environment) ends with the test."""
+    yield
+    import sys
+    measured = sys.modules.get("autossd.tuner.runners.measured")
+    if measured is not None:
+        measured.close_eval_workers()

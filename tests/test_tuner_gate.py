@@ -257,3 +257,68 @@ def test_the_backward_gate_checks_every_gradient_at_the_gradient_bound(interpret
     assert not res.ok and res.why.startswith("A: ") and "relative L2 error" in res.why, res.why
     res = check(prob, cfg, t, ref, lambda p, c, tt: {k: v for k, v in default_run(p, c, tt).items() if k != "dt_bias"})
     assert not res.ok and "expected" in res.why
+
+
+def test_a_reference_of_a_subset_of_heads_judges_a_large_problem(interpret, monkeypatch):
+    """Past REF_WORK the float64 reference covers the first and last head of every group: it is
+    the full reference at those heads; a correct candidate passes, one wrong in a covered head
+    fails, and a non-finite value in a head it does not cover still fails (the whole output is
+    checked for that)."""
+    from autossd.ops.ssd import fwd
+    prob = Problem(2, 96, 8, 16, 16, 2, "fp16", has_D=True, D_has_hdim=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True, has_initial_states=True, return_final_states=True)
+    cfg = default_config("sm90", prob).replace(chunk_size=64)
+    t = make_inputs(prob, "cpu")
+    assert fwd.reference_heads(prob) is None   # small: every head
+    full = reference(prob, t)
+    monkeypatch.setattr(fwd, "REF_WORK", 0)
+    assert fwd.reference_heads(prob) == [0, 3, 4, 7]
+    y_ref, final_ref, heads = ref = reference(prob, t)
+    assert heads == [0, 3, 4, 7] and y_ref.shape[2] == 4 and final_ref.shape[1] == 4
+    assert torch.allclose(y_ref, full[0][:, :, heads]) and torch.allclose(final_ref, full[1][:, heads])
+    assert check(prob, cfg, t, ref).ok
+    assert not check(prob, cfg, t, ref, _perturbed(lambda o: (_one_element(o[0]), o[1]))).ok   # head 0
+
+    def nan_in_head_1(p, c, tt):
+        y, s = default_run(p, c, tt)
+        y = y.clone()
+        y[0, 5, 1, 2] = float("nan")
+        return y, s
+    res = check(prob, cfg, t, ref, nan_in_head_1)
+    assert not res.ok and "all of it checked" in res.why
+
+
+def test_the_gate_runs_a_candidate_into_nan_filled_buffers(interpret, monkeypatch):
+    """An element no kernel writes stays NaN in the gate's run and fails it, instead of holding
+    whatever the memory held (an earlier candidate's right answer, in a reused buffer)."""
+    from autossd.ops.ssd import chunk
+    from autossd.tuner.gate import poisoned_run
+    cfg, prob = default_config("sm90", TINY).replace(chunk_size=64), TINY
+    t = make_inputs(prob, "cpu")
+    ref = reference(prob, t)
+    monkeypatch.setattr(chunk, "plan", lambda *a, **kw: [])   # kernels that write nothing
+    assert torch.isnan(poisoned_run(prob, cfg, t)).all()
+    res = check(prob, cfg, t, ref)
+    assert not res.ok and "non-finite" in res.why
+
+
+def test_one_evaluation_process_serves_the_shapes_of_a_tune(interpret):
+    """Each shape's runner points the kept evaluation process at its own problem (its inputs and
+    reference rebuilt there) instead of starting a process per shape; a candidate is judged
+    against its own shape's reference (a process left on the other shape would fail it on the
+    output's shape), and after the process is killed a fresh one starts on the current shape."""
+    other = TINY.replace(batch=2, seqlen=96)
+    cfg = default_config("sm90", TINY).replace(chunk_size=64)
+    pids, outs = [], []
+    for prob in (TINY, other, TINY):
+        runner = MeasuredRunner("sm90", prob, device="cpu", compile_workers=0, timeout=60.0, precompile=False)
+        outs.append(runner.evaluate(cfg, None))
+        pids.append(runner.worker.proc.pid)
+        runner.close()
+    assert all(o.ok for o in outs), [o.why for o in outs]
+    assert len(set(pids)) == 1, pids
+    runner.worker.kill()
+    runner = MeasuredRunner("sm90", other, device="cpu", compile_workers=0, timeout=60.0, precompile=False)
+    out = runner.evaluate(cfg, None)
+    assert out.ok, out.why
+    assert runner.worker.proc.pid != pids[0] and runner.worker.loaded == other

@@ -62,6 +62,7 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu   # before anything touches CUDA in this process
     from .runners.base import close_pools
+    from .runners.measured import close_eval_workers
     st = Settings(**{**settings, "worker": index})
     kind = get_op(st.op).problem_type   # the problem type of the op tuned
     try:
@@ -86,6 +87,7 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
         # this process ends by joining its live children: the shared compile pool's workers
         # (never shut down by atexit in a multiprocessing child) would keep it, and so the
         # tune, waiting forever (2 GPUs, measured: hung after the last trial)
+        close_eval_workers()
         close_pools()
 
 
@@ -193,4 +195,6 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                 results.append(result)
             finally:
                 runner.close()
+    from .runners.measured import close_eval_workers
+    close_eval_workers()   # its inputs and reference hold GPU memory: not kept past the tune
     return results

@@ -62,9 +62,17 @@ def reference(problem: Problem, t: dict, op: str = "ssd_fwd"):
     return get_op(op).fn("tune_reference")(problem, t)
 
 
-def default_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"):
-    """The generated kernels of `config` on `t` (its op's `tune_run`)."""
-    return get_op(config.op).fn("tune_run")(problem, config, t, backend)
+def default_run(problem: Problem, config: Config, t: dict, backend: str = "cuda", poison: bool = False):
+    """The generated kernels of `config` on `t` (its op's `tune_run`); poison: its outputs and
+    intermediates in fresh NaN-filled buffers (what the gate runs)."""
+    return get_op(config.op).fn("tune_run")(problem, config, t, backend, poison=poison)
+
+
+def poisoned_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"):
+    """The gate's run of a candidate: an element its kernels never write is NaN, so it fails the
+    finiteness check even where no reference covers it, and never passes by holding an earlier
+    candidate's right answer left in reused memory."""
+    return default_run(problem, config, t, backend, poison=True)
 
 
 def compare(out, ref, dtype: str, state_dtype: str = "fp32", tol: float | None = None) -> GateResult:
@@ -89,25 +97,35 @@ def compare(out, ref, dtype: str, state_dtype: str = "fp32", tol: float | None =
     return GateResult(not why, max_err, rel_l2, "; ".join(why))
 
 
-def check(problem: Problem, config: Config, t: dict, ref, run: Runner = default_run) -> GateResult:
+def check(problem: Problem, config: Config, t: dict, ref, run: Runner = poisoned_run) -> GateResult:
     """Run the candidate once and compare with `ref` (from `reference`). An exception in the
-    candidate is a failed gate, not a crash of the tuner."""
+    candidate is a failed gate, not a crash of the tuner. A reference may cover the leading rows
+    of the batch and a subset of the heads (ssd_fwd's reference_rows / reference_heads, for
+    large problems): those are compared, and every element of the outputs must be finite."""
     try:
         out = run(problem, config, t)
     except Exception as e:  # a candidate's error is a verdict on the candidate
         return GateResult(False, float("inf"), float("inf"), f"{type(e).__name__}: {e}")
     if isinstance(ref, dict):
         return _check_named(problem, out, ref)
-    y_ref, final_ref = ref
+    y_ref, final_ref, heads = ref if len(ref) == 3 else (*ref, None)
     y = out[0] if isinstance(out, tuple) else out
     state_dtype = getattr(problem, "state_dtype", "fp32")
+    final = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+    for name, v in (("output", y), ("states", final)):
+        if isinstance(v, torch.Tensor) and not bool(torch.isfinite(v).all()):
+            return GateResult(False, float("inf"), float("inf"), f"non-finite values in the {name} (all of it checked)")
+    if heads is not None:   # y (b, l, h, p), final (b, h, p, n): the heads the reference covers
+        hs = torch.tensor(heads, device=y.device)
+        y = y.index_select(2, hs)
+        final = final.index_select(1, hs) if final is not None else None
     # a reference of a large batch may cover only its leading sequences (ssd_fwd reference_rows)
     rows = y_ref.shape[0] if y.dim() == y_ref.dim() and y.shape[1:] == y_ref.shape[1:] else None
     res = compare(y[:rows], y_ref, problem.dtype, state_dtype)
     if res.ok and final_ref is not None:
-        if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
+        if final is None:
             return GateResult(False, float("inf"), float("inf"), "the second output (states) is missing")
-        fin = compare(out[1][:rows], final_ref, problem.dtype, state_dtype)
+        fin = compare(final[:rows], final_ref, problem.dtype, state_dtype)
         if not fin.ok:
             return GateResult(False, fin.max_err, fin.rel_l2, f"states: {fin.why}")
     return res

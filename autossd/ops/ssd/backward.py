@@ -81,14 +81,17 @@ class BwdBuffers:
 
 
 def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: Saved | None,
-             dy=None, dz=None) -> BwdBuffers:
+             dy=None, dz=None, poison: bool = False) -> BwdBuffers:
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
     x, z, dt = t["x"], t.get("z"), t["dt"]
     dev = x.device
     f32 = torch.float32
-    e = lambda *s, dtype=f32: torch.empty(*s, dtype=dtype, device=dev)  # noqa: E731
+    # poison (the tuner's gate): what the kernels write whole starts NaN, so an element they miss
+    # shows up in its gradient
+    e = ((lambda *s, dtype=f32: torch.full(s, float("nan"), dtype=dtype, device=dev)) if poison  # noqa: E731
+         else (lambda *s, dtype=f32: torch.empty(*s, dtype=dtype, device=dev)))
     # the partial sums reduced after the kernels (over tiles, heads or positions) start at zero:
     # a tile or position a short chunk leaves unwritten must add nothing, and the GPU's caching
     # allocator hands back memory holding whatever it held (an H200 gave dA off by 1e292 at
@@ -102,8 +105,7 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         states, dtb, dAb = saved.states, saved.dt, saved.dA
     return BwdBuffers(
         dy=dy if dy is not None else e(b, l, h, p, dtype=x.dtype) if z is not None else dout,
-        dz=dz if dz is not None else (torch.empty_like(z, memory_format=torch.contiguous_format)
-                                      if z is not None and "z" in need else None),
+        dz=dz if dz is not None else (e(*z.shape, dtype=z.dtype) if z is not None and "z" in need else None),
         dt=dtb, dA=dAb, states=states,
         cb=(e(b, nc, g, q, q, dtype=f32 if config.cb_dtype == "fp32" or x.dtype == f32
               else torch.promote_types(t["B"].dtype, t["C"].dtype))
@@ -290,7 +292,7 @@ def run(launches: list[Launch], module) -> None:
 
 def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(GRAD_NAMES),
             dt_limit=(0.0, float("inf")), saved: Saved | None = None, backend: str = "cuda",
-            module=None, drop_y_pre: bool = False) -> dict:
+            module=None, drop_y_pre: bool = False, poison: bool = False) -> dict:
     """The gradients named in `need` (a dict name -> tensor, in each input's dtype) from the
     gradient wrt y (`dout`) and wrt the final states (`dfinal`, or None). t: the forward's inputs
     by name, and "y_pre", the ungated output, where z is given and its gradient needed.
@@ -314,7 +316,7 @@ def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(
         dz = torch.empty_like(t["z"], memory_format=torch.contiguous_format) if "z" in need else None
         run([gate_launch(prob, t, dout, dy, dz, launch_options(config, backend))], module)
         del t["y_pre"]
-    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz)
+    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz, poison)
     run(plan(prob, config, t, buf, backend, dt_limit, dout, dfinal, saved is not None, dy is not None), module)
     out = {}
     if "x" in need:

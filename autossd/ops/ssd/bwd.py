@@ -139,14 +139,15 @@ def tune_reference(problem: Problem, t: dict):
     return {k: v.float() for k, v in ref.items() if t.get(k) is not None}
 
 
-def tune_run(problem: Problem, config: BwdConfig, t: dict, backend: str = "cuda"):
+def tune_run(problem: Problem, config: BwdConfig, t: dict, backend: str = "cuda", poison: bool = False):
     """The generated backward of `config` on `t`: every gradient tune_reference holds, by name
-    (what a training step asks for; the timed call too)."""
+    (what a training step asks for; the timed call too). poison: the buffers the kernels write
+    whole start NaN-filled (the gate's run)."""
     from ...testing import call_kwargs
     from .backward import GRAD_NAMES, execute
     kw = call_kwargs(problem, t)
     return execute(problem, config, t, t["dout"], t["dfinal"], need={k for k in GRAD_NAMES if t.get(k) is not None},
-                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend)
+                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, poison=poison)
 
 
 def meta_launches(problem: Problem, config: BwdConfig, backend: str) -> list:

@@ -408,11 +408,14 @@ def tune_reference(problem: DecodeProblem, t: dict):
                             problem.dt_softplus)
 
 
-def tune_run(problem: DecodeProblem, config: DecodeConfig, t: dict, backend: str = "cuda"):
-    """The generated kernel of `config` on a copy of the state: (out, new state)."""
+def tune_run(problem: DecodeProblem, config: DecodeConfig, t: dict, backend: str = "cuda", poison: bool = False):
+    """The generated kernel of `config` on a copy of the state: (out, new state). poison: the
+    output written into a NaN-filled buffer (the gate's run)."""
+    import torch
     state = t["state"].clone()
+    out = torch.full_like(t["x"], float("nan")) if poison else None
     out = selective_state_update(state, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
-                                 problem.dt_softplus, config=config)
+                                 problem.dt_softplus, config=config, out=out)
     return out, state
 
 

@@ -91,6 +91,23 @@ def meta_launches(problem: Problem, config: Config, backend: str) -> list:
 # float64 bytes the gate's reference may hold in chunk states (its own, and each chunk's entering
 # one): a grid shape of 64 x 8192 tokens of 256 heads would need 68 GB of them for every sequence
 REF_STATE_BYTES = 4 << 30
+# float64 multiply-adds (tokens x heads x headdim x dstate) past which the reference covers a
+# subset of the heads: the reference of the whole grid shape took 20-44 s of each large study's
+# first evaluation on an H200 (524288 tokens, 48-112 heads), 88% of a measured grid tune's
+# evaluation time, where a candidate's own check and timing take about a second
+REF_WORK = 1 << 32
+
+
+def reference_heads(problem: Problem) -> list[int] | None:
+    """The heads the gate's float64 reference covers: None for all of them, else the first and
+    the last head of every group, in order (heads are computed independently, so the reference of
+    a subset is exact for those heads; the group of each is kept, with two heads a group, or one
+    where a group has one). Past REF_WORK only."""
+    work = problem.batch * problem.seqlen * problem.nheads * problem.headdim * problem.dstate
+    r = problem.nheads // problem.ngroups
+    if work <= REF_WORK or r <= 2:
+        return None
+    return [h for g in range(problem.ngroups) for h in (g * r, g * r + r - 1)]
 
 
 def reference_rows(problem: Problem) -> int:
@@ -98,36 +115,52 @@ def reference_rows(problem: Problem) -> int:
     their chunk states would pass REF_STATE_BYTES (then as many as fit, at least one). A config's
     kernels treat every sequence alike, so the leading ones judge it; varlen and seq_idx calls
     (one packed row) are covered whole."""
+    heads = reference_heads(problem)
     nc = -(-problem.seqlen // 256)
-    per_row = 2 * nc * problem.nheads * problem.headdim * problem.dstate * 8
+    per_row = 2 * nc * (len(heads) if heads else problem.nheads) * problem.headdim * problem.dstate * 8
     return max(1, min(problem.batch, REF_STATE_BYTES // per_row))
 
 
 def tune_reference(problem: Problem, t: dict):
-    """float64 y, and the final states when the problem returns them (the tuner's gate), of the
-    leading `reference_rows` sequences (the gate compares those)."""
+    """(float64 y, the final states when the problem returns them, the heads they cover: None for
+    all) of the leading `reference_rows` sequences and the `reference_heads` heads (the gate
+    compares those, and checks the whole output for values never written or not finite)."""
+    import torch
+
     from ...testing import call_kwargs
     from .naive import ssd_chunked
     rows = reference_rows(problem)
     if rows < problem.batch and t.get("cu_seqlens") is None:
         batched = ("x", "dt", "B", "C", "z", "initial_states", "seq_idx")
         t = {k: (v[:rows] if k in batched and v is not None else v) for k, v in t.items()}
+    heads = reference_heads(problem)
+    if heads is not None:
+        # the per-head inputs of those heads; B and C keep every group (each kept head's group
+        # index is unchanged: two heads a group, in group order)
+        hs = torch.tensor(heads, device=t["x"].device)
+        by_head = {"x": 2, "dt": 2, "z": 2, "A": 0, "dt_bias": 0, "initial_states": 1}
+        t = {k: (v.index_select(by_head[k], hs) if k in by_head and v is not None else v) for k, v in t.items()}
+        if t.get("D") is not None:
+            t["D"] = t["D"].index_select(0, hs)
     kw = call_kwargs(problem, t)
     y, final, _ = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=kw["D"],
                               z=kw["z"], dt_bias=kw["dt_bias"], initial_states=kw["initial_states"],
                               seq_idx=kw["seq_idx"], cu_seqlens=kw["cu_seqlens"],
                               dt_softplus=problem.dt_softplus,
                               dt_limit=kw.get("dt_limit", (0.0, float("inf"))))
-    return y, (final if problem.return_final_states else None)
+    return y, (final if problem.return_final_states else None), heads
 
 
-def tune_run(problem: Problem, config: Config, t: dict, backend: str = "cuda"):
-    """The generated kernels of `config` on inputs `t`, intermediates kept (the tuner times it)."""
+def tune_run(problem: Problem, config: Config, t: dict, backend: str = "cuda", poison: bool = False):
+    """The generated kernels of `config` on inputs `t`, intermediates kept (the tuner times it);
+    poison: into fresh NaN-filled buffers instead (the gate's run: an element no kernel writes
+    stays NaN, where a kept or reused buffer could hold an earlier candidate's right answer)."""
     from ...testing import call_kwargs
     from .chunk import execute
     kw = call_kwargs(problem, t)
     return execute(problem, config, t, cu_seqlens=kw["cu_seqlens"],
-                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, keep=True)
+                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, keep=not poison,
+                   poison=poison)
 
 
 OP = register(Op(

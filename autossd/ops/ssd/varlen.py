@@ -519,12 +519,13 @@ def tune_reference(problem: VarlenProblem, t: dict):
     return y, final
 
 
-def tune_run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str = "cuda"):
-    """The generated kernels of `config` on inputs `t`: (y, final states)."""
+def tune_run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str = "cuda", poison: bool = False):
+    """The generated kernels of `config` on inputs `t`: (y, final states). poison: outputs and
+    intermediates NaN-filled first (the gate's run)."""
     kw = {k: v for k, v in t.items() if k not in ("x", "dt", "A", "B", "C", "cu_seqlens")}
     return ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], problem.chunk_size, t["cu_seqlens"],
                       dt_softplus=problem.dt_softplus, config=config,
-                      state_dtype=TORCH_DTYPES[problem.state_dtype], **kw)
+                      state_dtype=TORCH_DTYPES[problem.state_dtype], poison=poison, **kw)
 
 
 def meta_launches(problem: VarlenProblem, config: VarlenConfig, backend: str) -> list:

@@ -24,6 +24,7 @@ wall-clock timing (used by the tests of the isolation machinery).
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import time
@@ -190,28 +191,39 @@ def objective_on(objective: str, graph_error: str | None) -> tuple[str, str | No
     return objective, None
 
 
+def _problem_state(problem: dict, op: str, device: str):
+    """(problem, input sets, float64 reference, the gate's input set) of one problem."""
+    from ..gate import reference
+    prob = get_op(op).problem_type(**problem)
+    sets = _input_sets(prob, device, op=op)
+    ref = reference(prob, sets[0], op)
+    # an op whose timed call updates its inputs in place (Op.tune_time) is gated on a copy that
+    # no timing touches, so each candidate's gate sees the inputs the reference was computed from
+    gate_set = _copy(sets[0]) if get_op(op).tune_time else sets[0]
+    return prob, sets, ref, gate_set
+
+
 def worker_main(conn, problem: dict, opts: dict) -> None:
-    """The evaluation subprocess: build inputs + reference once, then judge configs on request."""
+    """The evaluation subprocess: build a problem's inputs + reference, then judge configs on
+    request; {"problem": key} switches it to another problem (the shapes of a tune share one
+    process: a fresh one per shape spent 7-10 s starting on an H200, more than its three
+    candidates' checks and timings)."""
     from ...lifeline import die_with_parent
-    from ..gate import check, default_run, reference
+    from ..gate import check, default_run
     from . import faults
 
     die_with_parent(*opts.get("lifeline", (None,)))   # a killed tuner takes this worker with it
     device = opts["device"]
     backend = opts.get("backend", "cuda")
     op = opts.get("op", "ssd_fwd")
-    prob = get_op(op).problem_type(**problem)
-    sets = _input_sets(prob, device, op=op)
-    ref = reference(prob, sets[0], op)
-    # an op whose timed call updates its inputs in place (Op.tune_time) is gated on a copy that
-    # no timing touches, so each candidate's gate sees the inputs the reference was computed from
+    prob, sets, ref, gate_set = _problem_state(problem, op, device)
     timed = get_op(op).tune_time
-    gate_set = _copy(sets[0]) if timed else sets[0]
     time_fn = get_op(op).fn("tune_time") if timed else None
     # the runner's probe said whether this device captures graphs (probe_graph_capture)
     no_graphs = opts.get("no_graphs") if device == "cuda" else "no CUDA graphs on the CPU"
     conn.send({"ready": True, "sets": len(sets)})
     run = lambda p, c, t: default_run(p, c, t, backend)  # noqa: E731
+    gate_run = lambda p, c, t: default_run(p, c, t, backend, poison=True)  # noqa: E731
     timed_run = (lambda p, c, t: time_fn(p, c, t, backend)) if time_fn else run  # noqa: E731
     while True:
         try:
@@ -220,9 +232,17 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
             return
         if msg is None:
             return
+        if "problem" in msg:   # the next shape: the last one's tensors go first
+            prob = sets = ref = gate_set = None
+            if device == "cuda":
+                import torch
+                torch.cuda.empty_cache()
+            prob, sets, ref, gate_set = _problem_state(msg["problem"], op, device)
+            conn.send({"ready": True, "sets": len(sets)})
+            continue
         cfg = get_op(op).config(msg["config"])
         inject = msg.get("inject")
-        this_run = faults.wrap(run, inject) if inject else run
+        this_run = faults.wrap(gate_run, inject) if inject else gate_run
         this_timed = faults.wrap(timed_run, inject) if inject else timed_run
         res: dict[str, Any]
         gate = check(prob, cfg, gate_set, ref, this_run)
@@ -255,14 +275,34 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
 
 
 class EvalWorker:
-    """Parent side of one evaluation subprocess (spawned: no CUDA state is inherited)."""
+    """Parent side of one evaluation subprocess (spawned: no CUDA state is inherited). `problem`
+    is the one asked for; the process switches to it at the next evaluation (`use`)."""
 
     def __init__(self, problem: Problem, opts: dict) -> None:
         self.problem = problem
+        self.loaded: Problem | None = None   # the problem the live process holds
         self.opts = opts
         self.proc: mp.process.BaseProcess | None = None
         self.conn = None
         self.restarts = 0
+
+    def use(self, problem: Problem) -> None:
+        """Evaluate `problem`'s candidates from now on (the process reloads at the next one)."""
+        self.problem = problem
+
+    def _switch(self) -> None:
+        try:
+            self.conn.send({"problem": self.problem.key()})
+            ready = self.conn.poll(self.opts.get("ready_timeout", READY_TIMEOUT))
+            if ready:
+                self.conn.recv()
+                self.loaded = self.problem
+                return
+        except (BrokenPipeError, OSError, EOFError):
+            pass
+        self.kill()   # it died or did not answer while loading: a fresh one starts with it
+        self.restarts += 1
+        self._start()
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -283,6 +323,7 @@ class EvalWorker:
             code = self.proc.exitcode
             self.kill()
             raise RuntimeError(f"evaluation worker died while starting (exit {code})") from None
+        self.loaded = self.problem
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -291,6 +332,7 @@ class EvalWorker:
             self.proc.join(10)
         self.proc = None
         self.conn = None
+        self.loaded = None
 
     def evaluate(self, config: Config, timeout: float, inject: str | None = None) -> dict:
         if self.proc is None or not self.proc.is_alive():
@@ -298,6 +340,8 @@ class EvalWorker:
                 self.restarts += 1
             self.kill()
             self._start()
+        elif self.loaded != self.problem:
+            self._switch()
         assert self.conn is not None
         try:
             self.conn.send({"config": config.as_dict(), "inject": inject})
@@ -333,6 +377,27 @@ class EvalWorker:
         self.kill()
 
 
+_EVAL_WORKERS: dict[tuple, EvalWorker] = {}
+
+
+def shared_eval_worker(problem: Problem, opts: dict) -> EvalWorker:
+    """The evaluation worker of these options, kept across the problems of a tune (each runner
+    points it at its own problem); closed by `close_eval_workers` or at exit."""
+    key = tuple(sorted(opts.items()))
+    w = _EVAL_WORKERS.get(key)
+    if w is None:
+        w = _EVAL_WORKERS[key] = EvalWorker(problem, opts)
+        atexit.register(w.close)
+    w.use(problem)
+    return w
+
+
+def close_eval_workers() -> None:
+    """End the kept evaluation workers (a tuning worker process's last step)."""
+    while _EVAL_WORKERS:
+        _EVAL_WORKERS.popitem()[1].close()
+
+
 class MeasuredRunner:
     mode = "measured"
     provenance = "measured"
@@ -360,8 +425,8 @@ class MeasuredRunner:
         if self.objective_note:
             import logging
             logging.getLogger("autossd").warning("autossd tune: %s", self.objective_note)
-        self.worker = EvalWorker(problem, {"device": device, "backend": backend, "no_graphs": no_graphs,
-                                           "warmup_ms": warmup_ms, "rep_ms": rep_ms, "op": op})
+        self.worker = shared_eval_worker(problem, {"device": device, "backend": backend, "no_graphs": no_graphs,
+                                                   "warmup_ms": warmup_ms, "rep_ms": rep_ms, "op": op})
         self.device = _device_name(device)
 
     def prepare(self, configs: list[Config]) -> list[Any]:
@@ -370,6 +435,7 @@ class MeasuredRunner:
         return self.pool.map(configs, self.arch, self.problem)
 
     def evaluate(self, config: Config, prepared: Any) -> Outcome:
+        self.worker.use(self.problem)   # the shared worker may have served another runner since
         if isinstance(prepared, str):
             return Outcome(False, why=prepared)
         if prepared is not None:
@@ -392,7 +458,7 @@ class MeasuredRunner:
         return Outcome(False, why=res.get("why", "failed"), info=info)
 
     def close(self) -> None:
-        self.worker.close()   # the compile pool is shared: it stays for the next shape
+        pass   # the compile pool and the evaluation worker are shared: they stay for the next shape
 
 
 def _device_name(device: str) -> str:
