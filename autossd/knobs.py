@@ -185,6 +185,23 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+# The chunk states' storage types (the forward's and the backward's `state_dtype`) a tune never
+# offers for an input dtype. fp16's range (65504) is narrower than bf16's and fp32's, so its
+# states could overflow to inf where the inputs' own type would not: the gate checks random
+# inputs, which cannot show that. A caller may still ask for them (state_dtype=, --fix).
+NARROWER_STATES = {"bf16": ("fp16",), "fp32": ("fp16",)}
+# A static tune runs no gate, and its model sees bytes, not rounding: it offers no 16-bit type
+# but the inputs' own (bf16 states keep less precision than fp16 inputs carry; static records
+# for gfx942 had picked them, and fp16 states for bf16 training shapes in the backward, whose
+# exclusions lacked the rule above).
+UNGATED_STATES = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("fp16", "bf16")}
+
+
+def state_dtype_excluded(problem, static: bool = False) -> dict[str, tuple]:
+    """The `state_dtype` values a tune of `problem` never offers (static: run without a gate)."""
+    return {"state_dtype": (UNGATED_STATES if static else NARROWER_STATES).get(problem.dtype, ())}
+
+
 def shrink(config: BaseConfig, limits: Mapping[str, int]) -> BaseConfig:
     """`config` with each knob named in `limits` that exceeds its limit set to the largest
     declared value within it (the ops' `fit`: tiles past a problem's padded size or the chunk)."""

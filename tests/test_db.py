@@ -1131,16 +1131,20 @@ def test_merge_reads_an_older_source_without_changing_it(tmp_path):
     assert not (tmp_path / "typo.sqlite").exists()
 
 
-def test_shipped_records_never_store_states_narrower_than_their_inputs():
-    # fp16 states overflow where bf16/fp32 inputs would not (fwd_seeds.NARROWER_STATES); a
-    # tune no longer offers them, and no shipped record may carry one from before
-    from autossd.ops.ssd.fwd_seeds import NARROWER_STATES
-    path = dblookup.shipped_db_path("sm90")
+@pytest.mark.parametrize("arch", ["sm90", "sm80", "gfx90a", "gfx942"])
+def test_shipped_records_keep_their_states_in_a_type_a_tune_may_pick(arch):
+    # fp16 states overflow where bf16/fp32 inputs would not (knobs.NARROWER_STATES): no tune
+    # offers them; a static record (no gate) keeps its states in fp32 or the inputs' own type
+    # (knobs.UNGATED_STATES). Both ops' records, every shipped file: the check once read only
+    # sm90's forward, and static backward records with fp16 states for bf16 shapes shipped
+    from autossd.knobs import NARROWER_STATES, UNGATED_STATES
+    path = dblookup.shipped_db_path(arch)
     assert path is not None
     recs = read_records(to_url(path), readonly=True)
-    assert recs
-    bad = [(r.problem.dtype, r.config.state_dtype) for r in recs   # the forward's state_dtype is a knob
-           if r.op == "ssd_fwd" and r.config.state_dtype in NARROWER_STATES.get(r.problem.dtype, ())]
+    assert {r.op for r in recs} >= {"ssd_fwd", "ssd_bwd"}
+    rule = lambda r: UNGATED_STATES if r.provenance == "static" else NARROWER_STATES  # noqa: E731
+    bad = [(r.op, r.problem.dtype, r.config.state_dtype, r.provenance) for r in recs
+           if r.op in ("ssd_fwd", "ssd_bwd") and r.config.state_dtype in rule(r).get(r.problem.dtype, ())]
     assert not bad, bad
 
 

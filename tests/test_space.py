@@ -3,6 +3,7 @@ import pytest
 
 from autossd.arch import ARCHS
 from autossd.problem import Problem
+from autossd.tuner import build_space
 from autossd.ops.ssd.fwd_knobs import KNOB_BY_NAME, KNOBS, Config, ConfigError, default_config, fit, violations
 
 PROB = Problem(batch=1, seqlen=2048, nheads=80, headdim=64, dstate=128, ngroups=1, dtype="fp16")
@@ -239,3 +240,21 @@ def test_scan_gluon_2_is_the_chunk_walking_scan_with_the_gluon_scans_limits():
     assert any("scan_gluon=2 does not take seq_idx" in w
                for w in violations(good, "sm90", PROB.replace(has_seq_idx=True)))
     assert any("scan_gluon=2 is not offered on sm80" in w for w in violations(good, "sm80", PROB))
+
+
+@pytest.mark.parametrize("op", ["ssd_fwd", "ssd_bwd"])
+@pytest.mark.parametrize("static", [False, True])
+def test_no_tune_offers_chunk_states_narrower_than_the_inputs_and_a_static_one_no_other_16_bit_type(op, static):
+    """Both ops (the backward's exclusions once lacked the rule): fp16 states for bf16 or fp32
+    inputs (range) never; a static tune (no gate) also no bf16 states for fp16 inputs and no 16-bit
+    states for fp32 inputs (precision); a measured tune offers those and its gate judges them."""
+    allowed = {("bf16", False): {"fp32", "bf16"}, ("fp16", False): {"fp32", "bf16", "fp16"},
+               ("fp32", False): {"fp32", "bf16"},
+               ("bf16", True): {"fp32", "bf16"}, ("fp16", True): {"fp32", "fp16"}, ("fp32", True): {"fp32"}}
+    for arch in ("sm80", "sm90", "gfx942"):
+        for dtype in ("bf16", "fp16", "fp32"):
+            prob = Problem(2, 4096, 80, 64, 128, 1, dtype)
+            space = build_space(arch, prob, op=op, static=static)
+            offered = {d.name: set(d.values) for d in space.dims}.get("state_dtype", {space.pinned.get("state_dtype")})
+            assert offered <= allowed[(dtype, static)], (op, arch, dtype, offered)
+            assert dtype in offered or "fp32" in offered

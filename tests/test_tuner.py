@@ -825,6 +825,29 @@ def test_a_tune_starts_from_what_the_stored_records_give_the_shape(tmp_path, iso
     assert bare.prepared[1] != stored
 
 
+def test_a_stored_pick_the_space_no_longer_offers_is_not_a_seed_and_the_tune_goes_on(tmp_path, isolated_db,
+                                                                                      no_shipped_db):
+    """A record (made before a value was excluded) whose config the tune's space does not offer:
+    a static tune does not offer bf16 states for fp16 inputs. It used to be enqueued anyway and
+    the study failed at its trial ("'bf16' not in ('fp32', 'fp16')"); it is skipped now."""
+    from autossd.db import add_records, make_record
+    from autossd.db import engine as dbengine
+    from autossd.db import lookup
+
+    class StaticFake(FakeRunner):
+        mode = "static"
+        provenance = "static"
+    stored = default_config("sm90", SMALL).replace(state_dtype="bf16", scan_warps=8)
+    add_records(dbengine.to_url(lookup.user_db_url()), [make_record(SMALL, stored, "sm90", provenance="measured",
+                                                                    time_ms=1.0)])
+    assert lookup.choose(SMALL, "sm90").config == stored
+    runner = StaticFake()
+    st = Settings(trials=3, sampler="random", seed=0, storage=str(tmp_path / "s.journal"), progress=False)
+    res = tune_problem("sm90", SMALL, runner, st)
+    assert res.complete == 3 and stored not in runner.prepared
+    assert all(c.state_dtype in ("fp32", "fp16") for c in runner.prepared)
+
+
 def test_measured_workers_get_the_visible_gpus_in_turn(monkeypatch):
     """One worker per visible GPU; more workers than GPUs share them, never an index the
     machine lacks (two workers on a one-GPU machine both get GPU 0)."""

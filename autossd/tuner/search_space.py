@@ -40,6 +40,10 @@ class Dim:
         return CategoricalDistribution(self.values)
 
     def encode(self, value: Any) -> Any:
+        """The param of a value; ValueError when the dimension does not offer it (a seed from a
+        record made before a value was excluded would otherwise fail the study at its trial)."""
+        if value not in self.values:
+            raise ValueError(f"{self.name}={value!r} is not among {self.values}")
         return self.values.index(value) if self.ordinal else value
 
     def decode(self, param: Any) -> Any:
@@ -159,7 +163,7 @@ def build_space(arch: Arch | str, problem, fixed: Mapping[str, Any] | None = Non
     if getattr(problem, "chunk_size", None) is not None and "chunk_size" in o.space.by_name:
         fixed.setdefault("chunk_size", problem.chunk_size)
     limit = o.fn("caps")(problem) if o.caps else {}
-    excluded = o.fn("excluded")(problem) if o.excluded else {}
+    excluded = o.fn("excluded")(problem, static=static) if o.excluded else {}
     if o.unvalidated and not allow_unvalidated:
         for name, values in o.fn("unvalidated")(arch).items():
             excluded[name] = tuple(excluded.get(name, ())) + tuple(values)

@@ -6,7 +6,8 @@ its own and read by the dx kernel ("stage"), or recomputed by the dx kernel from
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
+from ...knobs import (BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink,  # noqa: F401 (ConfigError: re-exported)
+                      state_dtype_excluded)
 
 TILES = (16, 32, 64, 128)
 
@@ -85,12 +86,13 @@ class BwdConfig(BaseConfig):
     __slots__ = ()
 
 
-def excluded(problem) -> dict[str, tuple]:
+def excluded(problem, static: bool = False) -> dict[str, tuple]:
     """Values a tune never offers: the tuner times the backward alone, from inputs, with no
     forward to keep the chunk states; whether the forward keeps them is memory held from forward
     to backward, the caller's choice (a record may still pin save_states = 1). At fp32 inputs
-    the staged C·Bᵀ is fp32 whatever cb_dtype says: "input" would be the same kernel again."""
-    out = {"save_states": (1,)}
+    the staged C·Bᵀ is fp32 whatever cb_dtype says: "input" would be the same kernel again. The
+    chunk states' types: as the forward's (knobs.state_dtype_excluded)."""
+    out = {"save_states": (1,), **state_dtype_excluded(problem, static)}
     if problem.dtype == "fp32":
         out["cb_dtype"] = ("input",)
     return out

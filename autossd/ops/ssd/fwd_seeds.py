@@ -4,20 +4,15 @@ the limits it puts on the search (tile caps per problem, state dtypes it never p
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
+from ...knobs import state_dtype_excluded
 from ...problem import Problem
 from .fwd_knobs import KNOB_BY_NAME, Config, caps, default_config, fit, violations
 from .plan import walk_programs
 
-# State dtypes a tune never picks for an input dtype: fp16's range (65504) is narrower than bf16's
-# and fp32's, so its states could overflow to inf where the inputs' own dtype would not. The
-# tuner's gate checks random inputs, which cannot show that; a caller may still ask for fp16
-# states explicitly (state_dtype=, or --fix state_dtype=fp16).
-NARROWER_STATES = {"bf16": ("fp16",), "fp32": ("fp16",)}
 
-
-def excluded(problem: Problem) -> dict[str, tuple]:
-    """Values the tuner never offers for this problem."""
-    return {"state_dtype": NARROWER_STATES.get(problem.dtype, ())}
+def excluded(problem: Problem, static: bool = False) -> dict[str, tuple]:
+    """Values the tuner never offers for this problem (static: a tune run without a gate)."""
+    return state_dtype_excluded(problem, static)
 
 
 def unvalidated(arch: Arch) -> dict[str, tuple]:
