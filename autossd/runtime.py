@@ -234,6 +234,8 @@ def clear_cache() -> None:
         _recent.clear()
     _clear_records()
     clear_workspaces()
+    from .ops.ssd.chunk import clear_launch_cache
+    clear_launch_cache()
     decode.clear_cache()
     varlen.clear_cache()
     backward._configs.clear()

@@ -260,7 +260,7 @@ def test_the_backward_gate_checks_every_gradient_at_the_gradient_bound(interpret
 
 
 def test_a_reference_of_a_subset_of_heads_judges_a_large_problem(interpret, monkeypatch):
-    """Past REF_WORK the float64 reference covers the first and last head of every group: it is
+    """Past REF_WORK the float64 reference covers the first, middle and last head of every group: it is
     the full reference at those heads; a correct candidate passes, one wrong in a covered head
     fails, and a non-finite value in a head it does not cover still fails (the whole output is
     checked for that)."""
@@ -272,9 +272,9 @@ def test_a_reference_of_a_subset_of_heads_judges_a_large_problem(interpret, monk
     assert fwd.reference_heads(prob) is None   # small: every head
     full = reference(prob, t)
     monkeypatch.setattr(fwd, "REF_WORK", 0)
-    assert fwd.reference_heads(prob) == [0, 3, 4, 7]
+    assert fwd.reference_heads(prob) == [0, 2, 3, 4, 6, 7]
     y_ref, final_ref, heads = ref = reference(prob, t)
-    assert heads == [0, 3, 4, 7] and y_ref.shape[2] == 4 and final_ref.shape[1] == 4
+    assert heads == [0, 2, 3, 4, 6, 7] and y_ref.shape[2] == 6 and final_ref.shape[1] == 6
     assert torch.allclose(y_ref, full[0][:, :, heads]) and torch.allclose(final_ref, full[1][:, heads])
     assert check(prob, cfg, t, ref).ok
     assert not check(prob, cfg, t, ref, _perturbed(lambda o: (_one_element(o[0]), o[1]))).ok   # head 0
@@ -317,8 +317,25 @@ def test_one_evaluation_process_serves_the_shapes_of_a_tune(interpret):
         runner.close()
     assert all(o.ok for o in outs), [o.why for o in outs]
     assert len(set(pids)) == 1, pids
-    runner.worker.kill()
+    # each answer names the problem it judged, and one about another problem is refused
+    assert runner.worker.evaluate(cfg, 60.0)["problem"] == TINY.key()
+    runner.worker.use(other)
+    runner.worker.loaded = other   # as if it had switched: it has not
+    res = runner.worker.evaluate(cfg, 60.0)
+    assert not res["ok"] and "another problem" in res["why"] and runner.worker.proc is None
     runner = MeasuredRunner("sm90", other, device="cpu", compile_workers=0, timeout=60.0, precompile=False)
     out = runner.evaluate(cfg, None)
     assert out.ok, out.why
     assert runner.worker.proc.pid != pids[0] and runner.worker.loaded == other
+
+
+def test_the_evaluation_process_gates_candidates_in_nan_filled_buffers(interpret):
+    """In the measured runner's own process: a candidate whose kernels write nothing fails the
+    gate on non-finite values (its buffers were NaN-filled), not by whatever the memory held."""
+    cfg = default_config("sm90", TINY).replace(chunk_size=64)
+    runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=60.0, precompile=False,
+                            inject={cfg.key(): "unwritten"})
+    out = runner.evaluate(cfg, None)
+    assert not out.ok and "non-finite" in out.why, out.why
+    good = cfg.replace(scan_warps=8)
+    assert runner.evaluate(good, None).ok

@@ -3,6 +3,7 @@ one or several workers sharing each study."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -16,6 +17,8 @@ from .sinks import Sink
 from .storage import kept_journals
 from .study import (FLEET_WAIT_S, Settings, TuneResult, finish, open_and_seed, open_study, run_trials,
                     save_best, tune_problem)
+
+_log = logging.getLogger("autossd")
 
 MODES = ("auto", "measured", "static")
 
@@ -142,7 +145,7 @@ def _gpu_ids(n: int) -> list[str | None]:
     return [ids[i % len(ids)] for i in range(n)]
 
 
-def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink: Sink | None,
+def _tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink: Sink | None,
          workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
     """Tune each problem in turn; with workers > 1, that many processes (one per GPU in measured
     mode) share each study through its storage."""
@@ -174,10 +177,22 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
             # each shape's record stored as its result arrives, not after the last shape: a
             # grid tune stopped at a time limit (4 H200s, 233 shapes: ~100 finished in 555 s)
             # used to store nothing
-            finished = _collect(done, procs, len(problems),
-                                lambda i, r: save_best(r, _provenance(mode), sink, settings.sampler))
-            for p in procs:
-                p.join()
+            unsaved = []
+
+            def store(i, r):   # a store that fails here is tried again once the workers have ended
+                try:
+                    save_best(r, _provenance(mode), sink, settings.sampler)
+                except Exception as e:  # noqa: BLE001 - the workers must still be joined
+                    _log.warning("autossd tune: storing shape %d failed (%s: %s); tried again at the end",
+                                 i, type(e).__name__, e)
+                    unsaved.append(r)
+            try:
+                finished = _collect(done, procs, len(problems), store)
+            finally:
+                for p in procs:
+                    p.join()
+            for r in unsaved:
+                save_best(r, _provenance(mode), sink, settings.sampler)
         for i, prob in enumerate(problems):
             if workers > 1 and i in finished:   # finished by the worker that owned it, and stored
                 results.append(finished[i])
@@ -195,6 +210,16 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
                 results.append(result)
             finally:
                 runner.close()
-    from .runners.measured import close_eval_workers
-    close_eval_workers()   # its inputs and reference hold GPU memory: not kept past the tune
     return results
+
+
+def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink: Sink | None,
+         workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
+    """Tune each problem in turn; with workers > 1, that many processes (one per GPU in measured
+    mode) share each study through its storage. The evaluation process kept across the shapes
+    (its inputs and reference hold GPU memory) ends with the tune, however it ends."""
+    from .runners.measured import close_eval_workers
+    try:
+        return _tune(arch, problems, mode, settings, sink, workers, runner_kw)
+    finally:
+        close_eval_workers()

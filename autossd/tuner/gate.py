@@ -112,10 +112,14 @@ def check(problem: Problem, config: Config, t: dict, ref, run: Runner = poisoned
     y = out[0] if isinstance(out, tuple) else out
     state_dtype = getattr(problem, "state_dtype", "fp32")
     final = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-    for name, v in (("output", y), ("states", final)):
+    for i, v in enumerate(out if isinstance(out, tuple) else (out,)):
         if isinstance(v, torch.Tensor) and not bool(torch.isfinite(v).all()):
+            name = ("output", "states")[i] if i < 2 else f"output {i}"
             return GateResult(False, float("inf"), float("inf"), f"non-finite values in the {name} (all of it checked)")
     if heads is not None:   # y (b, l, h, p), final (b, h, p, n): the heads the reference covers
+        want = (y_ref.shape[1], problem.nheads, y_ref.shape[3])
+        if y.dim() != 4 or (y.shape[1], y.shape[2], y.shape[3]) != want:
+            return GateResult(False, float("inf"), float("inf"), f"shape {tuple(y.shape)}, expected (b, *{want})")
         hs = torch.tensor(heads, device=y.device)
         y = y.index_select(2, hs)
         final = final.index_select(1, hs) if final is not None else None

@@ -134,6 +134,11 @@ _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 
 
+def clear_launch_cache() -> None:
+    """Forget the recorded calls (their TMA descriptors hold the tensors of the call recorded)."""
+    _launch_cache.clear()
+
+
 def input_sig(t: dict) -> tuple:
     """What a launch specializes on, per input: dtype, shape, strides, device, 16-byte alignment,
     and the aliasing pattern (a record made when B is C must not serve a call where they

@@ -99,15 +99,15 @@ REF_WORK = 1 << 32
 
 
 def reference_heads(problem: Problem) -> list[int] | None:
-    """The heads the gate's float64 reference covers: None for all of them, else the first and
-    the last head of every group, in order (heads are computed independently, so the reference of
-    a subset is exact for those heads; the group of each is kept, with two heads a group, or one
-    where a group has one). Past REF_WORK only."""
+    """The heads the gate's float64 reference covers: None for all of them, else the first, the
+    middle and the last head of every group, in order (heads are computed independently, so the
+    reference of a subset is exact for those heads; each keeps its group, three heads a group).
+    Past REF_WORK only, and where a group has more than three heads."""
     work = problem.batch * problem.seqlen * problem.nheads * problem.headdim * problem.dstate
     r = problem.nheads // problem.ngroups
-    if work <= REF_WORK or r <= 2:
+    if work <= REF_WORK or r <= 3:
         return None
-    return [h for g in range(problem.ngroups) for h in (g * r, g * r + r - 1)]
+    return [h for g in range(problem.ngroups) for h in (g * r, g * r + r // 2, g * r + r - 1)]
 
 
 def reference_rows(problem: Problem) -> int:
@@ -136,7 +136,7 @@ def tune_reference(problem: Problem, t: dict):
     heads = reference_heads(problem)
     if heads is not None:
         # the per-head inputs of those heads; B and C keep every group (each kept head's group
-        # index is unchanged: two heads a group, in group order)
+        # index is unchanged: three heads a group, in group order)
         hs = torch.tensor(heads, device=t["x"].device)
         by_head = {"x": 2, "dt": 2, "z": 2, "A": 0, "dt_bias": 0, "initial_states": 1}
         t = {k: (v.index_select(by_head[k], hs) if k in by_head and v is not None else v) for k, v in t.items()}

@@ -1,5 +1,6 @@
 """Deliberately bad candidates for the isolation drills and tests: a run that hangs, faults the
-device, kills its process, or returns a wrong answer. Only used when a runner is given
+device, kills its process, returns a wrong answer, or (the forward) launches no kernel, leaving
+its outputs as allocated. Only used when a runner is given
 `inject={config.key(): kind}`; never in a normal tune."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 import triton
 import triton.language as tl
 
-KINDS = ("hang", "fault", "crash", "wrong")
+KINDS = ("hang", "fault", "crash", "wrong", "unwritten")
 
 
 @triton.jit
@@ -56,6 +57,13 @@ def wrap(run: Callable, kind: str) -> Callable:
             fault(device)
         elif kind == "crash":
             os.abort()
+        elif kind == "unwritten":   # the forward's kernels not launched: every output element unwritten
+            from ...ops.ssd import chunk
+            plan, chunk.plan = chunk.plan, lambda *a, **kw: []
+            try:
+                return run(problem, config, t)
+            finally:
+                chunk.plan = plan
         out = run(problem, config, t)
         y = out[0] if isinstance(out, tuple) else next(iter(out.values())) if isinstance(out, dict) else out
         y.view(-1)[0] += 10 * float(y.abs().max()) + 1.0   # one element far off

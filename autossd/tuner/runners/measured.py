@@ -203,6 +203,21 @@ def _problem_state(problem: dict, op: str, device: str):
     return prob, sets, ref, gate_set
 
 
+def _forget_calls(device: str, collect: bool = True) -> None:
+    """Drop what the calls made so far keep alive: the kept workspaces, the recorded launches
+    (a TMA descriptor holds its tensor: the gate's inputs and buffers of every candidate, which
+    piled up across the shapes a process serves) and the runtime's caches; then, on a switch,
+    the memory itself."""
+    from ...runtime import clear_cache
+    clear_cache()
+    if collect:
+        import gc
+        gc.collect()
+        if device == "cuda":
+            import torch
+            torch.cuda.empty_cache()
+
+
 def worker_main(conn, problem: dict, opts: dict) -> None:
     """The evaluation subprocess: build a problem's inputs + reference, then judge configs on
     request; {"problem": key} switches it to another problem (the shapes of a tune share one
@@ -234,9 +249,7 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
             return
         if "problem" in msg:   # the next shape: the last one's tensors go first
             prob = sets = ref = gate_set = None
-            if device == "cuda":
-                import torch
-                torch.cuda.empty_cache()
+            _forget_calls(device)
             prob, sets, ref, gate_set = _problem_state(msg["problem"], op, device)
             conn.send({"ready": True, "sets": len(sets)})
             continue
@@ -264,9 +277,9 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
                     res["graph_error"] = graph_error
             except Exception as e:  # noqa: BLE001 - a failure while timing fails the candidate
                 res = {"ok": False, "why": f"timing: {type(e).__name__}: {e}"}
-        if device != "cpu":   # each candidate's kept intermediates: not the next one's
-            from ...ops.ssd.chunk import clear_workspaces
-            clear_workspaces()
+        if device != "cpu":   # each candidate's kept intermediates and recorded calls: not the next one's
+            _forget_calls(device, collect=False)
+        res["problem"] = prob.key()   # the parent checks the answer is about its own problem
         poisoned = device == "cuda" and (not res["ok"] or "graph_error" in res) and not _cuda_alive()
         res["worker_exits"] = poisoned  # said before exiting, so the parent never writes to a dead pipe
         conn.send(res)
@@ -350,22 +363,31 @@ class EvalWorker:
             self.restarts += 1
             self._start()
             self.conn.send({"config": config.as_dict(), "inject": inject})
-        if not self.conn.poll(timeout):
-            self.kill()
-            self.restarts += 1
-            return {"ok": False, "why": f"hang: no result within {timeout:.0f}s; worker killed"}
         try:
-            res = self.conn.recv()
-            if res.pop("worker_exits", False):
+            if not self.conn.poll(timeout):
                 self.kill()
                 self.restarts += 1
-            return res
+                return {"ok": False, "why": f"hang: no result within {timeout:.0f}s; worker killed"}
+            res = self.conn.recv()
         except EOFError:
             self.proc.join(5)
             code = self.proc.exitcode
             self.kill()
             self.restarts += 1
             return {"ok": False, "why": f"crash: evaluation process died (exit code {code})"}
+        except BaseException:
+            # interrupted with the answer unread (KeyboardInterrupt, an error in the caller): a
+            # kept process would hand it to the next question
+            self.kill()
+            raise
+        if res.pop("worker_exits", False):
+            self.kill()
+            self.restarts += 1
+        if res.get("problem") != self.problem.key():
+            self.kill()
+            self.restarts += 1
+            return {"ok": False, "why": f"evaluation answered for another problem ({res.get('problem')}); worker killed"}
+        return res
 
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive() and self.conn is not None:
