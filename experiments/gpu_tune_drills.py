@@ -171,6 +171,7 @@ def drill_isolation(out: Path, arch: str, args) -> dict:
                   fixed={"chunk_size": base.chunk_size}, extra_seeds=[c.as_dict() for c in bad.values()],
                   batch=2)
     t0 = time.monotonic()
+    restarts0 = runner.worker.restarts   # the evaluation process is shared: count this drill's only
     try:
         res = tune_problem(arch, prob, runner, st)
     finally:
@@ -182,7 +183,7 @@ def drill_isolation(out: Path, arch: str, args) -> dict:
                                          (k == "fault" and reasons[k].startswith("crash")))
                 for k in bad}
     return {"wall_s": round(time.monotonic() - t0, 1), "reasons": reasons, "recorded_failed": ok_kinds,
-            "complete_after": res.complete, "worker_restarts": runner.worker.restarts,
+            "complete_after": res.complete, "worker_restarts": runner.worker.restarts - restarts0,
             "best_is_bad": res.best_config in bad.values(), **_result_dict(res),
             "ok": all(ok_kinds.values()) and res.complete >= 2 and res.best_config not in bad.values()}
 
