@@ -10,6 +10,7 @@ from ...knobs import (BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, s
                       state_dtype_excluded)
 
 TILES = (16, 32, 64, 128)
+MAXNREG = (0, 96, 128)
 
 KNOBS: tuple[Knob, ...] = (
     Knob("cb", ("stage", "inline"), "stage",
@@ -55,6 +56,15 @@ KNOBS: tuple[Knob, ...] = (
     # shape, worst 2.9e-3 in bf16 as with two, and the shipped sm90 records use it)
     Knob("dx_g_split", (1, 2), 2, "16-bit operands G is carried in, in dx's state product", "dx"),
     Knob("dx_warps", (2, 4, 8), 4, "num_warps", "dx"),
+    # register cap per thread (ptxas -maxnreg), 0 = ptxas's choice. ncu of the shipped record's dx
+    # and dCB (H200, mamba2-2.7b 8 x 2048 bf16): 168 registers, 3 blocks of 4 warps per SM, 17-19%
+    # achieved occupancy, latency-bound (7.4 cycles per issued instruction); a cap buys resident
+    # blocks at the cost of spills, which only a GPU can weigh (measured_only). Cross-compiled
+    # for sm90 at that shape: dx at 128 takes 4 blocks per SM, spilling nothing at the arch
+    # default and 16 bytes at the record's knobs; at 96, 5 blocks and 152 bytes; dCB at 128, 4
+    # blocks and 8 bytes; at 96, 5 and 128 (experiments/bwd_compile_report.py --set dx_maxnreg=128)
+    Knob("dx_maxnreg", MAXNREG, 0, "register cap per thread of the dx kernel, 0 = compiler's choice", "dx",
+         measured_only=True, needs=("maxnreg",)),
     Knob("dx_stages", (1, 2, 3), 2, "num_stages", "dx"),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
@@ -66,6 +76,8 @@ KNOBS: tuple[Knob, ...] = (
     # registers for the next heads' tiles in flight (H200, mamba2-2.7b 8 x 2048 bf16: dCB 641
     # us at one stage, 608 at two, 536 at three)
     Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb"),
+    Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
+         measured_only=True, needs=("maxnreg",)),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
     Knob("dbc_stages", (1, 2, 3), 2, "num_stages", "dbc"),
     # dCB, dB and dC sum over the heads of a group: each program loops over heads / group_split of
