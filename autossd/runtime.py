@@ -34,7 +34,7 @@ from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, device_text, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
 from .ops.common.launch_cache import RecentCalls
-from .ops.ssd.chunk import INPUTS, clear_workspaces, execute, input_sig, remember
+from .ops.ssd.chunk import INPUTS, clear_launch_cache, clear_workspaces, execute, input_sig, remember
 from .problem import Problem, as_flag, from_args
 from .render import interpreting, load
 from .ops.ssd.fwd_knobs import Config, default_config
@@ -234,7 +234,6 @@ def clear_cache() -> None:
         _recent.clear()
     _clear_records()
     clear_workspaces()
-    from .ops.ssd.chunk import clear_launch_cache
     clear_launch_cache()
     decode.clear_cache()
     varlen.clear_cache()

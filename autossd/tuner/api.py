@@ -146,9 +146,8 @@ def _gpu_ids(n: int) -> list[str | None]:
 
 
 def _tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink: Sink | None,
-         workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
-    """Tune each problem in turn; with workers > 1, that many processes (one per GPU in measured
-    mode) share each study through its storage."""
+          workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
+    """`tune`'s work, without its cleanup."""
     arch = get_arch(arch).name
     runner_kw = dict(runner_kw or {})
     results = []

@@ -138,10 +138,8 @@ def tune_reference(problem: Problem, t: dict):
         # the per-head inputs of those heads; B and C keep every group (each kept head's group
         # index is unchanged: three heads a group, in group order)
         hs = torch.tensor(heads, device=t["x"].device)
-        by_head = {"x": 2, "dt": 2, "z": 2, "A": 0, "dt_bias": 0, "initial_states": 1}
+        by_head = {"x": 2, "dt": 2, "z": 2, "A": 0, "D": 0, "dt_bias": 0, "initial_states": 1}
         t = {k: (v.index_select(by_head[k], hs) if k in by_head and v is not None else v) for k, v in t.items()}
-        if t.get("D") is not None:
-            t["D"] = t["D"].index_select(0, hs)
     kw = call_kwargs(problem, t)
     y, final, _ = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=kw["D"],
                               z=kw["z"], dt_bias=kw["dt_bias"], initial_states=kw["initial_states"],
@@ -184,7 +182,7 @@ OP = register(Op(
     violations="autossd.ops.ssd.fwd_knobs:violations",
     amd_options=("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
     caps="autossd.ops.ssd.fwd_seeds:search_caps",
-    excluded="autossd.ops.ssd.fwd_seeds:excluded",
+    excluded="autossd.knobs:state_dtype_excluded",
     seeds="autossd.ops.ssd.fwd_seeds:seed_configs",
     unvalidated="autossd.ops.ssd.fwd_seeds:unvalidated",
     soft_flags=SOFT_FLAGS,

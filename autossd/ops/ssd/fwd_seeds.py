@@ -1,18 +1,13 @@
 """The SSD forward's seed configs for the tuner: the known-good starting points enqueued before
 sampling (the op declares them as `Op.seeds`; autossd/tuner/search_space.py asks for them), and
-the limits it puts on the search (tile caps per problem, state dtypes it never picks)."""
+the limits it puts on the search (tile caps per problem; the state dtypes a tune never offers are
+the rule both ops share, `knobs.state_dtype_excluded`)."""
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import state_dtype_excluded
 from ...problem import Problem
 from .fwd_knobs import KNOB_BY_NAME, Config, caps, default_config, fit, violations
 from .plan import walk_programs
-
-
-def excluded(problem: Problem, static: bool = False) -> dict[str, tuple]:
-    """Values the tuner never offers for this problem (static: a tune run without a gate)."""
-    return state_dtype_excluded(problem, static)
 
 
 def unvalidated(arch: Arch) -> dict[str, tuple]:
