@@ -279,7 +279,10 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
         runner_kw["objective"] = objective
     try:
         from .tuner.storage import kept_journals
-        with _sigterm_unwinds(), kept_journals():   # the journal replayed once, not once a shape
+        from .tuner.runners.measured import kept_eval_workers
+        # the journal replayed once, and the measured runner's evaluation process started once,
+        # not once a shape
+        with _sigterm_unwinds(), kept_journals(), kept_eval_workers():
             results, not_tuned = [], []
             start = time.monotonic()
             if workers > 1:

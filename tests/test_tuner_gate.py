@@ -339,3 +339,26 @@ def test_the_evaluation_process_gates_candidates_in_nan_filled_buffers(interpret
     assert not out.ok and "non-finite" in out.why, out.why
     good = cfg.replace(scan_warps=8)
     assert runner.evaluate(good, None).ok
+
+
+def test_tune_calls_inside_kept_eval_workers_share_one_evaluation_process(interpret, tmp_path):
+    """A caller tuning shape by shape (the CLI prints a line per shape) keeps one evaluation
+    process across its tune() calls inside kept_eval_workers(); a tune() on its own ends its."""
+    from autossd.tuner import Settings, kept_eval_workers, open_sink, tune
+    from autossd.tuner.runners import measured
+    other = TINY.replace(batch=2, seqlen=96)
+    kw = {"device": "cpu", "compile_workers": 0, "timeout": 60.0, "precompile": False}
+    sink = open_sink(str(tmp_path / "r.jsonl"))
+
+    def one(prob):
+        st = Settings(trials=1, sampler="random", seed=0, storage=str(tmp_path / "j.log"), progress=False,
+                      confirm=0, fixed={"chunk_size": 64})
+        res = tune("sm90", [prob], "measured", st, sink, runner_kw=kw)[0]
+        assert res.best_config is not None, res.failures
+        return [w.proc.pid for w in measured._EVAL_WORKERS.values()]
+
+    with kept_eval_workers():
+        pids = one(TINY) + one(other)
+    assert len(pids) == 2 and len(set(pids)) == 1, pids   # kept after each call, the same one
+    assert not measured._EVAL_WORKERS   # the block's end closed it
+    assert one(other.replace(seqlen=64)) == []   # outside a block, each tune() closes its own

@@ -216,9 +216,10 @@ def tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sink
          workers: int = 1, runner_kw: dict | None = None) -> list[TuneResult]:
     """Tune each problem in turn; with workers > 1, that many processes (one per GPU in measured
     mode) share each study through its storage. The evaluation process kept across the shapes
-    (its inputs and reference hold GPU memory) ends with the tune, however it ends."""
+    (its inputs and reference hold GPU memory) ends with the tune, however it ends, unless the
+    call is inside `kept_eval_workers()` (then it serves the next tune's shapes too)."""
     from .runners.measured import close_eval_workers
     try:
         return _tune(arch, problems, mode, settings, sink, workers, runner_kw)
     finally:
-        close_eval_workers()
+        close_eval_workers(force=False)

@@ -25,6 +25,7 @@ wall-clock timing (used by the tests of the isolation machinery).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -414,10 +415,32 @@ def shared_eval_worker(problem: Problem, opts: dict) -> EvalWorker:
     return w
 
 
-def close_eval_workers() -> None:
-    """End the kept evaluation workers (a tuning worker process's last step)."""
+_KEEP_DEPTH = 0   # open kept_eval_workers() blocks in this process
+
+
+def close_eval_workers(force: bool = True) -> None:
+    """End the kept evaluation workers (a tuning worker process's last step). force=False (the
+    end of one `tune()` call) leaves them to an enclosing kept_eval_workers() block."""
+    if not force and _KEEP_DEPTH:
+        return
     while _EVAL_WORKERS:
         _EVAL_WORKERS.popitem()[1].close()
+
+
+@contextlib.contextmanager
+def kept_eval_workers():
+    """Within: the evaluation process outlives each `tune()` call and serves the next one's shape,
+    so a caller tuning shape by shape (the CLI, for its per-shape progress lines) starts one
+    process, not one per shape (each start cost the shape's first candidate 6-10 s on an H200:
+    two thirds of a small shape's tune). Closed when the outermost block ends."""
+    global _KEEP_DEPTH
+    _KEEP_DEPTH += 1
+    try:
+        yield
+    finally:
+        _KEEP_DEPTH -= 1
+        if not _KEEP_DEPTH:
+            close_eval_workers()
 
 
 class MeasuredRunner:
