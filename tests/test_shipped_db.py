@@ -70,10 +70,10 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
 
 
 
-# the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tune finished (three
-# candidates each: the default, the stored records' pick, the first seed family); the others
-# are served by the lookup's transfer tier until the tune is resumed
-SM90_GRID_MEASURED = 215
+# the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tunes finished (three
+# candidates each: the default, the stored records' pick, the first seed family); the 6 left,
+# the largest layer (256 heads, dstate 256) at 524288 tokens, are served by the transfer tier
+SM90_GRID_MEASURED = 470
 
 
 def test_sm90_grid_records_are_fresh_measurements_each_found_exactly_on_its_gpu():
@@ -162,3 +162,20 @@ def test_the_decode_step_takes_the_gpus_own_records():
         for device in DEVICES:
             config, why = decode.choose(q, "sm90", device=device)
             assert why.startswith("transfer") and f"on {device}" in why, (q, device, why)
+
+
+def test_the_backward_takes_each_gpus_own_measured_records_at_the_training_shapes():
+    """Both sm90 cards' backward records ship (the H200's with the dx / dCB register caps where
+    they won); each card's call takes its own exact record, fresh."""
+    from autossd.ops.ssd import backward as bw
+    recs = lookup.load_records("sm90", "ssd_bwd")
+    now = lookup._freshness()
+    problems = {r.problem for r in recs}
+    assert len(problems) == 10 and {r.device for r in recs} == set(DEVICES)
+    for p in problems:
+        for device in DEVICES:
+            own = [r for r in recs if r.problem == p and r.device == device]
+            assert own and all(r.provenance == "measured" and not r.stale_reasons(*now) for r in own), (p, device)
+            m = lookup.pick(p, recs, "sm90", op="ssd_bwd", device=device)
+            assert m.kind == "exact" and m.record.device == device, (p, device, m.reason)
+            assert bw.config_for(p, "sm90", device) == m.config
