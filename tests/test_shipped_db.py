@@ -1,6 +1,6 @@
 """The shipped static databases (tuning_db/sm80, gfx90a, gfx942.sqlite): every shape of the model
 grid (autossd/tuner/shapes.py) resolves to an exact, fresh, static forward record of the shipped
-file, the backward to one at the training shapes, and the files open read-only (no write-ahead
+file, the backward to one at the training shapes (and over the grid, where its file holds it), and the files open read-only (no write-ahead
 log left in them). The measured sm90 file: an H100's and an H200's forward records of the
 benchmark's shapes side by side, each GPU's lookup taking its own."""
 from __future__ import annotations
@@ -50,6 +50,23 @@ def test_get_kernel_at_every_grid_shape_returns_the_exact_fresh_static_record(ar
         rec = k.match.record
         assert rec.provenance == "static" and rec.origin == "shipped" and not k.match.stale, k.match.reason
         assert rec.problem == p
+
+
+# the static files holding the backward's records over the whole model grid too (static tunes
+# of the grid's 476 shapes take ~36 min an arch on a 2-core host; the others hold the training
+# shapes only)
+BWD_GRID_ARCHS = ("sm80",)
+
+
+@pytest.mark.parametrize("arch", BWD_GRID_ARCHS)
+def test_the_backward_at_every_grid_shape_finds_its_exact_fresh_static_record(arch):
+    from autossd.ops.ssd.backward import config_for
+    recs = lookup.load_records(arch, "ssd_bwd")
+    for p in grid(op="ssd_bwd"):
+        m = lookup.pick(p, recs, arch, op="ssd_bwd")
+        assert m.kind == "exact" and not m.stale, (p, m.reason)
+        assert m.record.provenance == "static" and m.record.origin == "shipped" and m.record.problem == p
+        assert config_for(p, arch) == m.config
 
 
 # the backward's shipped shapes: training steps of Mamba-2 2.7b and 130m and of Codestral
