@@ -8,6 +8,6 @@ from .study import Settings, TuneResult, bucket, study_name, tune_problem
 from .runners.measured import kept_eval_workers
 
 __all__ = ["JsonlSink", "SearchSpace", "Settings", "ShapeError", "TuneResult", "bucket",
-           "build_space", "choose_mode", "kept_eval_workers", "make_result", "make_runner", "open_sink", "parse_shape",
-           "parse_shapes", "preset", "seed_configs", "study_name", "tune",
-           "tune_problem"]
+           "build_space", "choose_mode", "kept_eval_workers", "make_result", "make_runner",
+           "open_sink", "parse_shape", "parse_shapes", "preset", "seed_configs", "study_name",
+           "tune", "tune_problem"]
