@@ -55,7 +55,7 @@ def test_get_kernel_at_every_grid_shape_returns_the_exact_fresh_static_record(ar
 # the static files holding the backward's records over the whole model grid too (static tunes
 # of the grid's 476 shapes take ~36 min an arch on a 2-core host; the others hold the training
 # shapes only)
-BWD_GRID_ARCHS = ("sm80",)
+BWD_GRID_ARCHS = ("sm80", "gfx942")
 
 
 @pytest.mark.parametrize("arch", BWD_GRID_ARCHS)
