@@ -89,7 +89,7 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
 
 # the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tunes finished (three
 # candidates each: the default, the stored records' pick, the first seed family); the 6 left,
-# the largest layer (256 heads, dstate 256) at 524288 tokens, are served by the transfer tier
+# the largest layer (256 heads, dstate 256) at 524288 tokens, take the nearest tier's record
 SM90_GRID_MEASURED = 470
 
 
