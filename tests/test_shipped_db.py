@@ -87,27 +87,40 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
 
 
 
-# the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tunes finished (three
-# candidates each: the default, the stored records' pick, the first seed family); the 6 left,
-# the largest layer (256 heads, dstate 256) at 524288 tokens, take the nearest tier's record
-SM90_GRID_MEASURED = 470
+# the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tunes finished, per op
+# (the forward: three candidates each, the default, the stored records' pick and the first seed
+# family; the decode step eight, packed prefill three). The decode step's 4 left, the largest layer
+# (256 heads, dstate 256) at batch 64, take the nearest tier's record (batch 16).
+SM90_GRID_MEASURED = {"ssd_fwd": 476, "ssd_decode": 164, "ssd_varlen": 56}
 
 
-def test_sm90_grid_records_are_fresh_measurements_each_found_exactly_on_its_gpu():
-    recs = read_records(str(lookup.shipped_db_path("sm90")), "sm90", "ssd_fwd", immutable=True)
+def _sm90_choice(op, p, mode):
+    """(config, exact, the record's problem) of the public choice of each op on an H200."""
+    if op == "ssd_fwd":
+        k = autossd.get_kernel(p, "sm90", launch_mode=mode, device="NVIDIA H200")
+        return k.config, k.source == "exact" and k.match.record.device == "NVIDIA H200"
+    from autossd.ops.ssd import decode, varlen
+    config, why = (decode if op == "ssd_decode" else varlen).choose(p, "sm90", device="NVIDIA H200")
+    return config, why.startswith(("exact match: measured", "measured record"))
+
+
+@pytest.mark.parametrize("op", sorted(SM90_GRID_MEASURED))
+def test_sm90_grid_records_are_fresh_measurements_each_found_exactly_on_its_gpu(op):
+    recs = read_records(str(lookup.shipped_db_path("sm90")), "sm90", op, immutable=True)
     h200 = {(r.problem, r.launch_mode): r for r in recs if r.device == "NVIDIA H200"}
-    shapes = [p for p in grid() if (p, "graph") in h200 and (p, "eager") in h200]
-    assert len(shapes) >= SM90_GRID_MEASURED, len(shapes)
+    shapes = [p for p in grid(op=op) if (p, "graph") in h200 and (p, "eager") in h200]
+    assert len(shapes) >= SM90_GRID_MEASURED[op], len(shapes)
     assert {p.dtype for p in shapes} == {"fp16", "bf16"}
     now = lookup._freshness()
     for (p, mode), r in h200.items():
         assert r.provenance == "measured" and r.time_ms > 0 and not r.stale_reasons(*now), (p, mode)
+    # the forward's lookup takes the caller's launch mode; the decode step's and packed prefill's
+    # calls are eager, their records timed that way first
+    modes = ("eager", "graph") if op == "ssd_fwd" else ("eager",)
     for p in shapes:
-        for mode in ("eager", "graph"):
-            k = autossd.get_kernel(p, "sm90", launch_mode=mode, device="NVIDIA H200")
-            rec = k.match.record
-            assert k.source == "exact" and rec.device == "NVIDIA H200" and rec.problem == p, (p, mode, k.reason)
-            assert rec.config == h200[(p, mode)].config, (p, mode)
+        for mode in modes:
+            config, exact = _sm90_choice(op, p, mode)
+            assert exact and config == h200[(p, mode)].config, (op, p, mode)
 
 
 # the benchmark's forward shapes, measured on both sm90 GPUs (the H200 at 5 of 7 in fp16)
@@ -169,13 +182,14 @@ def test_get_kernel_takes_the_gpus_own_records_and_one_cards_where_it_has_none(m
 
 
 def test_the_decode_step_takes_the_gpus_own_records():
-    """Layers no decode record was measured at (another headdim) are served by the transfer tier,
-    where both cards' records compete: each card's call takes its own."""
+    """Layers no decode record was measured at (a headdim no model of the grid has) are served by
+    the transfer tier, where both cards' records compete: each card's call takes its own."""
     from autossd.ops.ssd import decode
     recs = lookup.load_records("sm90", "ssd_decode")
     assert {r.device for r in recs} == set(DEVICES)
+    assert 48 not in {p.headdim for p in grid(op="ssd_decode")}
     for r in recs:
-        q = r.problem.replace(headdim=128)
+        q = r.problem.replace(headdim=48)
         for device in DEVICES:
             config, why = decode.choose(q, "sm90", device=device)
             assert why.startswith("transfer") and f"on {device}" in why, (q, device, why)
