@@ -188,6 +188,9 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
         for pr in (big, big.replace(batch=1, tokens=4), big.replace(dstate=4096), DecodeProblem(1, 3, 5, 7, 1, "fp32")):
             assert violations(default_config(arch, pr), arch, pr) == [], (arch, pr)
     assert default_config("sm90", big.replace(dstate=4096)).layout == "tiled"
+    for layout in ("whole", "tiled", "persistent"):   # the default at a pinned layout keeps it
+        cfg = default_config("sm90", big, layout=layout)
+        assert cfg.layout == layout and violations(cfg, "sm90", big) == [], (layout, cfg)
     small = DecodeProblem(1, 2, 4, 16, 1, "fp32")
     assert any("block_p" in w for w in violations(DecodeConfig(block_p=8), "sm90", small))
     for layout in ("tiled", "persistent"):

@@ -887,3 +887,25 @@ def test_local_search_climbs_one_knob_at_a_time_from_the_best(tmp_path):
     climbed = sum(trials[i].params in sampler.neighbours(min(trials[:i], key=lambda u: u.value).params)
                   for i in searched)
     assert len(searched) >= 100 and climbed >= 0.9 * len(searched), (climbed, len(searched))
+
+
+def test_the_static_model_ranks_the_decode_step_by_the_state_bytes_each_sm_keeps_loading():
+    """The decode step streams its state: on an H200, bf16 states, 16 headdim rows on 2 warps (32
+    elements a thread) reached 83% of the copy bandwidth where 8 rows on 4 warps (8 a thread)
+    reached 56%. At the same occupancy the model has to rank the tile that keeps more bytes
+    loading per SM first, and a launch too small to fill the SMs after a larger one."""
+    from autossd.compile import CompileReport, StageReport
+    from autossd.ops.ssd.decode_knobs import DecodeConfig
+    from autossd.tuner.model import predict
+    p = parse_shape("mamba2-2.7b:b=16", "bf16", op="ssd_decode", state_dtype="bf16")
+
+    def ms(block_p, warps, blocks_per_sm):
+        cfg = DecodeConfig(block_p=block_p, warps=warps)
+        rep = CompileReport("sm90", cfg, [StageReport("decode", warps, occupancy=blocks_per_sm)], [])
+        return predict("sm90", p, cfg, rep)[0]
+    big, small = ms(16, 2, 14), ms(8, 4, 14)
+    assert big < small / 1.2, (big, small)
+    # the bandwidth is a ceiling: past it more bytes in flight buy nothing
+    assert ms(16, 2, 32) == pytest.approx(ms(16, 2, 28), rel=0.02)
+    one = predict("sm90", p.replace(batch=1), DecodeConfig(block_p=16, warps=2))[0]
+    assert one < big

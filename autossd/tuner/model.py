@@ -43,6 +43,13 @@ sm90 defaults with compile reports, 2.7b fp16): 1x131072 predicted 6.01 / 6.81 /
 the ranking holds, the single launch is over-predicted ~2x (its in-place C·Bᵀ is charged at the
 small tiles' matmul efficiency).
 
+Streaming stages (the decode step: StageCost.inflight set) take a bytes-in-flight bound instead
+of the warp-count one: achieved bandwidth = min(peak, SMs x resident programs x bytes each loads
+at once / t_stream), see _stream_time. On the H200 decode sweep (sm90 reports) this lifts the
+Spearman of the ranking from -0.34..0.16 to 0.68..0.77, but it cannot pick the best: the 3 to 25
+configs per case it sees as saturating the bandwidth (within 0.5% of its best, many exactly tied)
+measured 1.00x to 1.27x the best, and its top-1 1.00x to 1.04x (the arch default: within 0.6%).
+
 Register caps (scan_maxnreg, state_maxnreg) are outside what it can rank: a cap raises the
 occupancy the compile report shows, but on the H100 a cap of 64 registers made the chunk scan
 1.47x slower at twice the resident CTAs (it spills 480 bytes per thread, which
@@ -74,6 +81,12 @@ class Constants:
     t_dep: float = 0.8e-6      # s per dependent global round trip (state passing, chunk to chunk)
     t_handoff: float = 3.5e-6  # s per chunk of the ordered hand-off: H100, depth 3 state kernel 1.83 ms for 512 chunks
     fp32_div: float = 15.0     # dense fp16 matmul rate over fp32 FMA rate
+    # s: one streaming program's memory round trip under load (issue its loads, wait for the data,
+    # update, store, make room for the next program). Set from the decode step on an H200: bf16
+    # states, 8 headdim rows x 128 dstate on 4 warps: 16 programs per SM (2048 threads / 128) each
+    # loading 2 KB, 32 KB per SM, reached 56% of the 4.24 TB/s copy bandwidth, so
+    # 132 x 32 KB / 2.37 TB/s = 1.8 us. Only streaming stages (StageCost.inflight) use it.
+    t_stream: float = 1.8e-6
     pipe_gain: float = 0.5     # latency hidden per extra pipeline stage, as resident warps
     mma_k: float = 32.0        # k-tile depth that keeps the matrix unit's pipeline full
     # per-stage time factors (stage name -> factor): what the bytes-and-FLOPs view of a stage
@@ -142,6 +155,10 @@ class StageCost:
     sector_eff: float = 1.0
     chain: int = 0                                # dependent steps per program (state passing)
     ordered: bool = False                         # chain crosses programs (fused depths' hand-off)
+    # Streaming stages (the decode step): bytes one resident program has loading at once. Non-zero
+    # switches stage_time from the warp-count view of latency hiding to a bytes-in-flight bound.
+    inflight: float = 0.0
+    resident_cap: int = 0                         # programs per SM the launch itself keeps to (0: none)
 
 
 @dataclass
@@ -169,9 +186,51 @@ def _blocks_per_sm(arch: Arch, rep: StageReport) -> float:
     return float(max(1, min(by_regs, by_threads, by_smem)))
 
 
+# NVIDIA: resident blocks per SM (sm80, sm90), whatever their threads and registers allow
+MAX_BLOCKS_PER_SM = 32
+
+
+def _stream_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport | None,
+                 c: Constants) -> StageTime:
+    """A streaming stage: each element is touched once with a few FLOPs, so the stage is bound by
+    memory, and how much of the bandwidth it gets depends on how many bytes are loading at once.
+    By Little's law the bandwidth a set of loads achieves is the bytes they have in flight over
+    the round trip: bytes in flight per SM = resident programs x the bytes each loads at once, so
+
+        achieved = min(peak, SMs x resident x inflight / t_stream)
+
+    Resident programs come from the compile report (registers x threads, threads, shared memory,
+    at most 32 blocks on NVIDIA), the launch's own cap, and the grid (ceil(G / SMs) at most). The
+    warp-count view (w_mem) misses this: a program of many warps with a few elements each keeps
+    fewer bytes loading per thread and per SM than one warp holding a larger tile."""
+    sms = arch.sm_count
+    g = max(1, cost.grid)
+    k = _cdiv(g, sms)                                       # programs on the busiest SM
+    bps = _blocks_per_sm(arch, rep) if rep else 1.0
+    if not arch.is_amd:
+        bps = min(bps, MAX_BLOCKS_PER_SM)
+    if cost.resident_cap:
+        bps = min(bps, cost.resident_cap)
+    resident = min(bps, k)
+    bw = arch.hbm_gbps * 1e9
+    # one SM draws at most 2/S of the bandwidth (as in stage_time); a grid under S SMs uses G of them
+    latency_bw = min(g, sms) * min(resident * cost.inflight / c.t_stream, 2 * bw / sms)
+    achieved = min(bw, latency_bw)
+    t_bytes = cost.unique_bytes / cost.sector_eff / achieved + cost.reread_bytes / (c.l2_ratio * bw)
+    # the busiest SM runs k programs where the average is G / S
+    t_mem = t_bytes * (k * sms / g if g >= sms else 1.0)
+    # elementwise FLOPs on the CUDA cores: the fp32 FMA rate
+    t_comp = cost.flops / (arch.matmul_tflops * 1e12 / c.fp32_div)
+    t = max(t_mem, t_comp)
+    return StageTime(cost.stage, t * c.scale(cost.stage) + c.t_launch, t_mem, t_comp, bps,
+                     _cdiv(g, int(bps * sms)))
+
+
 def stage_time(arch: Arch, problem: Problem, cost: StageCost, rep: StageReport | None,
                constants: Constants | None = None) -> StageTime:
     c = constants or constants_for(arch)
+    if cost.inflight:
+        return _stream_time(arch, problem, cost, rep, c)
     sms = arch.sm_count
     warps = rep.num_warps if rep else 4
     bps = _blocks_per_sm(arch, rep) if rep else 1.0

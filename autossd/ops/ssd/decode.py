@@ -452,13 +452,36 @@ def _meta_inputs(problem: DecodeProblem) -> dict:
 
 
 def stage_costs(problem: DecodeProblem, config: DecodeConfig) -> list:
-    """The one launch's bytes (every operand once: `DecodeProblem.min_bytes`) and FLOPs."""
+    """The one launch's bytes (every operand once: `DecodeProblem.min_bytes`) and FLOPs, and the
+    state bytes each program has loading at once (StageCost.inflight): the step streams its state
+    and is bound by how many bytes each SM keeps in flight (tuner/model.py, _stream_time).
+
+    - whole: one (BLOCK_P, dstate) tile per head. The heads of a program run one after another:
+      a head's state load cannot move above the previous head's stores (the compiler cannot tell
+      they do not alias), so a program has one head's tile loading at once; more heads per
+      program only mean fewer, longer programs. On the H200, 2 heads per program ran 1.13-1.27x
+      faster than 1 where a program's loads were few (4 or 8 rows on 4 or 8 warps), not the 2x
+      of two tiles in flight.
+      With T tokens, the x, B, C loads of each later token are another round trip with no state
+      load in flight, so the tile counts 1/T (an assumption; multi-token steps were not swept).
+    - tiled: one (BLOCK_P, BLOCK_N) slice at a time; the slices of a head are a loop of loads.
+    - persistent: each program keeps `stages` tiles loading (its software-pipelined walk), and the
+      launch holds programs to about IN_FLIGHT_PER_SM bytes per SM (`programs`)."""
     from ...tuner.model import StageCost
     heads = 1 if config.layout == "persistent" else config.heads   # the walk: one head a tile
     grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // heads)
     width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
+    tile = config.block_p * min(width, problem.dstate) * (4 if problem.state_dtype == "fp32" else 2)
+    cap = 0
+    if config.layout == "persistent":
+        inflight = config.stages * tile
+        cap = -(-IN_FLIGHT_PER_SM // inflight)
+    elif config.layout == "tiled":
+        inflight = tile
+    else:
+        inflight = tile / problem.tokens
     return [StageCost("decode", grid, float(problem.min_bytes()), 0.0, float(problem.flops()),
-                      (config.block_p, width, 1), config.stages)]
+                      (config.block_p, width, 1), config.stages, inflight=float(inflight), resident_cap=cap)]
 
 
 OP = register(Op(
@@ -483,7 +506,7 @@ OP = register(Op(
     violations="autossd.ops.ssd.decode_knobs:violations",
     caps="autossd.ops.ssd.decode_knobs:caps",
     static_caveat="against an H200 sweep of the decode step (sm90) the model ranked configs at Spearman "
-                  "-0.34 to 0.16 and its top-1 ran up to 1.18x the best, where the arch default was within "
+                  "0.68 to 0.77 but its top-1 ran up to 1.04x the best, where the arch default was within "
                   "0.6%: a static record may be slower than the default it replaces",
     doc="Mamba-2 decode step: the state updated in place by one (or T) tokens, and the output",
 ))

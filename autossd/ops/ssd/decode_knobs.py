@@ -31,7 +31,7 @@ KNOBS: tuple[Knob, ...] = (
          "dstate in resident programs that loop over the tiles"),
     Knob("block_p", (1, 2, 4, 8, 16, 32, 64, 128), 8, "headdim rows per program", "decode"),
     Knob("block_n", (16, 32, 64, 128), 64, "dstate columns per slice", "decode", depths=("tiled",)),
-    Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled: more loads in flight per program)", "decode",
+    Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled one after another: fewer, longer programs)", "decode",
          depths=("whole", "tiled")),
     Knob("warps", (1, 2, 4, 8), 4, "num_warps", "decode"),
     Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the token, slice and tile loops)", "decode"),
@@ -168,4 +168,4 @@ def default_config(arch: Arch | str, problem: DecodeProblem | None = None,
     per_thread = 32 if not arch.is_amd else 16   # the same elements per warp or wavefront
     warps = block_p * n2 // (per_thread * arch.warp_size)
     warps = max(v for v in KNOB_BY_NAME["warps"].values if v <= max(1, warps))
-    return base.replace(block_p=block_p, warps=warps)
+    return base.replace(layout=layout or "whole", block_p=block_p, warps=warps)
