@@ -1,8 +1,9 @@
 """The shipped static databases (tuning_db/sm80, gfx90a, gfx942.sqlite): every shape of the model
 grid (autossd/tuner/shapes.py) resolves to an exact, fresh, static forward record of the shipped
-file, the backward to one at the training shapes (and over the grid, where its file holds it), and the files open read-only (no write-ahead
-log left in them). The measured sm90 file: an H100's and an H200's forward records of the
-benchmark's shapes side by side, each GPU's lookup taking its own."""
+file, the backward to one at every grid shape and at the training shapes, and the files open
+read-only (no write-ahead log left in them). The measured sm90 file: the H200's records over the
+grids of the forward, the decode step and packed prefill, and an H100's and an H200's records of
+the benchmark's shapes side by side, each GPU's lookup taking its own."""
 from __future__ import annotations
 
 import sqlite3
@@ -55,7 +56,7 @@ def test_get_kernel_at_every_grid_shape_returns_the_exact_fresh_static_record(ar
 # the static files holding the backward's records over the whole model grid too (static tunes
 # of the grid's 476 shapes take ~36 min an arch on a 2-core host; the others hold the training
 # shapes only)
-BWD_GRID_ARCHS = ("sm80", "gfx942")
+BWD_GRID_ARCHS = STATIC_ARCHS
 
 
 @pytest.mark.parametrize("arch", BWD_GRID_ARCHS)
@@ -89,7 +90,7 @@ def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arc
 
 # the measured sm90 grid: the H200's records at the grid shapes its 4-GPU tunes finished, per op
 # (the forward: three candidates each, the default, the stored records' pick and the first seed
-# family; the decode step eight, packed prefill three). The decode step's 4 left, the largest layer
+# family; the decode step eight, packed prefill four). The decode step's 4 left, the largest layer
 # (256 heads, dstate 256) at batch 64, take the nearest tier's record (batch 16).
 SM90_GRID_MEASURED = {"ssd_fwd": 476, "ssd_decode": 164, "ssd_varlen": 56}
 
