@@ -133,3 +133,28 @@ def test_fit_model_learns_a_knob_the_analytic_model_misses(tmp_path, capsys):
     k = Constants.from_dict(json.loads(out.read_text())["constants"])
     w = {(kn, v): x for kn, v, x in k.knob_terms}
     assert w[("decay_split", "False")] - w[("decay_split", "True")] == pytest.approx(math.log(1.6), abs=0.02)
+
+
+def test_tune_grid_lists_the_grid_shapes_the_shipped_file_lacks_for_a_gpu(tmp_path, capsys):
+    """Left on an H200: the decode step's 4 largest shapes, no forward shape; on a GPU no record
+    was measured on, every grid shape of the op. A record file given with --have counts as done."""
+    from autossd.db import add_records, make_record
+    from autossd.ops.ssd.decode_knobs import default_config
+    from autossd.tuner.shapes import grid
+    mod = _load("tune_grid")
+
+    def listed(*args):
+        assert mod.main(["--list", *args]) == 0
+        return [line.split(" ", 1) for line in capsys.readouterr().out.strip().splitlines() if line]
+    assert listed("--ops", "ssd_fwd", "--device", "NVIDIA H200") == []
+    left = listed("--ops", "ssd_decode", "--device", "NVIDIA H200")
+    assert len(left) == 4 and all(op == "ssd_decode" and "h=256" in s for op, s in left)
+    assert len(listed("--ops", "ssd_varlen", "--device", "NVIDIA B200")) == len(grid(op="ssd_varlen"))
+    # the shape left measured elsewhere, in both launch modes: done
+    p = next(q for q in grid(op="ssd_decode") if q.nheads == 256 and q.batch == 64)
+    db = tmp_path / "have.sqlite"
+    add_records(str(db), [make_record(p, default_config("sm90", p), "sm90", provenance="measured", time_ms=0.1,
+                                      device="NVIDIA H200", launch_mode=m, op="ssd_decode") for m in ("eager", "graph")])
+    assert len(listed("--ops", "ssd_decode", "--device", "NVIDIA H200", "--have", str(db))) == 3
+    with pytest.raises(SystemExit):
+        mod.main(["--list", "--ops", "ssd_nope", "--device", "NVIDIA H200"])
