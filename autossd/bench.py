@@ -26,7 +26,7 @@ def measure_ceilings() -> dict:
     k = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = do_bench(lambda: m @ k, warmup=50, rep=300, return_mode="median")
     tflops = 2 * 8192 ** 3 / ms / 1e9
-    del a, b, m, k
+    a = b = m = k = None   # freed before empty_cache (the lambdas above still name them)
     torch.cuda.empty_cache()
     return {"copy_GBps": copy_gbps, "bf16_matmul_TFLOPs": tflops}
 

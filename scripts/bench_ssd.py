@@ -182,7 +182,7 @@ def main():
                   f"{_vs(row, 'dropin_graph10_ms', 'peer_graph10_ms')} graph x10 | "
                   f"{_vs(row, 'dropin_graph10_mixed_ms', 'peer_graph10_mixed_ms')} graph x10 mixed | {extra} | MHz {mhz}",
                   flush=True)
-            del t
+            t = None   # its tensors freed before empty_cache (the closures above still name t)
             torch.cuda.empty_cache()
             # rewritten after every shape: a run cut by its time limit keeps the shapes it timed
             os.makedirs(a.out, exist_ok=True)

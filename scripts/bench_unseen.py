@@ -68,7 +68,7 @@ def _time(prob: Problem, config) -> float:
     ms = do_bench(lambda: chunk.ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"],
                                             dt_bias=t["dt_bias"], dt_softplus=True, config=config),
                   warmup=25, rep=100, return_mode="median")
-    del t
+    t = None   # its tensors freed before empty_cache (the lambda above still names t)
     torch.cuda.empty_cache()
     return ms
 
