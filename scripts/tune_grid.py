@@ -6,20 +6,23 @@ shape finishes into OUT/gpuN.sqlite. This is how the shipped sm90 file's grid re
 `scripts/build_shipped_db.py --merge` folds the results in.
 
     python scripts/tune_grid.py --ops ssd_decode,ssd_varlen --deadline 480 --out runs/a
-    python scripts/tune_grid.py --ops ssd_bwd --have runs/a/gpu*.sqlite --out runs/b
+    python scripts/tune_grid.py --ops ssd_bwd --have runs/a/gpu*.sqlite --out runs/b   # a's records count as done
     python scripts/tune_grid.py --ops ssd_fwd --list          # what is left, no GPU needed
 
 Why not `autossd tune --preset grid --workers N`: its workers share each shape's study, which
 suits long tunes of few shapes; a grid of hundreds of shapes at a few candidates each is faster
 dealt whole shapes to GPUs (no study locks, one compile of each candidate per shape). A worker
 stops taking shapes past --deadline seconds, so a run inside a time-limited job ends with what it
-finished stored. Each worker keeps one evaluation process and one journal across its shapes."""
+finished stored. Each worker keeps one evaluation process and one journal across its shapes, and
+tunes with confirm 0 (no re-timing of the finalists).
+The list of shapes is computed once, by the parent, so workers writing records cannot change it."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -44,24 +47,30 @@ def todo(arch: str, ops: list[str], device: str, have: list[str]) -> list[tuple[
     shipped file of `arch` or the `have` files, smallest first within each op."""
     from autossd.db import lookup, read_records
     from autossd.tuner.shapes import grid
+    shipped = lookup.shipped_db_path(arch)
+    now = lookup._freshness()
     left = []
     for op in ops:
-        recs = read_records(str(lookup.shipped_db_path(arch)), arch, op, immutable=True)
+        recs = read_records(str(shipped), arch, op, immutable=True) if shipped else []
         for f in have:
             recs += read_records(f, arch, op)
-        done = {(r.problem, r.launch_mode) for r in recs if r.device == device and r.provenance == "measured"}
+        # a stale record (made by other kernels or another Triton) counts as not done
+        done = {(r.problem, r.launch_mode) for r in recs
+                if r.device == device and r.provenance == "measured" and not r.stale_reasons(*now)}
         miss = [p for p in grid(op=op) if not ((p, "graph") in done and (p, "eager") in done)]
         left += [(op, p) for p in sorted(miss, key=_size)]
     return left
 
 
 def worker(args) -> int:
-    """One GPU's share: every n-th shape of `todo`, until the deadline."""
+    """One GPU's share: every n-th shape of the list the parent wrote (computed once, before any
+    worker writes a record), until the deadline. 1 when a shape failed."""
     from autossd.tuner import Settings, kept_eval_workers, open_sink, tune
     from autossd.tuner.shapes import describe
     from autossd.tuner.storage import kept_journals
     t0 = time.monotonic()
-    mine = todo(args.arch, args.ops, args.device, args.have)[args.gpu::args.gpus]
+    with open(Path(args.out) / "todo.pkl", "rb") as f:   # written by this script's parent process
+        mine = pickle.load(f)[args.gpu::args.gpus]
     out = Path(args.out)
     print(f"gpu {args.gpu}: {len(mine)} shapes", flush=True)
     sink = open_sink(str(out / f"gpu{args.gpu}.sqlite"))
@@ -87,8 +96,25 @@ def worker(args) -> int:
             log.append(row)
             print(f"gpu {args.gpu} [{i + 1}/{len(mine)}]", json.dumps(row), flush=True)
             (out / f"log{args.gpu}.json").write_text(json.dumps(log))
-    print(f"gpu {args.gpu}: {len(log)} shapes in {time.monotonic() - t0:.0f} s", flush=True)
-    return 0
+    failed = sum("error" in row for row in log)
+    print(f"gpu {args.gpu}: {len(log)} shapes in {time.monotonic() - t0:.0f} s, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (a worker sees one of them)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def worker_command(args, g: int) -> list[str]:
+    """The command line of GPU g's worker: this script, its parent's settings, --gpu g."""
+    return [sys.executable, __file__, "--arch", args.arch, "--ops", ",".join(args.ops), "--device", args.device,
+            "--gpus", str(args.gpus), "--deadline", str(args.deadline), "--out", args.out, "--gpu", str(g),
+            *(["--trials", str(args.trials)] if args.trials is not None else [])]
 
 
 def main(argv=None) -> int:
@@ -110,6 +136,11 @@ def main(argv=None) -> int:
     for op in args.ops:
         if op not in TRIALS:
             ap.error(f"--ops: unknown op {op!r}; expected some of {sorted(TRIALS)}")
+    for f in args.have:
+        if not os.path.isfile(f):
+            ap.error(f"--have: no such file: {f}")
+    if args.trials is not None and args.trials < 1:
+        ap.error(f"--trials: expected at least 1, got {args.trials}")
     if args.device is None:
         import torch
         if not torch.cuda.is_available():
@@ -124,25 +155,24 @@ def main(argv=None) -> int:
         return 0
     if args.gpu is not None:
         return worker(args)
+    visible = visible_gpus()
     if args.gpus is None:
-        import torch
-        args.gpus = torch.cuda.device_count()
-    if args.gpus < 1:
-        ap.error(f"--gpus: expected at least 1 GPU, got {args.gpus}")
+        args.gpus = len(visible)
+    if not 1 <= args.gpus <= len(visible):
+        ap.error(f"--gpus: expected 1 to the {len(visible)} visible GPUs, got {args.gpus}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.out) / "todo.pkl", "wb") as f:
+        pickle.dump(todo(args.arch, args.ops, args.device, args.have), f)
     procs = []
     with contextlib.ExitStack() as logs:
         for g in range(args.gpus):
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(g))
-            cmd = [sys.executable, __file__, "--arch", args.arch, "--ops", ",".join(args.ops), "--device", args.device,
-                   "--gpus", str(args.gpus), "--deadline", str(args.deadline), "--out", args.out, "--gpu", str(g),
-                   *(["--trials", str(args.trials)] if args.trials else []),
-                   *(["--have", *args.have] if args.have else [])]
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible[g])
             log = logs.enter_context(open(Path(args.out) / f"out{g}.txt", "w"))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(worker_command(args, g), env=env, stdout=log, stderr=subprocess.STDOUT))
         rcs = [p.wait() for p in procs]
     for g in range(args.gpus):
-        print((Path(args.out) / f"out{g}.txt").read_text().strip().splitlines()[-1])
+        lines = (Path(args.out) / f"out{g}.txt").read_text().strip().splitlines()
+        print(lines[-1] if lines else f"gpu {g}: no output (exit {rcs[g]})")
     print(f"merge: python scripts/build_shipped_db.py --arch {args.arch} --merge tuning_db/{args.arch}.sqlite "
           f"{args.out}/gpu*.sqlite --out NEW.sqlite")
     return max(rcs)

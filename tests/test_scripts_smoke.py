@@ -154,7 +154,40 @@ def test_tune_grid_lists_the_grid_shapes_the_shipped_file_lacks_for_a_gpu(tmp_pa
     p = next(q for q in grid(op="ssd_decode") if q.nheads == 256 and q.batch == 64)
     db = tmp_path / "have.sqlite"
     add_records(str(db), [make_record(p, default_config("sm90", p), "sm90", provenance="measured", time_ms=0.1,
-                                      device="NVIDIA H200", launch_mode=m, op="ssd_decode") for m in ("eager", "graph")])
+                                      device="NVIDIA H200", launch_mode=m, op="ssd_decode")
+                          for m in ("eager", "graph")])
     assert len(listed("--ops", "ssd_decode", "--device", "NVIDIA H200", "--have", str(db))) == 3
     with pytest.raises(SystemExit):
         mod.main(["--list", "--ops", "ssd_nope", "--device", "NVIDIA H200"])
+
+
+def test_tune_grid_deals_the_list_it_computed_once_to_one_worker_per_visible_gpu(tmp_path, monkeypatch, capsys):
+    """The parent writes the shapes left, then starts a worker per GPU of CUDA_VISIBLE_DEVICES
+    (each worker sees its own entry), each with a command line the script parses back."""
+    import pickle
+    mod = _load("tune_grid")
+    started = []
+
+    class FakeWorker:
+        def __init__(self, cmd, env, stdout, stderr):
+            started.append((cmd, env["CUDA_VISIBLE_DEVICES"]))
+            stdout.write(f"gpu {len(started) - 1}: 2 shapes in 1 s, 0 failed\n")
+
+        def wait(self):
+            return 0
+    monkeypatch.setattr(mod.subprocess, "Popen", FakeWorker)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    out = tmp_path / "run"
+    assert mod.main(["--ops", "ssd_decode", "--device", "NVIDIA H200", "--out", str(out), "--trials", "2"]) == 0
+    assert [env for _, env in started] == ["4", "6"]
+    left = pickle.loads((out / "todo.pkl").read_bytes())
+    assert len(left) == 4 and {op for op, _ in left} == {"ssd_decode"}
+    for g, (cmd, _) in enumerate(started):
+        args = cmd[2:]
+        assert args[args.index("--gpu") + 1] == str(g) and args[args.index("--trials") + 1] == "2"
+        assert mod.main([*args, "--list"]) == 0   # the worker's command line parses
+    assert "gpu 1: 2 shapes" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.main(["--ops", "ssd_decode", "--device", "NVIDIA H200", "--out", str(out), "--gpus", "3"])
+    with pytest.raises(SystemExit):
+        mod.main(["--list", "--ops", "ssd_decode", "--device", "NVIDIA H200", "--have", str(tmp_path / "none.sqlite")])

@@ -230,7 +230,12 @@ def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None
     of the tuning databases (user first, then shipped): an exact record, else the nearest in
     batch, heads and groups (a batch of 32 takes the record of 16 or 64), else a record's config
     carried over (transfer), else the arch default. device: the GPU's name, whose own
-    measurements rank first."""
+    measurements rank first.
+
+    The records timed by graph replay rank first, whether the call is captured or not: the step
+    is one launch, so an eager timing adds the host's launch cost (about 13 us on an H200, where
+    the step's GPU time is 3-90 us) whatever the config, and ranks configs by host noise; the
+    graph timing is the GPU time either way of launching has to pay."""
     recs = []
     try:
         from ...db.lookup import load_records
@@ -239,7 +244,7 @@ def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None
         import logging
         logging.getLogger("autossd").warning("autossd: decode records unreadable (%s); using defaults", e)
     from ...db.lookup import pick
-    m = pick(problem, recs, arch, op="ssd_decode", device=device)
+    m = pick(problem, recs, arch, launch_mode="graph", op="ssd_decode", device=device)
     return m.config, m.reason
 
 

@@ -319,8 +319,9 @@ def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None
                                  r.launch_mode != "eager", r.time_ms if r.time_ms is not None else float("inf"),
                                  r.config.key()))
         r = hits[0]
+        on = f" on {r.device}" if r.provenance == "measured" and r.device else ""
         return fit(r.config, problem), (f"{r.provenance} record ({r.origin or 'given'} db) at "
-                                        f"{r.problem.tokens} tokens / {r.problem.seqs} sequences")
+                                        f"{r.problem.tokens} tokens / {r.problem.seqs} sequences{on}")
     return default_config(arch, problem), f"default config for {arch}"
 
 
