@@ -53,6 +53,24 @@ def test_get_kernel_at_every_grid_shape_returns_the_exact_fresh_static_record(ar
         assert rec.problem == p
 
 
+# the decode step's static records over its grid, whole-dstate tiles only (the layout the model
+# was checked on against the H200's sweeps); packed prefill ships none (its model's top-1 ran
+# 1.15x the best there, the default 1.05x), so its calls on these arches take the default
+@pytest.mark.parametrize("arch", STATIC_ARCHS)
+def test_the_decode_step_at_every_grid_shape_takes_its_exact_fresh_static_record(arch):
+    from autossd.ops.ssd import decode
+    recs = read_records(str(lookup.shipped_db_path(arch)), arch, "ssd_decode", immutable=True)
+    assert {r.provenance for r in recs} == {"static"} and {r.config.layout for r in recs} == {"whole"}
+    by_problem = {r.problem: r for r in recs}
+    now = lookup._freshness()
+    for p in grid(op="ssd_decode"):
+        r = by_problem[p]
+        assert not r.stale_reasons(*now), (p, r.stale_reasons(*now))
+        config, why = decode.choose(p, arch)
+        assert why.startswith("exact match: static record from the shipped db") and config == r.config, (p, why)
+    assert not read_records(str(lookup.shipped_db_path(arch)), arch, "ssd_varlen", immutable=True)
+
+
 # each static file holds the backward's records over the whole model grid too (a static tune of
 # the grid's 476 shapes takes 35-49 min an arch on a 2-core host)
 @pytest.mark.parametrize("arch", STATIC_ARCHS)

@@ -910,3 +910,28 @@ def test_the_static_model_ranks_the_decode_step_by_the_state_bytes_each_sm_keeps
     # the bandwidth is a ceiling: at 14 programs of 4 KB an SM the step reaches it, and twice the
     # programs buy nothing
     assert ms(16, 2, 32) == pytest.approx(big, rel=1e-6)
+
+
+@pytest.mark.parametrize("gain, kept", [(1.01, "default"), (1.019, "default"), (1.03, "searched")])
+def test_a_static_tune_keeps_the_default_unless_the_model_predicts_a_real_gain(gain, kept):
+    """Static mode: a searched config replaces the arch default only when predicted at least
+    STATIC_MIN_GAIN faster (below that the model's differences are its noise); a measured tune
+    keeps whichever timed fastest."""
+    import optuna
+    from autossd.ops.ssd.decode_knobs import DecodeConfig, default_config
+    from autossd.tuner.study import STATIC_MIN_GAIN, summarize
+    assert STATIC_MIN_GAIN == 0.02
+    p = parse_shape("mamba2-2.7b:b=16", "bf16", op="ssd_decode", state_dtype="bf16")
+    dflt = default_config("sm80", p)
+    other = DecodeConfig(block_p=8, warps=1)
+    assert other != dflt
+    for mode in ("static", "measured"):
+        study = optuna.create_study()
+        study.set_user_attr("op", "ssd_decode")
+        for i, (cfg, ms) in enumerate(((dflt, 0.010), (other, 0.010 / gain))):
+            study.add_trial(optuna.trial.create_trial(
+                value=ms, user_attrs={"evaluated": True, "config": cfg.as_dict(),
+                                      **({"seed": "default"} if i == 0 else {})}))
+        got = summarize(study, "sm80", p, mode, "A100 model").best_config
+        want = dflt if (mode == "static" and kept == "default") else other
+        assert got == want, (mode, gain, got)

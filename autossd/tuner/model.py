@@ -45,12 +45,13 @@ small tiles' matmul efficiency).
 
 Streaming stages (the decode step: StageCost.inflight set) take a bytes-in-flight bound instead
 of the warp-count one: achieved bandwidth = min(peak, SMs x resident programs x bytes each loads
-at once / t_stream), see _stream_time. On the H200 decode sweep (sm90 reports) this lifts the
-Spearman of the ranking from -0.34..0.16 to 0.68..0.77, but it cannot pick the best: the 3 to 25
-configs per case it sees as saturating the bandwidth (within 0.5% of its best, many exactly tied)
-differ among themselves by more than that when measured, and its top-1 ran 1.00x to 1.04x the best
-(the arch default: within 0.6%). Its ceiling is the arch's bandwidth (sm90: the H100's 3.35 TB/s),
-below the H200's 4.24, which adds to the ties on H200 data.
+at once / t_stream), see _stream_time. On the H200 decode sweeps (sm90 reports) this lifts the
+Spearman of the ranking from -0.50..0.44 to 0.68..0.87. It cannot separate the configs it sees
+as saturating the bandwidth (within 0.5% of its best, many exactly tied), which differ among
+themselves by more than that when measured; a tune keeps the default among equal predictions,
+and the top-1 so chosen ran 1.00x to 1.07x the best (the arch default: 1.00x to 1.07x). At batch 1
+the launch cost dominates and every config predicts alike. Its ceiling is the arch's bandwidth
+(sm90: the H100's 3.35 TB/s), below the H200's 4.24, which adds to the ties on H200 data.
 
 Register caps (scan_maxnreg, state_maxnreg) are outside what it can rank: a cap raises the
 occupancy the compile report shows, but on the H100 a cap of 64 registers made the chunk scan
