@@ -48,9 +48,10 @@ of the warp-count one: achieved bandwidth = min(peak, SMs x resident programs x 
 at once / t_stream), see _stream_time. On the H200 decode sweeps (sm90 reports) this lifts the
 Spearman of the ranking from -0.50..0.44 to 0.68..0.87. It cannot separate the configs it sees
 as saturating the bandwidth (within 0.5% of its best, many exactly tied), which differ among
-themselves by more than that when measured; a tune keeps the default among equal predictions,
-and the top-1 so chosen ran 1.00x to 1.07x the best (the arch default: 1.00x to 1.07x). At batch 1
-the launch cost dominates and every config predicts alike. Its ceiling is the arch's bandwidth
+themselves by more than that when measured: its top-1 ran up to 1.04x the best at batch 64, where
+the arch default was within 0.1%. A static tune keeps the default unless a config is predicted
+2% faster (tuner.study.STATIC_MIN_GAIN); on those sweeps that keeps it in all 12 cases. At
+batch 1 the launch cost dominates and every config predicts alike. Its ceiling is the arch's bandwidth
 (sm90: the H100's 3.35 TB/s), below the H200's 4.24, which adds to the ties on H200 data.
 
 Register caps (scan_maxnreg, state_maxnreg) are outside what it can rank: a cap raises the
