@@ -512,7 +512,8 @@ OP = register(Op(
     caps="autossd.ops.ssd.decode_knobs:caps",
     static_caveat="against the H200 sweeps of the decode step (sm90, whole-dstate tiles, batch 1 to 64) the "
                   "model ranked configs at Spearman 0.68 to 0.87, but its top-1 ran up to 1.04x the best at "
-                  "batch 64 where the default was within 0.1%; a static tune keeps the default unless the "
-                  "model predicts 2% better, which there it did at none of 12 cases",
+                  "batch 64 where the default was within 0.1%: a searched static record may be slower than "
+                  "the default, so a static tune keeps the default unless the model predicts 2% better "
+                  "(there: in none of 12 cases)",
     doc="Mamba-2 decode step: the state updated in place by one (or T) tokens, and the output",
 ))
