@@ -34,9 +34,9 @@ def _score(runner, configs, measured, default):
     best = min(meas)
     dm = next((m for c, m in zip(keep, meas) if c == default), None)
     # what a static tune stores: the default unless a config is predicted STATIC_MIN_GAIN faster
-    from autossd.tuner.study import STATIC_MIN_GAIN
+    from autossd.tuner.study import static_keeps_default
     top = min(range(len(pred)), key=lambda i: (pred[i], keep[i] != default, i))
-    if default in keep and pred[top] * (1 + STATIC_MIN_GAIN) > pred[keep.index(default)]:
+    if default in keep and static_keeps_default(pred[top], pred[keep.index(default)]):
         top = keep.index(default)
     return dict(n=len(meas), spearman=round(spearman(pred, meas), 3),
                 top1_over_best=round(meas[top] / best, 3), top1_is_default=keep[top] == default,

@@ -518,6 +518,11 @@ def _jsonable(v: Any) -> Any:
 STATIC_MIN_GAIN = 0.02
 
 
+def static_keeps_default(best_ms: float, default_ms: float) -> bool:
+    """Whether a static tune stores the default over a pick predicted to take best_ms."""
+    return best_ms * (1 + STATIC_MIN_GAIN) > default_ms
+
+
 def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, device: str,
               objective: str | None = None) -> TuneResult:
     """objective: the launch mode the study's values are times of (None: the runner timed no
@@ -532,7 +537,7 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
     default_trial = next((t for t in complete if t.user_attrs.get("seed") == "default"),
                          next((t for t in complete if op.config(t.user_attrs["config"]).key() == dflt), None))
     if (mode == "static" and best is not None and default_trial is not None
-            and best.value * (1 + STATIC_MIN_GAIN) > default_trial.value):
+            and static_keeps_default(best.value, default_trial.value)):
         best = default_trial
     default_ms = default_trial.value if default_trial is not None else None
     # each mode's best among every candidate timed in it: a candidate whose graph timing failed
