@@ -527,9 +527,9 @@ def test_sigkill_mid_study_then_resume_keeps_finished_trials(tmp_path, monkeypat
     study = optuna.load_study(study_name=names[0], storage=open_storage(str(journal)))
     before = {t.number: (t.state, t.value) for t in study.trials
               if t.state in (TrialState.COMPLETE, TrialState.FAIL)}
-    # in flight at the kill (a trial killed before its first attribute write names no process
-    # and is reaped only after a grace period)
-    running = [t.number for t in study.trials if t.state == TrialState.RUNNING and "host" in t.user_attrs]
+    # in flight at the kill, named or not (a kill between a trial's ask and its first attribute
+    # write leaves it naming no process)
+    running = [t.number for t in study.trials if t.state == TrialState.RUNNING]
 
     from autossd.tuner.runners.static import StaticRunner
     p = Problem(1, 256, 2, 32, 32, 1, "fp16")
@@ -544,6 +544,17 @@ def test_sigkill_mid_study_then_resume_keeps_finished_trials(tmp_path, monkeypat
     with_params = {n for n in running if study.trials[n].params}
     assert {t.user_attrs["retry_of"] for t in retried} == with_params   # ...and re-run
     assert res.complete + res.failed >= target
+
+
+def test_a_trial_killed_before_it_names_its_process_is_reaped_under_the_lock_only(tmp_path):
+    from autossd.tuner.study import reap_stale
+    journal = str(tmp_path / "j.journal")
+    study = optuna.create_study(study_name="s", storage=open_storage(journal))
+    orphan = study.ask()   # asked, then the process died before naming itself
+    assert reap_stale(study) == 0   # no lock held: a live worker may be about to name it
+    assert study.trials[orphan.number].state == TrialState.RUNNING
+    assert reap_stale(study, storage=journal) == 1   # inside the lock no live worker can be
+    assert study.trials[orphan.number].state == TrialState.FAIL
 
 
 def test_conditional_space_counts_and_enumerates_distinct_configs():

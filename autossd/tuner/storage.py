@@ -181,28 +181,28 @@ def study_lock(spec: str | None, study_name: str) -> Iterator[None]:
     fleet of hosts on PostgreSQL) neither overrun the shared budget nor enqueue or evaluate one
     candidate twice. PostgreSQL: a session advisory lock (released by the server if the process
     dies); a journal file: an flock on a file beside it; other storages: no lock (SQLite and
-    MySQL are not for fleets here)."""
+    MySQL are not for fleets here). Yields whether a lock is held."""
     if spec == ":memory:":
-        yield
+        yield False
         return
     if spec and "://" in spec:
         from ..db.engine import is_postgres, to_url
         if not is_postgres(to_url(spec)):
-            yield
+            yield False
             return
         yield from _pg_lock(_rdb_storage(spec), _lock_key(study_name))
         return
     try:
         import fcntl
     except ImportError:   # no flock (Windows): one worker per study there
-        yield
+        yield False
         return
     path = Path(spec.removeprefix("journal:")) if spec else default_journal_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{path}.claims", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -214,7 +214,7 @@ def _pg_lock(storage: optuna.storages.RDBStorage, key: int) -> Iterator[None]:
         conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": key})
         conn.commit()
         try:
-            yield
+            yield True
         finally:
             try:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})

@@ -183,16 +183,18 @@ _NO_LOCK = object()
 
 
 def _locked(storage, name: str):
-    return contextlib.nullcontext() if storage is _NO_LOCK else study_lock(storage, name)
+    return contextlib.nullcontext(False) if storage is _NO_LOCK else study_lock(storage, name)
 
 
 def reap_stale(study: optuna.Study, grace_s: float = 120.0, storage=_NO_LOCK) -> int:
     """Fail the RUNNING trials whose process (on this host) is gone, and enqueue their params
     again once, so that a killed run loses no candidate. A trial killed between its creation
-    and its first attribute write names no process: it is reaped once older than `grace_s`.
+    and its first attribute write names no process: it is reaped at once when the study's lock
+    is held (every worker asks for a trial and names it inside that lock, so an unnamed one seen
+    from inside belongs to a process that died in between), else once older than `grace_s`.
     `storage`: take the study's lock there (workers of one host may reap at the same moment)."""
-    with _locked(storage, study.study_name):
-        return _reap(study, grace_s)
+    with _locked(storage, study.study_name) as held:
+        return _reap(study, 0.0 if held else grace_s)
 
 
 def _reap(study: optuna.Study, grace_s: float) -> int:
@@ -380,8 +382,10 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
             # candidates this worker may still take. Trials are asked for, checked and, when
             # pruned or duplicates, told inside the lock, so outside it every RUNNING trial is
             # one that some worker is evaluating.
-            with study_lock(settings.storage, study.study_name):
-                _reap(study, 120.0)   # a worker of this host killed since: its trials go back
+            with study_lock(settings.storage, study.study_name) as held:
+                # a worker of this host killed since: its trials go back (an unnamed one at once
+                # when the lock is held: no live worker is between its ask and its naming then)
+                _reap(study, 0.0 if held else 120.0)
                 trials = study.get_trials(deepcopy=False)
                 known.update(_known(study, trials, seen))
                 done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
