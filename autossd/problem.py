@@ -7,6 +7,7 @@ the offending argument, so bad input never reaches a kernel.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,10 @@ class Problem(ProblemFields):
             v = getattr(self, f)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{f}: expected a positive int, got {v!r}")
+        for f in ("has_D", "D_has_hdim", "has_z", "has_dt_bias", "dt_softplus", "has_dt_limit",
+                  "has_initial_states", "has_seq_idx", "return_final_states", "return_varlen_states"):
+            if type(getattr(self, f)) is not bool:
+                raise TypeError(f"{f}: expected a bool, got {getattr(self, f)!r}")
         if self.nheads % self.ngroups:
             raise ValueError(f"ngroups: nheads={self.nheads} is not divisible by ngroups={self.ngroups}")
         if self.dtype not in DTYPE_BYTES:
@@ -107,6 +112,30 @@ def as_flag(name: str, v) -> bool:
 def _check_float(name: str, t) -> None:
     if t.dtype not in DTYPES:
         raise TypeError(f"{name}: expected float16, bfloat16 or float32, got {t.dtype}")
+
+
+def supported_chunk(chunk_size) -> int:
+    """The chunk length the kernels run for a caller's `chunk_size`: itself when it is one of
+    CHUNK_SIZES, else the nearest of them (in log scale). The SSD's outputs do not depend on the
+    chunk length (it only splits the same sums differently), so any positive length mamba_ssm
+    takes is taken here too."""
+    if type(chunk_size) is int and chunk_size in CHUNK_SIZES:
+        return chunk_size
+    if isinstance(chunk_size, bool) or not hasattr(chunk_size, "__index__") or operator.index(chunk_size) < 1:
+        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    q = operator.index(chunk_size)
+    return min(CHUNK_SIZES, key=lambda c: (abs(math.log2(c / q)), -c))
+
+
+def parse_dt_limit(dt_limit) -> tuple[float, float]:
+    """dt_limit as the pair (lo, hi) of floats, lo <= hi (a TypeError or ValueError naming it)."""
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
+    if math.isnan(lo) or math.isnan(hi) or lo > hi:
+        raise ValueError(f"dt_limit: expected lo <= hi, got {dt_limit!r}")
+    return lo, hi
 
 
 def check_grid(batch: int, seqlen: int, nheads: int) -> None:
@@ -206,14 +235,8 @@ def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
             raise ValueError(f"{name}: strides {tuple(t.stride())} put elements of one chunk of one "
                              f"batch row {reach} elements apart, past the kernels' 32-bit offsets "
                              f"(< 2**31); pass {name}.contiguous()")
-    if type(chunk_size) is not int or chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size: expected a power of two in {CHUNK_SIZES}, got {chunk_size!r}")
-    try:
-        lo, hi = (float(v) for v in dt_limit)
-    except (TypeError, ValueError):
-        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
-    if math.isnan(lo) or math.isnan(hi) or lo > hi:
-        raise ValueError(f"dt_limit: expected lo <= hi, got {dt_limit!r}")
+    chunk_size = supported_chunk(chunk_size)
+    lo, hi = parse_dt_limit(dt_limit)
     if state_dtype is not None and state_dtype not in DTYPES:
         raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype}")
     check_grid(b, l, h)

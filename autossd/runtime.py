@@ -35,7 +35,7 @@ from .db.records import Record, device_text, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
 from .ops.common.launch_cache import RecentCalls
 from .ops.ssd.chunk import INPUTS, clear_launch_cache, clear_workspaces, execute, input_sig, remember
-from .problem import Problem, as_flag, from_args
+from .problem import Problem, as_flag, from_args, parse_dt_limit, supported_chunk
 from .render import interpreting, load
 from .ops.ssd.fwd_knobs import Config, default_config
 
@@ -134,7 +134,7 @@ class Kernel:
         if prob is None:
             prob = from_args(x, dt, A, B, C, chunk, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                              dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
-            _check_new_call(x, A, launch_mode_of(x) == "graph")
+            _check_new_call(x)
             if prob != self.problem.replace(chunk_size=chunk):
                 raise ValueError(f"kernel: built for {self.problem}, called with {prob}; "
                                  f"use autossd.get_kernel for the new problem")
@@ -319,9 +319,15 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
         device = device.index if device.type == "cuda" else None
     dev = _current_device() if device is None else device
     try:
-        return _kernels[(problem_or_shape, arch, db, launch_mode, dev)]
+        return _kernels[(_shape_key(problem_or_shape), arch, db, launch_mode, dev)]
     except (KeyError, TypeError):  # TypeError: an unhashable shape (dict)
         return _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev)
+
+
+def _shape_key(p):
+    """A tuple shape with its values' types (Problem refuses seqlen=64.0, which equals and hashes
+    as 64: without them a cached (1, 64, ...) would answer it)."""
+    return (p, tuple(map(type, p))) if type(p) is tuple else p
 
 
 def _current_device() -> int | None:
@@ -333,6 +339,11 @@ def _current_device() -> int | None:
 
 def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kernel:
     problem = _as_problem(problem_or_shape)
+    if db is not None and not isinstance(db, (str, os.PathLike)):
+        raise TypeError(f"db: expected a path or SQLAlchemy URL, got {type(db).__name__} {db!r}")
+    if dev is not None and not isinstance(dev, str) and (type(dev) is not int or dev < 0):
+        raise ValueError(f"device: expected a GPU index >= 0, a torch.device, 'cuda:N' or a GPU's name, "
+                         f"got {dev!r}")
     if arch is not None:
         arch_name = get_arch(arch).name
     else:   # the arch of the GPU asked for (by index), else of the current one
@@ -353,7 +364,7 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
             _kernels.clear()
         kernel = _kernels.setdefault(norm, kernel)
         try:
-            _kernels[(problem_or_shape, arch, db, launch_mode, dev)] = kernel
+            _kernels[(_shape_key(problem_or_shape), arch, db, launch_mode, dev)] = kernel
         except TypeError:
             pass
     return kernel
@@ -415,29 +426,18 @@ def _scalars(dt_softplus, dt_limit, return_final_states, return_varlen_states):
     """The flags as bools and dt_limit as a pair of floats, as the kernels take them: converted
     before a call is keyed, so equal keys mean equal values (a 0-d tensor in dt_limit would
     otherwise key by identity, and its value could change in place)."""
-    try:
-        lo, hi = (float(v) for v in dt_limit)
-    except (TypeError, ValueError):
-        raise ValueError(f"dt_limit: expected a pair of floats (lo, hi), got {dt_limit!r}") from None
+    lo, hi = parse_dt_limit(dt_limit)
     return (as_flag("dt_softplus", dt_softplus), (lo, hi), as_flag("return_final_states", return_final_states),
             as_flag("return_varlen_states", return_varlen_states))
 
 
-def _check_new_call(x, A, capturing: bool) -> None:
+def _check_new_call(x) -> None:
     """Checks beyond from_args, made once per call signature (the validated-call caches skip
-    them after): the device, and the sign of A. A is the state's log-decay per step (mamba_ssm's
-    A = -exp(A_log)); a positive A makes the state grow exponentially, to inf. Looking at A's
-    values synchronizes a GPU, so it is done here, on a signature's first call, and never while a
-    CUDA graph is being captured (where it cannot be); a later call with the same shapes and a
-    positive A is not checked, as mamba_ssm checks none."""
+    them after): the device. A's values are not looked at (that would synchronize a GPU), nor
+    its sign: mamba_ssm takes a positive A, and so does the drop-in."""
     if x.device.type not in ("cuda", "cpu"):
         raise ValueError(f"x: on device {x.device.type}; autossd runs on CUDA/ROCm GPUs or the CPU "
                          "interpreter (CPU tensors with TRITON_INTERPRET=1)")
-    if not capturing and A.numel() and bool((A > 0).any()):
-        raise ValueError(f"A: {int((A > 0).sum())} of {A.numel()} entries are positive (max "
-                         f"{float(A.max()):g}); A is the log-decay of the state per step (mamba_ssm "
-                         f"passes A = -exp(A_log)), and a positive A makes the state grow "
-                         f"exponentially, to inf")
 
 
 def _unit_stride(t):
@@ -489,7 +489,7 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     else:
         prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
-        _check_new_call(x, A, capturing)
+        _check_new_call(x)
         kernel = get_kernel(prob, arch_of_device(x.device), None, mode, x.device.index)
         if key is not None:
             remember(_calls, key, (prob, kernel), _CALLS_MAX)
@@ -596,6 +596,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     `torch.randn(b, l, p, h).transpose(-1, -2)`) is copied to a contiguous tensor first, as
     mamba_ssm copies it (the kernels vectorize along that dimension); every other strided layout,
     and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place."""
+    chunk_size = supported_chunk(chunk_size)
     dt_softplus, (lo, hi), return_final_states, return_varlen_states = _scalars(
         dt_softplus, dt_limit, return_final_states, return_varlen_states)
     # Eager calls skip torch's custom-op dispatcher (~250 us per call measured on the H100 host,

@@ -162,6 +162,8 @@ def _args():
     (lambda a: a.update(state=torch.randn(3, 2, 4, 16, device=DEV)), ValueError, "state"),
     (lambda a: a.update(out=torch.empty(2, 2, 3, device=DEV)), ValueError, "out"),
     (lambda a: a.update(pad_slot_id=-1.0), TypeError, "pad_slot_id"),
+    (lambda a: a.update(dt_softplus="False"), TypeError, "dt_softplus"),
+    (lambda a: a.update(out=torch.empty(1, 2, 4, device=DEV).expand(2, 2, 4)), ValueError, "out"),
     (lambda a: a.update(A=a["A"].to("meta")), ValueError, "A"),
 ])
 def test_bad_input_names_the_argument(change, exc, name):
@@ -169,6 +171,19 @@ def test_bad_input_names_the_argument(change, exc, name):
     change(a)
     with pytest.raises(exc, match=rf"^{name}:"):
         selective_state_update(**a)
+
+
+def test_a_flag_or_slot_id_is_judged_the_same_on_a_cached_call():
+    """The validated-call caches key on the arguments as given: a string "False" after a cached
+    True still fails by name, and a numpy pad slot id works on the first call as on later ones."""
+    import numpy as np
+    a = _args()
+    selective_state_update(**{**a, "state": a["state"].clone()}, dt_softplus=True)
+    with pytest.raises(TypeError, match=r"^dt_softplus:"):
+        selective_state_update(**{**a, "state": a["state"].clone()}, dt_softplus="False")
+    outs = [selective_state_update(**{**a, "state": a["state"].clone()}, pad_slot_id=pad)
+            for pad in (np.int64(-1), -1, np.int64(-1))]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
 
 
 # --- knobs, rules, records ----------------------------------------------------------------------

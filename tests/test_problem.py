@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from autossd.problem import Problem, from_args
+from autossd.problem import Problem, from_args, supported_chunk
 
 
 def _args(b=2, l=10, h=4, p=8, n=16, g=2, dtype=torch.float16):
@@ -57,8 +57,9 @@ def _bad(match, exc=ValueError, **over):
     (dict(cu_seqlens=torch.tensor([0, 10], dtype=torch.int32), seq_idx=torch.zeros(2, 10, dtype=torch.int32),
           return_varlen_states=True), r"^cu_seqlens: expected batch 1", ValueError),
     (dict(return_varlen_states=True), r"^cu_seqlens: required", ValueError),
-    (dict(chunk_size=100), r"^chunk_size: expected a power of two", ValueError),
-    (dict(chunk_size=512), r"^chunk_size: expected a power of two", ValueError),
+    (dict(chunk_size=0), r"^chunk_size: expected a positive int", ValueError),
+    (dict(chunk_size=-64), r"^chunk_size: expected a positive int", ValueError),
+    (dict(chunk_size=True), r"^chunk_size: expected a positive int", ValueError),
     (dict(chunk_size=64.0), r"^chunk_size: expected", ValueError),
     (dict(dt_limit=(1.0, 0.5)), r"^dt_limit: expected lo <= hi", ValueError),
     (dict(dt_limit=(0.0, math.nan)), r"^dt_limit: expected lo <= hi", ValueError),
@@ -70,6 +71,19 @@ def _bad(match, exc=ValueError, **over):
 ])
 def test_bad_input_names_argument(over, match, exc):
     _bad(match, exc, **over)
+
+
+@pytest.mark.parametrize("asked,runs", [(64, 64), (256, 256), (1, 64), (32, 64), (90, 64), (100, 128),
+                                         (200, 256), (512, 256), (4096, 256)])
+def test_any_positive_chunk_size_runs_at_the_nearest_supported_one(asked, runs):
+    import numpy as np
+    assert supported_chunk(asked) == runs == supported_chunk(np.int64(asked))
+    assert from_args(**{**_args(), "chunk_size": asked}).chunk_size == runs
+
+
+def test_problem_flags_take_bools_only():
+    with pytest.raises(TypeError, match=r"^has_D: expected a bool, got 'yes'"):
+        Problem(1, 64, 2, 16, 16, 1, "fp32", has_D="yes")
 
 
 def test_problem_rejects_bad_fields():

@@ -350,7 +350,9 @@ def test_a_repeated_call_skips_the_checks_and_a_changed_one_is_checked_again(mon
         with pytest.raises(exc, match=match):
             autossd.mamba_chunk_scan_combined(**call)
     n = len(checked)
-    assert n == len(bad)   # the first call, and every bad one but dt_limit=(0.0, "x"): the drop-in refuses that itself
+    # the first call, and every bad one but chunk_size=64.0 and the two dt_limits: the drop-in
+    # refuses those itself, before any key is built
+    assert n == len(bad) - 2
     autossd.mamba_chunk_scan_combined(*args, 64, **kw)
     assert len(checked) == n
     runtime.clear_cache()
@@ -461,8 +463,8 @@ def test_a_record_written_after_a_call_serves_the_next_call(tmp_path, monkeypatc
 def test_bad_call_is_rejected_before_any_kernel():
     args, kw = _args(tiny())
     x, dt, A, B, C = args
-    with pytest.raises(ValueError, match="chunk_size"):
-        autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 100)
+    with pytest.raises(ValueError, match="^chunk_size"):
+        autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 0)
     with pytest.raises(ValueError, match="dt"):
         autossd.mamba_chunk_scan_combined(x, dt[:, :10], A, B, C, 64)
 
@@ -578,11 +580,31 @@ def test_meta_tensors_are_refused_by_name():
         k(*meta)
 
 
-def test_a_positive_A_is_refused_by_name():
+def test_a_positive_A_is_taken_as_mamba_ssm_takes_it_on_every_call():
     args, kw = _args(tiny())
     x, dt, A, B, C = args
-    with pytest.raises(ValueError, match=r"^A: .*positive.*grow"):
-        autossd.mamba_chunk_scan_combined(x, dt, A.abs(), B, C, 64)
+    pos = (x, dt, A.abs() * 0.05, B, C)   # a slowly growing state: finite over 130 steps
+    ref = _reference(pos, 64, {})[0]
+    for _ in range(2):   # the first call of a signature and a cached one alike
+        assert rel_err(autossd.mamba_chunk_scan_combined(*pos, 64), ref) < tolerance("fp32")
+
+
+@pytest.mark.parametrize("chunk", [32, 100, 512])
+def test_a_chunk_size_the_kernels_lack_gives_the_same_result(chunk):
+    args, kw = _args(tiny(has_D=True))
+    ref = _reference(args, 64, kw)[0]
+    assert rel_err(autossd.mamba_chunk_scan_combined(*args, chunk, **kw), ref) < tolerance("fp32")
+
+
+def test_get_kernel_refuses_a_float_dimension_also_after_the_int_one_is_cached():
+    shape = (1, 130, 2, 16, 16, 1, "fp32")
+    autossd.get_kernel(shape, "sm90")
+    with pytest.raises(ValueError, match=r"^seqlen: expected a positive int"):
+        autossd.get_kernel((1, 130.0, 2, 16, 16, 1, "fp32"), "sm90")
+    with pytest.raises(TypeError, match=r"^db: expected a path"):
+        autossd.get_kernel(shape, "sm90", db=5)
+    with pytest.raises(ValueError, match=r"^device: expected a GPU index"):
+        autossd.get_kernel(shape, "sm90", device=-5)
 
 
 @pytest.mark.parametrize("value", ["False", "true", 2, None, 0.0])

@@ -157,7 +157,7 @@ def test_exported_and_inference_gives_the_training_output():
 def _bad(match, exc=ValueError, **over):
     t = _make(torch.float32, b=1, l=4, seed=5)
     kw = dict(chunk_size=64, headdim=8)
-    kw.update({k: v for k, v in over.items() if k in ("headdim", "ngroups", "activation", "seq_idx")})
+    kw.update({k: v for k, v in over.items() if k in ("headdim", "ngroups", "activation", "seq_idx", "rmsnorm_eps")})
     t.update({k: v for k, v in over.items() if k in t})
     with pytest.raises(exc, match=match):
         autossd.mamba_split_conv1d_scan_combined(**t, **kw)
@@ -184,6 +184,13 @@ def test_bad_arguments_are_named():
     _bad(r"outproj_bias: expected shape \(12,\)", outproj_bias=torch.randn(11))
     _bad("outproj_bias: given without outproj_weight", outproj_weight=None)
     _bad("seq_idx: expected shape", seq_idx=torch.zeros(1, 5, dtype=torch.int32))
+    _bad("conv1d_weight: expected a floating-point tensor", TypeError, conv1d_weight=torch.ones(48, 4, dtype=torch.int32))
+    _bad("conv1d_bias: expected a floating-point tensor", TypeError, conv1d_bias=torch.ones(48, dtype=torch.int32))
+    _bad("rmsnorm_weight: expected a floating-point tensor", TypeError, rmsnorm_weight=torch.ones(32, dtype=torch.int32))
+    _bad("outproj_weight: expected a floating-point tensor", TypeError,
+         outproj_weight=torch.ones(12, 32, dtype=torch.int32))
+    _bad("rmsnorm_eps: expected a non-negative float", rmsnorm_eps="1e-6")
+    _bad("zxbcdt: expected at least one sequence", zxbcdt=torch.randn(1, 0, 84))
 
 
 _COMPILE = r'''

@@ -4,6 +4,10 @@ part chunk, several chunks), per-sequence initial states, final and per-chunk st
 poisoned intermediates; the chunk table; the batch drop-in as a second reference; bad input."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -156,13 +160,46 @@ def _args():
     (lambda a: a.update(out=torch.empty(40, 4, 8, device=DEV)), ValueError, "out"),
     (lambda a: a.update(seq_idx=torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError, "cu_chunk_seqlens, last_chunk_indices, seq_idx"),
     (lambda a: a.update(state_dtype=torch.int8), TypeError, "state_dtype"),
-    (lambda a: a.update(dt_softplus=1), TypeError, "dt_softplus"),
+    (lambda a: a.update(dt_softplus="False"), TypeError, "dt_softplus"),
+    (lambda a: a.update(dt_limit=("a", "b")), ValueError, "dt_limit"),
+    (lambda a: a.update(dt_limit=(1.0, 0.0)), ValueError, "dt_limit"),
+    (lambda a: a.update(cu_seqlens=torch.tensor([0, 10, 60], dtype=torch.int32, device=DEV)), ValueError, "cu_seqlens"),
+    (lambda a: a.update(cu_seqlens=torch.tensor([0, 10, 30], dtype=torch.int32, device=DEV)), ValueError, "cu_seqlens"),
+    (lambda a: a.update(out=torch.empty(1, 4, 16, device=DEV).expand(40, 4, 16)), ValueError, "out"),
 ])
 def test_bad_input_names_the_argument(change, exc, name):
     a = _args()
     change(a)
     with pytest.raises(exc, match=rf"^{name}:"):
         autossd.ssd_varlen(**a)
+
+
+def test_out_in_mamba_ssms_batch_of_one_form_receives_y():
+    a = _args()
+    y, _ = autossd.ssd_varlen(**a)
+    out = torch.full((1,) + tuple(a["x"].shape), float("nan"), device=DEV)
+    y1, _ = autossd.ssd_varlen(**a, out=out)
+    assert y1.data_ptr() == out.data_ptr() and torch.equal(out[0], y)
+
+
+def test_a_wrong_chunk_table_gives_wrong_numbers_never_a_fault():
+    """A caller's table is not read on the host; its values are clamped on the device before
+    the kernels index with them (an out-of-range one faulted the interpreter before)."""
+    a = _args()
+    cuc, last, seq = vl.varlen_chunks(a["cu_seqlens"], 16)
+    y, fin = autossd.ssd_varlen(**a, cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq)
+    y_own, fin_own = autossd.ssd_varlen(**a)
+    assert torch.equal(y, y_own) and torch.equal(fin, fin_own)   # a valid table passes unchanged
+    for bad in (dict(cu_chunk_seqlens=cuc * 3), dict(cu_chunk_seqlens=cuc - 7),
+                dict(last_chunk_indices=last + 10), dict(last_chunk_indices=last - 10),
+                dict(seq_idx=seq + 7), dict(seq_idx=-seq - 1),
+                dict(cu_chunk_seqlens=torch.tensor([0, 20, 36, 40], dtype=torch.int32, device=DEV))):
+        tab = dict(cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq)
+        tab.update(bad)
+        if tab["cu_chunk_seqlens"].shape[0] != tab["seq_idx"].shape[0] + 1:
+            tab["seq_idx"] = torch.tensor([0, 0, 1], dtype=torch.int32, device=DEV)
+        y, fin = autossd.ssd_varlen(**a, **tab)
+        assert y.shape == a["x"].shape and fin.shape == (2, 4, 16, 16)
 
 
 def test_a_chunk_table_too_short_is_refused():
@@ -242,6 +279,28 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
             rep = compile_config(cfg, arch, pr)
             assert rep.ok and {s.stage for s in rep.stages} == set(get_op("ssd_varlen").sequences[cfg.cb]), (arch, rep)
             assert all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
+
+
+_GUARD_COMPILE = r'''
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from autossd.ops.ssd.varlen_guard import _BLOCK, _guard_table
+sig = {n: "*i32" for n in ("cuc_ptr", "last_ptr", "seq_ptr", "cuc_out", "last_out", "seq_out")}
+sig.update(tokens="i32", chunk_size="i32", nchunks="i32", nseqs="i32", BLOCK="constexpr")
+for target in (GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx90a", 64),
+               GPUTarget("hip", "gfx942", 64)):
+    triton.compile(ASTSource(_guard_table, sig, {"BLOCK": _BLOCK}, {}), target=target, options=dict(num_warps=4))
+print("ok")
+'''
+
+
+def test_the_chunk_table_guard_cross_compiles_for_nvidia_and_amd():
+    """The one hand-written kernel of packed prefill compiles for the four archs (in a fresh
+    interpreter: the CPU interpreter cannot compile)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _GUARD_COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
 def test_with_a_chunk_table_nothing_is_read_on_the_host(monkeypatch):

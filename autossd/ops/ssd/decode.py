@@ -18,11 +18,13 @@ kernel with the new pointers.
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 
 import torch
 
-from ...problem import DTYPES
+from ...problem import DTYPES, as_flag
+from ..common.checks import check_no_overlap
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
 from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_config,  # noqa: F401
@@ -213,15 +215,17 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
     out = t.get("out")
     if out is not None:
         _shape("out", _tensor("out", out, (x.dim(),), dev), x.shape, "like x")
-    if type(pad_slot_id) is not int:
+        check_no_overlap("out", out)
+    if isinstance(pad_slot_id, bool) or not hasattr(pad_slot_id, "__index__"):
         raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
+    dt_softplus = as_flag("dt_softplus", dt_softplus)
     if dev.type == "cuda" and b > 2**31 - 1:
         raise ValueError(f"x: batch {b} exceeds the grid")
     if h > MAX_GRID_YZ:
         raise ValueError(f"state: nheads={h} exceeds the launch grid's limit {MAX_GRID_YZ}")
     return DecodeProblem(batch=b, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=DTYPES[x.dtype],
                          state_dtype=DTYPES[st.dtype], has_D=t.get("D") is not None, has_z=z is not None,
-                         has_dt_bias=t.get("dt_bias") is not None, dt_softplus=bool(dt_softplus), tokens=T)
+                         has_dt_bias=t.get("dt_bias") is not None, dt_softplus=dt_softplus, tokens=T)
 
 
 # --- config choice --------------------------------------------------------------------------
@@ -296,7 +300,7 @@ def _prepare(t: dict, dt_softplus, pad_slot_id, config: DecodeConfig | None) -> 
             raise ValueError(f"config: {config!r} cannot run {prob} on {arch}: {'; '.join(bad)}")
         why = "given"
     backend = get_arch(arch).backend
-    return _Call(prob, config, why, load(config, backend), backend, dev, bool(dt_softplus), pad_slot_id)
+    return _Call(prob, config, why, load(config, backend), backend, dev, prob.dt_softplus, operator.index(pad_slot_id))
 
 
 def _launch(call: _Call, t: dict) -> None:
@@ -338,7 +342,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     args = (state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out)
     gen = _recent.generation   # before the lookup: a clear_cache since then voids what it finds
     try:
-        extra = (bool(dt_softplus), pad_slot_id, config)
+        extra = (dt_softplus, pad_slot_id, config)   # as given: "False" must not key as True
         hit = _recent.find(args, extra)
     except (TypeError, ValueError, RuntimeError):   # an odd argument: the checked path names it
         extra = hit = None
@@ -353,7 +357,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
             return y
     t = dict(zip(NAMES, args))
     try:
-        key = (_lc.input_sig(t, NAMES), bool(dt_softplus), pad_slot_id, config)
+        key = (_lc.input_sig(t, NAMES), dt_softplus, pad_slot_id, config)
         call = _calls.get(key)
     except (AttributeError, TypeError):   # a non-tensor or an unhashable argument: validation says which
         key, call = None, None

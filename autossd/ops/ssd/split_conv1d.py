@@ -38,19 +38,27 @@ def _shape(t) -> tuple:
     return tuple(t.shape)
 
 
-def _tensor(name: str, t, dims: int | None = None) -> None:
+def _tensor(name: str, t, dims: int | None = None, floating: bool = False) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if dims is not None and t.dim() != dims:
         raise ValueError(f"{name}: expected {dims} dimensions, got shape {_shape(t)}")
+    if floating and not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
 
 
 def _sizes(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, activation, rmsnorm_weight,
-           outproj_weight, outproj_bias, headdim, ngroups) -> tuple[int, int, int, int, int]:
+           rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups) -> tuple[int, int, int, int, int]:
     """Validate the arguments' shapes against each other, naming the argument at fault; returns
     (nheads, headdim, dim, dstate, d_mlp)."""
     _tensor("zxbcdt", zxbcdt, 3)
+    if not zxbcdt.is_floating_point():
+        raise TypeError(f"zxbcdt: expected a floating-point tensor, got {zxbcdt.dtype}")
     batch, seqlen, width = zxbcdt.shape
+    if batch < 1 or seqlen < 1:
+        raise ValueError(f"zxbcdt: expected at least one sequence of at least one token, got shape {_shape(zxbcdt)}")
+    if not isinstance(rmsnorm_eps, (int, float)) or isinstance(rmsnorm_eps, bool) or not rmsnorm_eps >= 0:
+        raise ValueError(f"rmsnorm_eps: expected a non-negative float, got {rmsnorm_eps!r}")
     _tensor("D", D)
     if D.dim() == 1:
         if headdim is None:
@@ -75,7 +83,7 @@ def _sizes(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, activatio
         if _shape(t) != (nheads,):
             raise ValueError(f"{name}: expected shape (nheads,) = ({nheads},), got {_shape(t)}")
     dim = nheads * headdim
-    _tensor("conv1d_weight", conv1d_weight, 2)
+    _tensor("conv1d_weight", conv1d_weight, 2, floating=True)
     conv_dim, conv_width = conv1d_weight.shape
     extra = conv_dim - dim
     if extra <= 0 or extra % (2 * ngroups):
@@ -93,7 +101,7 @@ def _sizes(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, activatio
             f"ngroups={ngroups}, dstate={dstate} (dstate from conv1d_weight's {conv_dim} channels)")
     d_mlp = rest // 2
     if conv1d_bias is not None:
-        _tensor("conv1d_bias", conv1d_bias)
+        _tensor("conv1d_bias", conv1d_bias, floating=True)
         if _shape(conv1d_bias) != (conv_dim,):
             raise ValueError(f"conv1d_bias: expected shape ({conv_dim},) (conv1d_weight's channels), got "
                              f"{_shape(conv1d_bias)}")
@@ -104,15 +112,15 @@ def _sizes(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, activatio
         if _shape(seq_idx) != (batch, seqlen):
             raise ValueError(f"seq_idx: expected shape (batch, seqlen) = ({batch}, {seqlen}), got {_shape(seq_idx)}")
     if rmsnorm_weight is not None:
-        _tensor("rmsnorm_weight", rmsnorm_weight)
+        _tensor("rmsnorm_weight", rmsnorm_weight, floating=True)
         if _shape(rmsnorm_weight) != (dim,):
             raise ValueError(f"rmsnorm_weight: expected shape (dim,) = ({dim},), got {_shape(rmsnorm_weight)}")
     if outproj_weight is not None:
-        _tensor("outproj_weight", outproj_weight, 2)
+        _tensor("outproj_weight", outproj_weight, 2, floating=True)
         if outproj_weight.shape[1] != d_mlp + dim:
             raise ValueError(f"outproj_weight: expected (out_dim, {d_mlp + dim}), got {_shape(outproj_weight)}")
         if outproj_bias is not None:
-            _tensor("outproj_bias", outproj_bias)
+            _tensor("outproj_bias", outproj_bias, floating=True)
             if _shape(outproj_bias) != (outproj_weight.shape[0],):
                 raise ValueError(f"outproj_bias: expected shape ({outproj_weight.shape[0]},), got "
                                  f"{_shape(outproj_bias)}")
@@ -177,7 +185,7 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
 
     nheads, headdim, dim, dstate, d_mlp = _sizes(
         zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, activation, rmsnorm_weight,
-        outproj_weight, outproj_bias, headdim, ngroups)
+        rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups)
     if zxbcdt.dtype not in _INPUT_DTYPES:   # what the SSD's kernels take
         raise TypeError(f"zxbcdt: expected float16, bfloat16 or float32, got {zxbcdt.dtype}")
     gn = ngroups * dstate
@@ -221,7 +229,7 @@ def mamba_split_conv1d_scan_ref(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, 
 
     nheads, headdim, dim, dstate, d_mlp = _sizes(
         zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, activation, rmsnorm_weight,
-        outproj_weight, outproj_bias, headdim, ngroups)
+        rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups)
     f64 = torch.float64
 
     def up(t):

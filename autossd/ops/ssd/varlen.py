@@ -22,7 +22,8 @@ import threading
 
 import torch
 
-from ...problem import DTYPES, TORCH_DTYPES
+from ...problem import DTYPES, TORCH_DTYPES, as_flag, parse_dt_limit
+from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
 from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, default_config, fit,  # noqa: F401
                            violations)
@@ -54,7 +55,7 @@ def render_context(cfg: VarlenConfig, backend: str) -> dict:
 
 
 # --- the chunk table ------------------------------------------------------------------------
-def varlen_chunks(cu_seqlens, chunk_size: int, computed_tokens=None):
+def varlen_chunks(cu_seqlens, chunk_size: int, computed_tokens=None, tokens: int | None = None):
     """The chunk table of a packed batch: (cu_chunk_seqlens (nchunks + 1,), last_chunk_indices
     (seqs,), seq_idx (nchunks,)), int32 on cu_seqlens's device.
 
@@ -63,7 +64,8 @@ def varlen_chunks(cu_seqlens, chunk_size: int, computed_tokens=None):
     chunked prefill), a sequence's first chunk ends where its logical position reaches a multiple
     of chunk_size, so every chunk end state lines up with the cache's blocks. An empty sequence
     has no chunk (its final state is its initial state). Reads cu_seqlens on the host: build the
-    table once per batch, outside any CUDA graph."""
+    table once per batch, outside any CUDA graph. tokens: the packed tokens the offsets must end
+    at (x's first dimension), checked when given."""
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
@@ -71,6 +73,9 @@ def varlen_chunks(cu_seqlens, chunk_size: int, computed_tokens=None):
     cu = [int(v) for v in cu_seqlens.tolist()]
     if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0, got {cu[:8]}...")
+    if tokens is not None and cu[-1] != tokens:
+        raise ValueError(f"cu_seqlens: the last offset is {cu[-1]}, but x holds {tokens} tokens; the offsets "
+                         "must end at the packed length")
     done = [0] * (len(cu) - 1)
     if computed_tokens is not None:
         done = [int(v) for v in torch.as_tensor(computed_tokens).tolist()]
@@ -112,10 +117,10 @@ def _shape(name, v, want, what):
 
 
 def _packed(name, v):
-    """mamba_ssm's varlen form, a leading batch of 1 ((1, T, h, p) for x and z, (1, T, h) for
+    """mamba_ssm's varlen form, a leading batch of 1 ((1, T, h, p) for x, z and out, (1, T, h) for
     dt, (1, T, g, n) for B and C), as the packed form; the rank tells the two apart (a packed
     call of one token has a leading 1 too)."""
-    packed_dims = {"x": 3, "z": 3, "dt": 2, "B": 3, "C": 3}[name]
+    packed_dims = {"x": 3, "z": 3, "out": 3, "dt": 2, "B": 3, "C": 3}[name]
     if isinstance(v, torch.Tensor) and v.dim() == packed_dims + 1 and v.shape[0] == 1:
         return v[0]
     return v
@@ -172,10 +177,10 @@ def problem_of(t: dict, chunk_size, dt_softplus, state_dtype) -> VarlenProblem:
         _shape("out", _tensor("out", out, (3,), dev), x.shape, "like x")
         if out.dtype != x.dtype:
             raise TypeError(f"out: expected x's dtype {x.dtype}, got {out.dtype}")
+        check_no_overlap("out", out)
     if state_dtype is not None and state_dtype not in DTYPES:
         raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype!r}")
-    if type(dt_softplus) is not bool:
-        raise TypeError(f"dt_softplus: expected a bool, got {type(dt_softplus).__name__}")
+    dt_softplus = as_flag("dt_softplus", dt_softplus)
     if chunks * chunk_size * h >= 2**31:   # a head's offset into dt' and dA is 32-bit
         raise ValueError(f"x: {chunks} chunks of {chunk_size} x {h} heads pass 2**31 elements of dt'")
     if seqs > MAX_GRID_YZ or h > MAX_GRID_YZ:
@@ -394,13 +399,16 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     final_states (seqs, nheads, headdim, dstate) are each sequence's state after its last token,
     chunk_states (nchunks, ...) each chunk's end state, both in state_dtype (default float32).
     config forces a config (tests, the tuner); poison fills intermediates with NaN first (tests)."""
-    x, dt, B, C, z = (_packed(k, v) for k, v in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)))
+    x, dt, B, C, z, out = (_packed(k, v) for k, v in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z),
+                                                        ("out", out)))
+    callers_table = cu_chunk_seqlens is not None
     if cu_chunk_seqlens is None or last_chunk_indices is None or seq_idx is None:
         if not (cu_chunk_seqlens is None and last_chunk_indices is None and seq_idx is None):
             raise ValueError("cu_chunk_seqlens, last_chunk_indices, seq_idx: pass all three (a chunk table) or none")
         if not isinstance(cu_seqlens, torch.Tensor):
             raise TypeError(f"cu_seqlens: expected a torch.Tensor, got {type(cu_seqlens).__name__}")
-        cu_chunk_seqlens, last_chunk_indices, seq_idx = varlen_chunks(cu_seqlens, chunk_size)
+        cu_chunk_seqlens, last_chunk_indices, seq_idx = varlen_chunks(
+            cu_seqlens, chunk_size, tokens=x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 3 else None)
     t = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
              cu_seqlens=cu_seqlens, cu_chunk_seqlens=cu_chunk_seqlens, last_chunk_indices=last_chunk_indices,
              seq_idx=seq_idx, out=out)
@@ -408,8 +416,7 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     if sdt is not None and sdt not in ("fp32", "bf16", "fp16"):
         raise TypeError(f"state_dtype: expected torch.float32, bfloat16 or float16, got {state_dtype!r}")
     problem = problem_of(t, chunk_size, dt_softplus, TORCH_DTYPES[sdt] if sdt else None)
-    if not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2:
-        raise ValueError(f"dt_limit: expected (low, high), got {dt_limit!r}")
+    dt_limit = parse_dt_limit(dt_limit)
     dev = x.device
     from ...render import interpreting
     if dev.type == "cpu" and not interpreting():
@@ -420,6 +427,10 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     for k in ("x", "z", "B", "C"):
         if t[k] is not None and t[k].stride(-1) != 1:
             t[k] = t[k].contiguous()
+    if callers_table:   # values unchecked on the host: a clamped copy keeps the kernels in bounds
+        from .varlen_guard import guard_table
+        t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"] = guard_table(
+            t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"], problem.tokens, problem.chunk_size)
     if t["out"] is None:
         t["out"] = torch.empty(x.shape, dtype=x.dtype, device=dev)
     from ...arch import get_arch
