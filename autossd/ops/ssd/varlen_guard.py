@@ -15,6 +15,8 @@ sequences it describes wrongly, never a fault.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -56,16 +58,8 @@ def guard_table(cu_chunk_seqlens: torch.Tensor, last_chunk_indices: torch.Tensor
            torch.empty(nseqs, dtype=torch.int32, device=seq_idx.device),
            torch.empty(nchunks, dtype=torch.int32, device=seq_idx.device))
     dev = seq_idx.device
-    ctx = torch.cuda.device(dev) if dev.type == "cuda" else _Null()
+    ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with ctx:
         _guard_table[(1,)](cu_chunk_seqlens, last_chunk_indices, seq_idx, *out, tokens, chunk_size,
                            nchunks, nseqs, BLOCK=_BLOCK)
     return out
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
