@@ -158,7 +158,7 @@ DB_EXTENSIONS = (".sqlite", ".sqlite3", ".db")   # what export writes as an SQLi
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="autossd")
 def main() -> None:
-    """autossd: generated, tuned Triton kernels for the Mamba-2 SSD forward."""
+    """autossd: generated, tuned Triton kernels for the Mamba-2 SSD layer (forward, backward, decode step, packed prefill)."""
 
 
 @main.command()
