@@ -7,7 +7,7 @@ the offending argument, so bad input never reaches a kernel.
 from __future__ import annotations
 
 import math
-import operator
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -116,15 +116,20 @@ def _check_float(name: str, t) -> None:
 
 def supported_chunk(chunk_size) -> int:
     """The chunk length the kernels run for a caller's `chunk_size`: itself when it is one of
-    CHUNK_SIZES, else the nearest of them (in log scale). The SSD's outputs do not depend on the
-    chunk length (it only splits the same sums differently), so any positive length mamba_ssm
-    takes is taken here too."""
-    if type(chunk_size) is int and chunk_size in CHUNK_SIZES:
-        return chunk_size
-    if isinstance(chunk_size, bool) or not hasattr(chunk_size, "__index__") or operator.index(chunk_size) < 1:
+    CHUNK_SIZES, else the nearest of them in log scale (below the geometric mean of two
+    neighbours, the smaller). The SSD's outputs do not depend on the chunk length (it only splits
+    the same sums differently), so any positive length mamba_ssm takes is taken here too. Plain
+    integer arithmetic: torch.compile traces it."""
+    if type(chunk_size) is not int:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+            raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+        chunk_size = int(chunk_size)
+    if chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
-    q = operator.index(chunk_size)
-    return min(CHUNK_SIZES, key=lambda c: (abs(math.log2(c / q)), -c))
+    for lo, hi in zip(CHUNK_SIZES, CHUNK_SIZES[1:]):
+        if chunk_size * chunk_size < lo * hi:
+            return lo
+    return CHUNK_SIZES[-1]
 
 
 def parse_dt_limit(dt_limit) -> tuple[float, float]:

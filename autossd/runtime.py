@@ -327,7 +327,7 @@ def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: 
 def _shape_key(p):
     """A tuple shape with its values' types (Problem refuses seqlen=64.0, which equals and hashes
     as 64: without them a cached (1, 64, ...) would answer it)."""
-    return (p, tuple(map(type, p))) if type(p) is tuple else p
+    return (p, tuple(map(type, p))) if isinstance(p, tuple) else p
 
 
 def _current_device() -> int | None:

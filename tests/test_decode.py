@@ -174,13 +174,17 @@ def test_bad_input_names_the_argument(change, exc, name):
 
 
 def test_a_flag_or_slot_id_is_judged_the_same_on_a_cached_call():
-    """The validated-call caches key on the arguments as given: a string "False" after a cached
-    True still fails by name, and a numpy pad slot id works on the first call as on later ones."""
+    """The validated-call caches key on the arguments as given, with their types: a "False" or a
+    1.0 after a cached True, a -1.0 after a cached -1, still fail by name; a numpy pad slot id
+    works on the first call as on later ones."""
     import numpy as np
     a = _args()
-    selective_state_update(**{**a, "state": a["state"].clone()}, dt_softplus=True)
-    with pytest.raises(TypeError, match=r"^dt_softplus:"):
-        selective_state_update(**{**a, "state": a["state"].clone()}, dt_softplus="False")
+    for good, bad in ((dict(dt_softplus=True), dict(dt_softplus="False")),
+                      (dict(dt_softplus=True), dict(dt_softplus=1.0)),
+                      (dict(pad_slot_id=-1), dict(pad_slot_id=-1.0))):
+        selective_state_update(**{**a, "state": a["state"].clone()}, **good)
+        with pytest.raises(TypeError, match=rf"^{next(iter(bad))}:"):
+            selective_state_update(**{**a, "state": a["state"].clone()}, **bad)
     outs = [selective_state_update(**{**a, "state": a["state"].clone()}, pad_slot_id=pad)
             for pad in (np.int64(-1), -1, np.int64(-1))]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])

@@ -135,3 +135,19 @@ def test_a_strided_last_dimension_trains_like_a_contiguous_one(t):
         grads.append((y.detach(), x.grad, B.grad))
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_chunk_size_the_kernels_lack_runs_forward_and_backward_at_the_nearest(t):
+    """chunk_size 100 runs as 128 (the outputs do not depend on it): the forward and every
+    gradient are those of a chunk_size 128 call."""
+    kw = dict(D=t["D"], dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True,
+              return_final_states=True)
+    grads = []
+    for chunk in (100, 128):
+        x = t["x"].clone().requires_grad_()
+        A = t["A"].clone().requires_grad_()
+        y, f = autossd.mamba_chunk_scan_combined(x, t["dt"], A, t["B"], t["C"], chunk, **kw)
+        (y.square().sum() + f.sum()).backward()
+        grads.append((y.detach(), f.detach(), x.grad, A.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert grads[0][2].abs().sum() > 0 and grads[0][3].abs().sum() > 0

@@ -515,6 +515,20 @@ def test_torch_compile_fullgraph_matches_eager():
     assert explain.graph_break_count == 0 and explain.graph_count == 1
 
 
+def test_torch_compile_fullgraph_takes_a_chunk_size_the_kernels_lack():
+    p = tiny(has_D=True)
+    (x, dt, A, B, C), kw = _args(p)
+
+    def layer(x, dt, A, B, C, D):
+        return autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 100, D=D)
+
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(layer)(x, dt, A, B, C, kw["D"])
+    assert explain.graph_break_count == 0 and explain.graph_count == 1
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, dt, A, B, C, kw["D"])
+    assert torch.equal(compiled, layer(x, dt, A, B, C, kw["D"]))
+
+
 def test_choice_is_the_same_in_another_process(tmp_path):
     p = tiny(has_D=True)
     base = tuned_for(p)

@@ -555,6 +555,9 @@ def test_a_trial_killed_before_it_names_its_process_is_reaped_under_the_lock_onl
     assert study.trials[orphan.number].state == TrialState.RUNNING
     assert reap_stale(study, storage=journal) == 1   # inside the lock no live worker can be
     assert study.trials[orphan.number].state == TrialState.FAIL
+    half = study.ask()   # named its host, then died before its pid
+    half.set_user_attr("host", __import__("socket").gethostname())
+    assert reap_stale(study) == 0 and reap_stale(study, storage=journal) == 1
 
 
 def test_conditional_space_counts_and_enumerates_distinct_configs():

@@ -281,6 +281,30 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
             assert all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
 
 
+@pytest.mark.parametrize("lens,q,computed", [
+    ([0, 10, 0, 30, 0, 1, 0], 16, None),                  # empty sequences: repeated last indices, a -1
+    ([0, 10, 0, 30, 0, 1, 0], 16, [0, 5, 0, 17, 3, 63, 100]),   # prefix-aligned: short first chunks
+    ([300, 0, 1], 64, [10, 0, 63]),
+    ([7] * 700, 4, None),                                  # more chunks than one block of the guard
+])
+@pytest.mark.parametrize("itype", [torch.int32, torch.int64])
+def test_the_guard_returns_a_valid_chunk_table_unchanged(lens, q, computed, itype):
+    from autossd.ops.ssd.varlen_guard import guard_table
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=itype, device=DEV)
+    table = vl.varlen_chunks(cu, q, computed)
+    got = guard_table(*(v.to(itype) for v in table), sum(lens), q)
+    assert all(g.dtype == torch.int32 and torch.equal(g, v) for g, v in zip(got, table))
+
+
+def test_a_strided_chunk_table_is_read_as_its_values():
+    a = _args()
+    cuc, last, seq = vl.varlen_chunks(a["cu_seqlens"], 16)
+    y, fin = autossd.ssd_varlen(**a)
+    wide = torch.stack([cuc, torch.full_like(cuc, 10**6)], 1)[:, 0]   # stride 2, same values
+    ys, fins = autossd.ssd_varlen(**a, cu_chunk_seqlens=wide, last_chunk_indices=last, seq_idx=seq)
+    assert torch.equal(ys, y) and torch.equal(fins, fin)
+
+
 _GUARD_COMPILE = r'''
 import triton
 from triton.backends.compiler import GPUTarget

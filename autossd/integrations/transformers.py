@@ -54,13 +54,6 @@ def _runs_here(t) -> bool:
     return False
 
 
-def _chunk_for(chunk_size: int) -> int:
-    """A chunk size autossd's forward takes. The chunk is a blocking of the same function, so any
-    of them computes what the model's chunk_size asks for."""
-    from ..problem import CHUNK_SIZES
-    return chunk_size if chunk_size in CHUNK_SIZES else min(CHUNK_SIZES, key=lambda c: abs(c - chunk_size))
-
-
 def _make_chunk_scan(orig):
     # the parameter order of transformers' own function, so that a positional call means the same
     def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
@@ -72,7 +65,7 @@ def _make_chunk_scan(orig):
                         dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states,
                         **extra, **kwargs)
         from ..runtime import mamba_chunk_scan_combined
-        return mamba_chunk_scan_combined(hidden_states, dt, A, B, C, _chunk_for(chunk_size), D=D, z=z,
+        return mamba_chunk_scan_combined(hidden_states, dt, A, B, C, chunk_size, D=D, z=z,
                                          dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx,
                                          cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
                                          dt_limit=tuple(dt_limit), return_final_states=return_final_states)
@@ -112,7 +105,7 @@ def _make_fused(orig):
                         norm_before_gate=norm_before_gate, **kw, **kwargs)
         from ..ops.ssd.split_conv1d import mamba_split_conv1d_scan_combined
         return mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
-                                                _chunk_for(chunk_size), initial_states=initial_states, seq_idx=seq_idx,
+                                                chunk_size, initial_states=initial_states, seq_idx=seq_idx,
                                                 dt_limit=tuple(dt_limit), return_final_states=return_final_states,
                                                 activation=activation, rmsnorm_weight=rmsnorm_weight,
                                                 rmsnorm_eps=rmsnorm_eps, outproj_weight=outproj_weight,

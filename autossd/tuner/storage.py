@@ -6,7 +6,11 @@ PostgreSQL is the fleet's storage: one database URL serves as the Optuna storage
 record store (autossd.db). Optuna's tables live in a schema of their own (`PG_SCHEMA`), because
 both stores keep their schema version in an `alembic_version` table. Workers claim trials of a
 study one at a time (`study_lock`: an advisory lock on PostgreSQL, a file lock beside a journal),
-so a fleet evaluates exactly the study's budget and no candidate twice.
+so a fleet evaluates exactly the study's budget and no candidate twice. The lock must exclude
+every worker of the study: a journal serves the processes of one host (an flock on a network
+filesystem may bind one node only), and PostgreSQL needs a direct connection (a pooler in
+transaction mode drops session advisory locks). A trial found unnamed while it is held is taken
+for one whose worker died between its ask and its naming.
 """
 from __future__ import annotations
 

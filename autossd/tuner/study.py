@@ -203,11 +203,11 @@ def _reap(study: optuna.Study, grace_s: float) -> int:
     now = _dt.datetime.now()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if "host" in t.user_attrs:
-            if t.user_attrs["host"] != host or _pid_alive(int(t.user_attrs.get("pid", -1))):
+        if "host" in t.user_attrs and "pid" in t.user_attrs:
+            if t.user_attrs["host"] != host or _pid_alive(int(t.user_attrs["pid"])):
                 continue
         elif t.datetime_start is None or (now - t.datetime_start).total_seconds() < grace_s:
-            continue
+            continue   # not named in full yet: its process may be between its ask and its naming
         try:
             study.tell(t.number, state=TrialState.FAIL)
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError):

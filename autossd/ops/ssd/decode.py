@@ -18,6 +18,7 @@ kernel with the new pointers.
 from __future__ import annotations
 
 import functools
+import numbers
 import operator
 import threading
 
@@ -216,7 +217,7 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
     if out is not None:
         _shape("out", _tensor("out", out, (x.dim(),), dev), x.shape, "like x")
         check_no_overlap("out", out)
-    if isinstance(pad_slot_id, bool) or not hasattr(pad_slot_id, "__index__"):
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, numbers.Integral):   # not a tensor: no host read
         raise TypeError(f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__}")
     dt_softplus = as_flag("dt_softplus", dt_softplus)
     if dev.type == "cuda" and b > 2**31 - 1:
@@ -342,7 +343,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     args = (state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out)
     gen = _recent.generation   # before the lookup: a clear_cache since then voids what it finds
     try:
-        extra = (dt_softplus, pad_slot_id, config)   # as given: "False" must not key as True
+        # as given, with their types: "False", 1.0 or -1.0 must not key as True, 1 or -1 (equal and
+        # hashing alike), or a call refused on its own would be accepted after a good one
+        extra = (type(dt_softplus), dt_softplus, type(pad_slot_id), pad_slot_id, config)
         hit = _recent.find(args, extra)
     except (TypeError, ValueError, RuntimeError):   # an odd argument: the checked path names it
         extra = hit = None
@@ -357,7 +360,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
             return y
     t = dict(zip(NAMES, args))
     try:
-        key = (_lc.input_sig(t, NAMES), dt_softplus, pad_slot_id, config)
+        key = (_lc.input_sig(t, NAMES), type(dt_softplus), dt_softplus, type(pad_slot_id), pad_slot_id, config)
         call = _calls.get(key)
     except (AttributeError, TypeError):   # a non-tensor or an unhashable argument: validation says which
         key, call = None, None

@@ -430,7 +430,8 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     if callers_table:   # values unchecked on the host: a clamped copy keeps the kernels in bounds
         from .varlen_guard import guard_table
         t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"] = guard_table(
-            t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"], problem.tokens, problem.chunk_size)
+            *(t[k].contiguous() for k in ("cu_chunk_seqlens", "last_chunk_indices", "seq_idx")),
+            problem.tokens, problem.chunk_size)
     if t["out"] is None:
         t["out"] = torch.empty(x.shape, dtype=x.dtype, device=dev)
     from ...arch import get_arch
