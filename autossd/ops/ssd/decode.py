@@ -339,7 +339,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     batching); a row at pad_slot_id leaves the state as it is and gets a zero output. An index
     outside the state is not checked on the host (that would wait for the device): such a row is
     skipped like a pad row and its output is NaN. Returns out (batch, [T,] nheads, headdim) in
-    x's dtype, or writes the caller's `out`. `config` forces a config (tests, the tuner)."""
+    x's dtype, or writes the caller's `out`, which must not share memory with the state (an
+    expanded `out` is refused; one aliasing the state is not looked for, as that would cost a
+    check on every call). `config` forces a config (tests, the tuner)."""
     args = (state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out)
     gen = _recent.generation   # before the lookup: a clear_cache since then voids what it finds
     try:
