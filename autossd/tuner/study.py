@@ -194,10 +194,13 @@ def reap_stale(study: optuna.Study, grace_s: float = 120.0, storage=_NO_LOCK) ->
     from inside belongs to a process that died in between), else once older than `grace_s`.
     `storage`: take the study's lock there (workers of one host may reap at the same moment)."""
     with _locked(storage, study.study_name) as held:
-        return _reap(study, 0.0 if held else grace_s)
+        return _reap(study, grace_s, held)
 
 
-def _reap(study: optuna.Study, grace_s: float) -> int:
+def _reap(study: optuna.Study, grace_s: float, held: bool) -> int:
+    """reap_stale's work, inside the lock when `held` (then an unnamed trial waits no grace)."""
+    if held:
+        grace_s = 0.0
     import datetime as _dt
     host = socket.gethostname()
     now = _dt.datetime.now()
@@ -383,9 +386,7 @@ def run_trials(study: optuna.Study, space: SearchSpace, arch: str, problem: Prob
             # pruned or duplicates, told inside the lock, so outside it every RUNNING trial is
             # one that some worker is evaluating.
             with study_lock(settings.storage, study.study_name) as held:
-                # a worker of this host killed since: its trials go back (an unnamed one at once
-                # when the lock is held: no live worker is between its ask and its naming then)
-                _reap(study, 0.0 if held else 120.0)
+                _reap(study, 120.0, held)   # a worker of this host killed since: its trials go back
                 trials = study.get_trials(deepcopy=False)
                 known.update(_known(study, trials, seen))
                 done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
