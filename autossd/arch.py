@@ -5,6 +5,7 @@ Numbers are per block / per SM as documented by the vendors; they bound what a c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,15 @@ class Arch:
     def is_amd(self) -> bool:
         return self.backend == "hip"
 
-    @property
+    @cached_property   # asked for each knob of each record a lookup reads
     def capabilities(self) -> frozenset[str]:
         """The capability names `has` accepts: the backend ("cuda" or "hip") and each flag set."""
         flags = ("tma", "wgmma", "pdl", "mfma", "maxnreg")
         return frozenset((self.backend, *(f for f in flags if getattr(self, f))))
 
     def has(self, *needs: str) -> bool:
-        return set(needs) <= self.capabilities
+        caps = self.capabilities
+        return all(n in caps for n in needs)
 
     def gpu_target(self):
         from triton.backends.compiler import GPUTarget

@@ -7,7 +7,12 @@
   2. torch.compile: a layer calling the drop-in traces to one graph with no graph break
      (torch._dynamo.explain), and torch.compile(fullgraph=True) matches eager; with
      mode="reduce-overhead" (CUDA graphs) its replays match the graph-timed pick run eagerly.
-  3. Overheads: warm get_kernel (target <= 5 us), the drop-in's host time per call, eager vs
+  3. torch.compile(mode="reduce-overhead") in a fresh process, as a user's model meets it: the
+     drop-in's first call ever made inside the compiled module's warm-up (nothing eager before),
+     Mamba-2's call (bf16, D, dt_bias, softplus) with an op after it, several calls; the forward
+     must match the graph-timed pick run eagerly (bitwise), and a compiled training step's
+     gradients must match eager autograd's.
+  4. Overheads: warm get_kernel (target <= 5 us), the drop-in's host time per call, eager vs
      graph-replay time per call.
   Plus the float64 reference error of each case, and which config the lookup chose and why.
 
@@ -176,6 +181,57 @@ def check_case(name: str, p: Problem, device: str, iters: int) -> dict:
     return res
 
 
+def fresh_reduce_overhead(dtype: str) -> dict:
+    """Check 3, run in this (fresh) process: the first autossd call of the process happens
+    inside torch.compile's CUDA graph trees (their warm-up allocates in the graph's pool)."""
+    p = Problem(2, 4096, 80, 64, 128, 1, dtype, 256, **LAYER)
+    t = make_inputs(p, device="cuda", seed=0)
+    args, kw = _split(p, t)
+
+    class M(torch.nn.Module):
+        def forward(self, x, dt, A, B, C):
+            return autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 256, **kw) * 2
+
+    res: dict = {"problem": p.key()}
+    try:
+        f = torch.compile(M(), fullgraph=True, mode="reduce-overhead")
+        for _ in range(4):   # warm-up (eager, in the pool), recording (capture), replays
+            got = f(*args).clone()
+        torch.cuda.synchronize()
+        kg = autossd.get_kernel(p, runtime.arch_of_device(torch.device("cuda")), launch_mode="graph")
+        want = kg(*args, **kw) * 2
+        res["forward"] = {**_same(got, want), "ok": _same(got, want)["bitwise_equal"]}
+    except Exception as e:  # noqa: BLE001 - report, go on
+        res["forward"] = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+    # a training step under reduce-overhead: the backward's graph too
+    names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
+    leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
+
+    def step(x, dt, A, B, C, D, dt_bias):
+        y = autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, dt_bias=dt_bias, dt_softplus=True)
+        return (y.float() ** 2).mean()
+
+    try:
+        torch._dynamo.reset()
+        fs = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+        for _ in range(4):
+            for v in leaves.values():
+                v.grad = None
+            loss = fs(*leaves.values())
+            loss.backward()
+        got = {k: v.grad.clone() for k, v in leaves.items()}
+        eager = {k: t[k].detach().clone().requires_grad_(True) for k in names}
+        step(*eager.values()).backward()
+        errs = {k: rel_err(got[k], eager[k].grad) for k in names}
+        finite = all(bool(torch.isfinite(g).all()) for g in got.values())
+        res["backward"] = {"rel_err_vs_eager": errs, "finite": finite,
+                           "ok": finite and max(errs.values()) <= 10 * tolerance(dtype)}
+    except Exception as e:  # noqa: BLE001 - report
+        res["backward"] = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+    res["ok"] = res["forward"]["ok"] and res["backward"]["ok"]
+    return res
+
+
 def overheads(p: Problem, device: str, n: int) -> dict:
     arch = runtime.arch_of_device(torch.device(device))
     autossd.get_kernel(p, arch)
@@ -193,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--iters", type=int, default=100, help="timed calls per case")
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU (TRITON_INTERPRET=1), no CUDA graph")
+    ap.add_argument("--fresh-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.fresh_child:   # check 3 in a process of its own; prints its JSON
+        print("FRESH " + json.dumps(fresh_reduce_overhead(args.dtype), default=str))
+        return 0
     device = "cpu" if args.cpu else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device; use --cpu for a dry run", file=sys.stderr)
@@ -219,12 +279,27 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("cuda_graph", "compile", "reduce_overhead"):
             if r.get(key, {}).get("error"):
                 print(f"    {key}: {r[key]['error']}")
+    if device == "cuda":
+        import subprocess
+        run = subprocess.run([sys.executable, __file__, "--fresh-child", "--dtype", args.dtype, "--out", "-"],
+                             capture_output=True, text=True)
+        line = [ln for ln in run.stdout.splitlines() if ln.startswith("FRESH ")]
+        fresh = json.loads(line[-1][6:]) if line else {"ok": False, "error": run.stderr[-4000:]}
+        report["fresh_reduce_overhead"] = fresh
+        print(f"fresh process, reduce-overhead: forward={'ok' if fresh.get('forward', {}).get('ok') else 'FAIL'}"
+              f"  training step={'ok' if fresh.get('backward', {}).get('ok') else 'FAIL'}")
+        for key in ("forward", "backward"):
+            if fresh.get(key, {}).get("error"):
+                print(f"    {key}: {fresh[key]['error']}")
+        if fresh.get("error"):
+            print(f"    {fresh['error']}")
     first = next(iter(cases(args.dtype, args.cpu).values()))
     report["overheads"] = overheads(first, device, 200_000 if device == "cuda" else 20_000)
     o = report["overheads"]
     print(f"warm get_kernel {o['warm_get_kernel_us']:.3f} us (target <= 5 us); from_args {o['from_args_us']:.1f} us")
     ok = all(r["reference"]["ok"] and r.get("compile", {}).get("ok") and r.get("cuda_graph", {"ok": True})["ok"]
-             and r.get("reduce_overhead", {"ok": True})["ok"] for r in report["cases"]) and o["ok"]
+             and r.get("reduce_overhead", {"ok": True})["ok"] for r in report["cases"]) and o["ok"] \
+        and report.get("fresh_reduce_overhead", {"ok": True})["ok"]
     report["ok"] = bool(ok)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))

@@ -568,6 +568,10 @@ def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
 
     rec = chunk._record(launches, [Compiled(ln) for ln in launches], t1, buf, mod)
     assert all(d is not None for *_, d in rec)   # every launch, with descriptors or without
+    # A record outlives its call and must hold none of that call's tensors, not even through a
+    # TMA descriptor's base: under torch.compile's CUDA graph trees a first call made in the
+    # warm-up allocates in the graph's pool, and a kept tensor of the pool fails torch's check.
+    assert _tensors_reachable(rec) == []
     del encoded[:]
 
     def through_triton(entry_of, t):   # what triton's own launch path passes to the entry point
@@ -592,7 +596,28 @@ def test_launch_cache_encodes_each_tma_descriptor_once_per_address(monkeypatch):
     # a launcher with scratch memory, or another launcher type, keeps triton's path
     ck = Compiled(launches[0])
     ck.run.global_scratch_size = 64
-    assert chunk._DirectLaunch.of(ck, rec[0][3], rec[0][4]) is None
+    assert chunk._DirectLaunch.of(ck, rec[0][3], rec[0][4], {}) is None
+
+
+def _tensors_reachable(root) -> list:
+    """The tensors and TMA descriptors reachable from `root` through containers and objects'
+    attributes (not through modules, classes or functions)."""
+    import gc
+    import types
+
+    from autossd.ops.ssd import chunk
+    found, seen, todo = [], set(), [root]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                                           types.MethodType, str, bytes, int, float)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, (torch.Tensor, *chunk._TMA_DESCRIPTORS)):
+            found.append(type(o).__name__)
+            continue
+        todo.extend(gc.get_referents(o))
+    return found
 
 
 def test_launch_cache_is_bounded(monkeypatch):

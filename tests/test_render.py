@@ -237,3 +237,38 @@ def test_a_kernels_hash_is_of_its_text_without_comments():
     would depend on the Python that reads it)."""
     src = "x = 1  # why\n\n# a whole-line comment\ny = '#not a comment'   \n    z = 2\n"
     assert render._code_tokens(src) == "x = 1\ny = '#not a comment'\n    z = 2"
+
+
+def _comment_free_by_tokenize(source: str) -> str:
+    """_code_tokens as Python's tokenizer would cut it: each COMMENT token removed."""
+    import io
+    import tokenize
+    cut = {t.start[0] - 1: t.start[1] for t in tokenize.generate_tokens(io.StringIO(source).readline)
+           if t.type == tokenize.COMMENT}
+    lines = (ln[:cut[i]] if i in cut else ln for i, ln in enumerate(source.splitlines()))
+    return "\n".join(ln.rstrip() for ln in lines if ln.rstrip())
+
+
+@pytest.mark.parametrize("op", ["ssd_fwd", "ssd_bwd", "ssd_decode", "ssd_varlen"])
+def test_comments_are_found_where_pythons_tokenizer_finds_them(op):
+    """A record's freshness hashes the rendered code less its comments; the fast comment scan
+    must cut exactly where tokenize does, on every op's rendered modules (every backend) and
+    on strings that hold '#' or quotes, else stored records would turn stale."""
+    from autossd.arch import get_arch
+    from autossd.db import lookup
+    tricky = ('x = "a # not a comment"  # a comment\n'
+              "y = 'it''s # no'  # yes \"quoted\"\n"
+              's = """doc # not\n# still the string\n"""  # after\n'
+              "t = f'{a!r}#' + r'\\'#' + '\\\\'  # end\n"
+              "u = '''a\n'# in'\n'''\n"
+              "# alone\n    \n")
+    assert render._code_tokens(tricky) == _comment_free_by_tokenize(tricky)
+    checked = 0
+    for arch in ("sm90", "gfx942"):   # the shipped records' configs, one rendering each
+        configs = {r.config for r in lookup.load_records(arch, op, None)}
+        for cfg in sorted(configs, key=lambda c: c.key())[:12]:
+            source = render.render(cfg, get_arch(arch).backend)
+            assert "#" in source
+            assert render._code_tokens(source) == _comment_free_by_tokenize(source)
+            checked += 1
+    assert checked > 0

@@ -341,13 +341,26 @@ def record(launches: list, compiled: list, t: dict, buf, module, inputs, buffers
                 srcs.append(("const", v))
         load_handles(ck)  # loads the module once, so the replay can take ck.function directly
         template = [k if kind == "const" else None for kind, k in srcs]
-        slots = tuple((i, kind == "in", k, descs.get(i)) for i, (kind, k) in enumerate(srcs) if kind != "const")
-        direct = DirectLaunch.of(ck, template, slots)
+        shapes = {i: DescShape(d) for i, d in descs.items()}
+        slots = tuple((i, kind == "in", k, shapes.get(i)) for i, (kind, k) in enumerate(srcs) if kind != "const")
+        direct = DirectLaunch.of(ck, template, slots, {i: d.base for i, d in descs.items()})
         out.append((ck, tuple(ln.grid) + (1,) * (3 - len(ln.grid)), tuple(srcs), template, slots, direct))  # 3-D grid
     return out
 
 
 # --- replay ---------------------------------------------------------------------------------------
+class DescShape:
+    """What a record keeps of a TMA descriptor: its shape, strides and padding, never its base
+    tensor. A record outlives the call it was made in, and holding that call's tensors would keep
+    their memory alive: under torch.compile's CUDA graph trees (mode="reduce-overhead") a first
+    call made in the warm-up run allocates in the graph's memory pool, and a tensor of that pool
+    kept past the run fails torch's check that every live allocation of the pool is an output."""
+    __slots__ = ("shape", "strides", "padding")
+
+    def __init__(self, desc):
+        self.shape, self.strides, self.padding = tuple(desc.shape), tuple(desc.strides), desc.padding
+
+
 class DescArg:
     """A recorded TMA descriptor on a new call's tensor: what triton's launcher reads of a
     descriptor argument (base, shape, strides, padding) to encode it at launch. The shapes and
@@ -376,7 +389,9 @@ class DirectLaunch:
         self._at = {}   # names of a call's pointers (RecentCalls.find) -> (argument, pointer index) pairs
 
     @classmethod
-    def of(cls, ck, template: list, slots: tuple) -> DirectLaunch | None:
+    def of(cls, ck, template: list, slots: tuple, bases: dict) -> DirectLaunch | None:
+        """`bases`: position -> the recorded call's tensor under each descriptor, used here only
+        (to learn an encoding's width), never kept."""
         run = ck.run
         if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", 1) \
                 or getattr(run, "profile_scratch_size", 1):
@@ -399,7 +414,7 @@ class DirectLaunch:
         for i, v in enumerate(template):   # descriptor i expands to [encoded, *its constant sizes]
             if i in descs:
                 meta = next(metas)
-                width = len(encode(DescArg(descs[i].base, descs[i]), meta))   # the recorded call's
+                width = len(encode(DescArg(bases[i], descs[i]), meta))   # the recorded call's
                 at[i] = (len(xtemplate), width, meta)
                 xtemplate.extend([None] * width)
             else:

@@ -135,7 +135,7 @@ LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and con
 
 
 def clear_launch_cache() -> None:
-    """Forget the recorded calls (their TMA descriptors hold the tensors of the call recorded)."""
+    """Forget the recorded calls."""
     _launch_cache.clear()
 
 
