@@ -33,7 +33,7 @@ from .db.lookup import Match, device_name, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, device_text, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
-from .ops.common.launch_cache import RecentCalls
+from .ops.common.launch_cache import RecentCalls, start_driver
 from .ops.ssd.chunk import INPUTS, clear_launch_cache, clear_workspaces, execute, input_sig, remember
 from .problem import Problem, as_flag, from_args, parse_dt_limit, supported_chunk
 from .render import interpreting, load
@@ -490,6 +490,8 @@ def _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         prob = from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype)
         _check_new_call(x)
+        if x.is_cuda:
+            start_driver()   # a first call: triton's driver comes up while the lookup runs
         kernel = get_kernel(prob, arch_of_device(x.device), None, mode, x.device.index)
         if key is not None:
             remember(_calls, key, (prob, kernel), _CALLS_MAX)

@@ -176,9 +176,33 @@ def _decide() -> bool:
     return True
 
 
+_driver_start: threading.Thread | None = None
+
+
+def start_driver() -> None:
+    """Bring up triton's GPU driver in a thread, once per process, so that a first call's
+    config lookup overlaps it: with a cold triton cache its first use builds the driver's C
+    helpers with gcc (0.4 s on an H200 host), which waits on a subprocess, not on Python.
+    `current_stream` (the first thing a launch asks of the driver) waits for it."""
+    global _driver_start
+    if _driver_start is not None or not supported():
+        return
+
+    def bring_up():
+        try:
+            _driver.active.get_current_device()
+        except Exception:  # noqa: BLE001 - the launch that needs the driver raises it again, in its thread
+            pass
+
+    _driver_start = threading.Thread(target=bring_up, name="autossd-driver", daemon=True)
+    _driver_start.start()
+
+
 def current_stream():
     """The current device's current stream, as triton's launchers take it."""
     if supported():
+        if _driver_start is not None and _driver_start.is_alive():
+            _driver_start.join()
         d = _driver.active
         return d.get_current_stream(d.get_current_device())
     return torch.cuda.current_stream().cuda_stream
