@@ -527,3 +527,23 @@ def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db, capsys
     s = optuna.create_study()
     st.seed(s, "sm90", prob, space, [{"dx_warps": 8}])
     assert [t.user_attrs["seed"] for t in s.trials] == ["default", "known"]
+
+
+def test_a_one_line_jsonl_file_that_is_no_record_is_refused_not_taken_for_a_torn_write(env):
+    """A torn write can only be the start of a record's line (what a kill mid-append leaves);
+    a file whose only line is something else is not a record store, and a tune must not append
+    to it (every later show or tune would then fail on its first line)."""
+    for text in ("hello\n", "hello", "[1, 2\n", '{"x": 1\n'):
+        one = env / "one.jsonl"
+        one.write_text(text)
+        for args in (["show", "--db", str(one)],
+                     ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "1", "--db", str(one),
+                      "--storage", str(env / "j.journal"), "--no-progress"]):
+            r = CliRunner().invoke(main, args)
+            assert r.exit_code == 2 and "one.jsonl:1: not an autossd tuning record" in r.output, (text, args, r.output)
+            assert "STATIC tuning" not in r.output
+        assert one.read_text() == text
+    # the start of a record's line, alone: a kill during the first record's write
+    one.write_text('{"arch": "gfx9')
+    r = invoke("show", "--db", one, "--json")
+    assert r.exit_code == 0 and json.loads(r.output) == [], r.output

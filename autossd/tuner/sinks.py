@@ -83,6 +83,7 @@ class RecordStoreError(ValueError):
 
 
 _RECORD_KEYS = frozenset({"arch", "op", "problem", "config", "provenance"})
+_LINE_START = '{"arch": '   # how each line `JsonlSink.save` writes begins (json.dumps, sort_keys)
 
 
 class JsonlSink:
@@ -120,8 +121,12 @@ class JsonlSink:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                if k == len(lines) - 1:
-                    continue  # a torn last line after a kill
+                # a torn last line after a kill: what `save` had begun to write, so it starts as
+                # every record's line does (its keys sorted: "arch" first). Any other line that
+                # is no JSON, one alone above all, means some other file, which a tune must not
+                # append to
+                if k == len(lines) - 1 and (line.startswith(_LINE_START) or _LINE_START.startswith(line)):
+                    continue
                 rec = None
             if not isinstance(rec, dict) or not _RECORD_KEYS <= rec.keys():
                 raise RecordStoreError(f"{self.path}:{i}: not an autossd tuning record "
