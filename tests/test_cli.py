@@ -529,6 +529,116 @@ def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db, capsys
     assert [t.user_attrs["seed"] for t in s.trials] == ["default", "known"]
 
 
+# --- stores that cannot be written ---------------------------------------------------------------
+def _can_write(path) -> bool:
+    """Whether this process can write `path` (a file: open it for writing; a folder: make a file
+    in it), tried, as the one check that also holds for root."""
+    import tempfile
+    try:
+        if path.is_dir():
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        else:
+            with open(path, "r+b"):
+                pass
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def read_only():
+    """read_only(path): make a file or folder unwritable for this process: chmod 0444 / 0555,
+    and where that does not stop the writes (root), the immutable attribute (chattr +i). Skips,
+    saying why, only where neither does; every change is undone at the end (pytest must be able
+    to delete the folders)."""
+    import os
+    import subprocess
+    done = []
+
+    def make(path):
+        mode = path.stat().st_mode
+        os.chmod(path, 0o555 if path.is_dir() else 0o444)
+        done.append(("chmod", path, mode))
+        if _can_write(path) and shutil.which("chattr"):
+            if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0:
+                done.append(("chattr", path, None))
+        if _can_write(path):
+            pytest.skip(f"cannot make {path} unwritable here: chmod does not stop this process's writes "
+                        "(running as root) and the file system refuses the immutable attribute")
+        return path
+    yield make
+    import subprocess as sp
+    for kind, path, mode in reversed(done):
+        if kind == "chattr":
+            sp.run(["chattr", "-i", str(path)], check=True)
+        else:
+            os.chmod(path, mode)
+
+
+def _static_record(path):
+    from autossd.db import add_records, make_record
+    from autossd.ops.ssd.fwd_knobs import default_config
+    p = parse_shape(SHAPE, "fp16")
+    add_records(str(path), [make_record(p, default_config("gfx942", p), "gfx942", provenance="static",
+                                        predicted_ms=0.2)])
+
+
+def _tune_into(db, env, *extra):
+    return CliRunner().invoke(main, ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "2",
+                                     "--storage", str(env / "j.journal"), "--no-progress", "--compile-workers",
+                                     "0", *extra] + (["--db", str(db)] if db else []))
+
+
+def _refused_before_the_search(r, where, path):
+    out = r.output
+    assert r.exit_code == 2, out
+    assert where in out and str(path) in out and "cannot write records there" in out, out
+    assert "STATIC tuning" not in out and "Traceback" not in out, out   # nothing searched
+    assert [ln for ln in out.splitlines() if ln.startswith("Error:")] == [out.strip().splitlines()[-1]]
+
+
+def test_a_store_that_cannot_be_written_is_refused_before_the_search(env, read_only):
+    # an existing database file that cannot be written, then one whose folder takes no new file
+    # (SQLite writes its journal beside it)
+    locked = env / "locked.sqlite"
+    _static_record(locked)
+    before = locked.read_bytes()
+    read_only(locked)
+    _refused_before_the_search(_tune_into(locked, env), "'--db'", locked)
+    assert locked.read_bytes() == before
+    assert len(json.loads(invoke("show", "--db", locked, "--json").output)) == 1   # reading still works
+
+    shut = env / "shut"
+    shut.mkdir()
+    _static_record(shut / "in.sqlite")
+    _static_record(shut / "in2.sqlite")
+    (shut / "r.jsonl").write_text(json.dumps({"arch": "gfx942", "op": "ssd_fwd", "problem": {},
+                                              "config": {}, "provenance": "static"}) + "\n")
+    read_only(shut)
+    for db in (shut / "in.sqlite", shut / "new.sqlite", shut / "new.jsonl", env / "shut" / "sub" / "new.jsonl"):
+        _refused_before_the_search(_tune_into(db, env), "'--db'", db)
+        assert not db.exists() or db.name == "in.sqlite"
+
+
+def test_a_jsonl_store_that_cannot_be_written_is_refused_before_the_search(env, read_only):
+    good = env / "recs.jsonl"
+    _static_record(env / "src.sqlite")
+    assert invoke("export", "--db", env / "src.sqlite", "--out", good).exit_code == 0
+    before = good.read_bytes()
+    read_only(good)
+    _refused_before_the_search(_tune_into(good, env), "'--db'", good)
+    assert good.read_bytes() == before
+
+
+def test_an_autossd_db_that_cannot_be_written_names_autossd_db(env, read_only, monkeypatch):
+    locked = env / "env.sqlite"
+    _static_record(locked)
+    read_only(locked)
+    monkeypatch.setenv("AUTOSSD_DB", str(locked))
+    _refused_before_the_search(_tune_into(None, env), "AUTOSSD_DB", locked)
+
+
 def test_a_one_line_jsonl_file_that_is_no_record_is_refused_not_taken_for_a_torn_write(env):
     """A torn write can only be the start of a record's line (what a kill mid-append leaves);
     a file whose only line is something else is not a record store, and a tune must not append
