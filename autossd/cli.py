@@ -242,6 +242,8 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
             raise click.BadParameter(f"{', '.join(f'{k}={s[k]}' for k in clash)}: --fix pins "
                                      f"{', '.join(f'{k}={fix[k]}' for k in clash)}", ctx=ctx, param_hint="'--start'")
     probs = _problems(ctx, shapes, preset, dtype, op, state_dtype)
+    if plot_dir:   # found now, not after the search
+        _writable_dir(plot_dir, "'--plot-dir'")
     try:
         mode = choose_mode(arch, mode, local)
     except ValueError as e:
@@ -353,6 +355,19 @@ def _server_url(url: str | None) -> str | None:
     from .tuner.sinks import db_layer
     layer = db_layer()
     return url if url and layer is not None and layer.engine.is_server(url) else None
+
+
+def _writable_dir(path: str, hint: str) -> None:
+    """Refuse, naming the option, a folder that cannot be made or written: tried by making it
+    and a nameless file in it (asking os.access would say yes to root on a read-only mount)."""
+    import tempfile
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise click.BadParameter(f"{path}: cannot write plots there ({e.strerror or e})",
+                                 param_hint=hint) from None
 
 
 def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
@@ -514,6 +529,9 @@ def export(db, out_path, arch, overwrite) -> None:
 def _sources(ctx, param, values):
     """Files that must exist, or database URLs (a fleet's server database)."""
     for v in values:
+        if os.path.isdir(v):
+            raise click.BadParameter(f"{v}: is a directory, not a record store (.sqlite or .jsonl)",
+                                     ctx=ctx, param=param)
         if "://" not in v and not os.path.isfile(v):
             raise click.BadParameter(f"{v}: no such file", ctx=ctx, param=param)
     return values
@@ -527,6 +545,10 @@ def merge(sources, into) -> None:
     """Merge record stores into one: per problem, measured beats static, then the faster record;
     measured records are kept one per launch mode (eager / CUDA graph)."""
     from .tuner.sinks import DbSink, JsonlSink, RecordStoreError, best_records, db_layer
+    if os.path.isdir(into):
+        raise click.BadParameter(f"{into}: is a directory; --into names the store file to write "
+                                 f"(.sqlite or .jsonl), e.g. {os.path.join(into, 'merged.sqlite')}",
+                                 param_hint="'--into'")
     try:   # every .jsonl involved must be a record store before anything is written
         for s in [*sources, into]:
             if s.endswith(".jsonl"):
@@ -561,8 +583,11 @@ def merge(sources, into) -> None:
                 finally:
                     from .db.engine import dispose_engines, to_url
                     dispose_engines(to_url(os.path.join(tmp, "jsonl.sqlite")))
-        except Exception as e:  # noqa: BLE001
-            raise click.ClickException(f"merge: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the errors name their file (exchange._read_named)
+            why = str(getattr(e, "orig", None) or e).splitlines()[0]
+            if os.path.abspath(into) in why:   # the destination's own records take part
+                why += " (the --into destination, whose records take part in the merge)"
+            raise click.ClickException(f"merge: {why}") from None
         click.echo(f"merged {len(sources)} sources into {into}: {res.kept} record{'s' * (res.kept != 1)} "
                    f"kept, {res.dropped} dropped (lost to a better record of the same problem, "
                    f"device and launch mode; {res.conflicts} problem{'s' * (res.conflicts != 1)} had several)")
@@ -594,10 +619,14 @@ def plot(db, storage, arch, out_dir) -> None:
     from .tuner.storage import JournalError
     if storage is None and db is not None and "://" in db:
         storage = _server_url(db)
+    _writable_dir(out_dir, "'--out-dir'")
     try:
         paths = plot_all(storage, _load_records(db), out_dir, arch)
     except JournalError as e:   # names the journal and says what to do
         raise click.ClickException(str(e)) from None
+    except OSError as e:   # a folder that became unwritable, a full disk
+        raise click.BadParameter(f"{out_dir}: cannot write plots there ({e.strerror or e})",
+                                 param_hint="'--out-dir'") from None
     for p in paths:
         click.echo(f"plot: {p}")
     if not paths:
@@ -623,8 +652,16 @@ def doctor() -> None:
         except Exception:  # noqa: BLE001
             lines.append((mod, "not installed"))
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    from .arch import implicit_arch
+    try:   # whose records get_kernel and the drop-ins use here (the same words as their reason)
+        runtime_arch = implicit_arch(arch)[1]
+    except ValueError as e:   # an unknown AUTOSSD_ARCH: every call would refuse it
+        runtime_arch = f"error: {e}"
     lines += [("local arch", arch or "none (static tuning only)"), ("device", dev),
-              ("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
+              ("runtime uses", runtime_arch)]
+    lines += [(var, os.environ[var]) for var in ("AUTOSSD_ARCH", "AUTOSSD_DB", "AUTOSSD_CACHE_DIR",
+                                                  "AUTOSSD_DATA_DIR") if os.environ.get(var)]
+    lines += [("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
               ("template hash (studies)", template_hash()), ("kernel cache", str(cache_dir())),
               ("records (default)", layer.user_db_url(None) if layer else
                f"{default_records_path()}{'' if default_records_path().exists() else ' (none yet)'}"),

@@ -657,3 +657,69 @@ def test_a_one_line_jsonl_file_that_is_no_record_is_refused_not_taken_for_a_torn
     one.write_text('{"arch": "gfx9')
     r = invoke("show", "--db", one, "--json")
     assert r.exit_code == 0 and json.loads(r.output) == [], r.output
+
+
+# --- errors that name their cause ----------------------------------------------------------------
+def test_merge_names_a_corrupt_source_or_destination_and_refuses_a_folder(env):
+    good, bad = env / "good.sqlite", env / "bad.sqlite"
+    _static_record(good)
+    bad.write_bytes(b"\x00garbage, no database" * 300)
+    r = CliRunner().invoke(main, ["merge", str(bad), str(good), "--into", str(env / "m.sqlite")])
+    assert r.exit_code == 1 and str(bad) in r.output and "Traceback" not in r.output, r.output
+    assert "--into" not in r.output and not (env / "m.sqlite").exists()
+    r = CliRunner().invoke(main, ["merge", str(good), "--into", str(bad)])
+    assert r.exit_code == 1 and str(bad) in r.output and "--into" in r.output, r.output
+    folder = env / "out"
+    folder.mkdir()
+    r = CliRunner().invoke(main, ["merge", str(good), "--into", str(folder)])
+    assert r.exit_code == 2 and "--into" in r.output and "is a directory" in r.output, r.output
+    assert list(folder.iterdir()) == []
+    r = CliRunner().invoke(main, ["merge", str(folder), "--into", str(env / "m.sqlite")])
+    assert r.exit_code == 2 and "is a directory" in r.output and str(folder) in r.output, r.output
+
+
+def test_plot_and_tune_refuse_an_unwritable_plot_folder_by_its_option(env, read_only):
+    good = env / "good.sqlite"
+    _static_record(good)
+    (env / "plots").mkdir()
+    shut = read_only(env / "plots")
+    for out in (shut, shut / "sub"):
+        r = CliRunner().invoke(main, ["plot", "--db", str(good), "--storage", str(env / "none.journal"),
+                                      "--out-dir", str(out)])
+        assert r.exit_code == 2 and "'--out-dir'" in r.output and str(out) in r.output, r.output
+        assert "Traceback" not in r.output
+    r = _tune_into(env / "t.sqlite", env, "--plot-dir", str(shut))
+    assert r.exit_code == 2 and "'--plot-dir'" in r.output and "STATIC tuning" not in r.output, r.output
+
+
+def test_doctor_shows_the_environment_it_runs_under_and_an_unknown_arch(env, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_ARCH", "sm100")
+    monkeypatch.setenv("AUTOSSD_DB", str(env / "mine.sqlite"))
+    r = invoke("doctor")
+    assert r.exit_code == 0, r.output
+    lines = {ln.split("  ")[0]: ln for ln in r.output.splitlines()}
+    assert "sm100" in lines["AUTOSSD_ARCH"] and str(env / "mine.sqlite") in lines["AUTOSSD_DB"], r.output
+    assert "AUTOSSD_ARCH='sm100': unknown architecture" in lines["runtime uses"]
+    assert "sm90" in lines["runtime uses"] and "gfx942" in lines["runtime uses"]
+    monkeypatch.setenv("AUTOSSD_ARCH", "sm80")
+    assert "sm80's records (AUTOSSD_ARCH)" in invoke("doctor").output
+    monkeypatch.delenv("AUTOSSD_ARCH")
+    monkeypatch.delenv("AUTOSSD_DB")
+    out = invoke("doctor").output
+    assert "AUTOSSD_ARCH" not in out.replace("AUTOSSD_ARCH picks", "") and "AUTOSSD_DB" not in out
+
+
+def test_doctor_and_get_kernel_say_alike_whose_records_a_machine_without_a_gpu_uses(env, monkeypatch):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the runtime uses its own arch")
+    import autossd
+    from autossd.arch import implicit_arch
+    said = implicit_arch()[1]
+    assert said.startswith("sm90's records (no GPU")
+    line = next(ln for ln in invoke("doctor").output.splitlines() if ln.startswith("runtime uses"))
+    assert line.split("  ", 1)[1].strip() == said
+    autossd.clear_cache()
+    k = autossd.get_kernel((1, 64, 2, 16, 16, 1, "fp32"))
+    assert k.arch == "sm90" and k.reason.startswith(said + ": "), k.reason
+    assert not autossd.get_kernel((1, 64, 2, 16, 16, 1, "fp32"), "gfx942").reason.startswith(said)
