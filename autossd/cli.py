@@ -153,9 +153,53 @@ class _sigterm_unwinds:
 DB_EXTENSIONS = (".sqlite", ".sqlite3", ".db")   # what export writes as an SQLite database
 
 
+class _Interrupted(click.ClickException):
+    """Ctrl-C: exit status 130 (128 + SIGINT, what a shell reports for a command it stopped)
+    with one line, instead of click's bare "Aborted!" and status 1."""
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted (Ctrl-C)")
+
+    def show(self, file=None) -> None:
+        click.echo("autossd: interrupted (Ctrl-C)", err=True)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:   # the command's own clean-up (finally blocks) has run
+            raise _Interrupted() from None
+
+
+class _OpOption(click.Option):
+    """--op whose help lists the ops --shapes describes, asked of the op registry when the help
+    is shown (not at import: the registry imports every op)."""
+
+    def get_help_record(self, ctx):
+        from .tuner.shapes import shaped_ops
+        self.help = f"the op to tune: {', '.join(shaped_ops())}"
+        return super().get_help_record(ctx)
+
+
+# the optional packages the samplers need, and the extra that installs them (pyproject.toml)
+SAMPLER_NEEDS = {"gp": ("scipy",), "cmaes": ("cmaes",)}
+
+
+def _sampler(ctx, param, value):
+    import importlib.util
+    missing = [m for m in SAMPLER_NEEDS.get(value, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.BadParameter(f"{value} needs {', '.join(missing)}, which the 'tune' extra installs: "
+                                 "pip install \"autossd[tune]\" (from a checkout: pip install \".[tune]\")",
+                                 ctx=ctx, param=param)
+    return value
+
+
 # --- commands ---------------------------------------------------------------------------------
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="autossd")
 def main() -> None:
     """autossd: generated, tuned Triton kernels for the Mamba-2 SSD layer (forward, backward, decode step, packed prefill)."""
@@ -193,13 +237,15 @@ def main() -> None:
 @click.option("--storage", default=None, help="Optuna storage: a journal file path or an RDB URL "
               "(default: the record store's URL when that is a database server, else the journal)")
 @click.option("--sampler", type=click.Choice(["tpe", "gp", "cmaes", "brute", "random", "local"]), default="tpe",
-              show_default=True, help="local: one knob at a time from the best so far (hill climbing)")
+              show_default=True, callback=_sampler,
+              help="local: one knob at a time from the best so far (hill climbing); gp and cmaes need "
+                   "the 'tune' extra (pip install \"autossd[tune]\")")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
               help="worker processes sharing each study (measured: one per GPU)")
 @click.option("--mode", type=click.Choice(["auto", "measured", "static"]), default="auto", show_default=True,
               help="auto: measured when --arch is the local GPU, else static")
-@click.option("--op", default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
-              help="the op to tune (autossd.ops.registry)")
+@click.option("--op", cls=_OpOption, default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
+              help="the op to tune")
 @click.option("--fix", multiple=True, callback=_knob_settings, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
 @click.option("--start", multiple=True, callback=_starts, metavar="KNOB=VALUE,...",
               help="a config to evaluate early in each shape's study, after the default and the stored "
@@ -435,7 +481,7 @@ def show(db, arch, show_all, shipped, ops, as_json) -> None:
 
     def config_str(op, values) -> str:
         text = repr(op.config(values))   # "<ConfigType>({knobs off their default})"
-        return text[text.index("(") + 1:-1][:80]
+        return text[text.index("(") + 1:-1]   # whole: the last column, a cut one would mislead
     rows = []
     for r in recs:
         op = get_op(r.get("op", OP))

@@ -723,3 +723,68 @@ def test_doctor_and_get_kernel_say_alike_whose_records_a_machine_without_a_gpu_u
     k = autossd.get_kernel((1, 64, 2, 16, 16, 1, "fp32"))
     assert k.arch == "sm90" and k.reason.startswith(said + ": "), k.reason
     assert not autossd.get_kernel((1, 64, 2, 16, 16, 1, "fp32"), "gfx942").reason.startswith(said)
+
+
+# --- small things -----------------------------------------------------------------------------
+def test_ctrl_c_exits_130_with_one_line(env, monkeypatch):
+    import autossd.cli as cli
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_load_records", interrupted)
+    r = CliRunner().invoke(main, ["show"])
+    assert r.exit_code == 130 and r.output.strip() == "autossd: interrupted (Ctrl-C)", (r.exit_code, r.output)
+
+
+def test_ctrl_c_during_a_tune_exits_130(env):
+    """A real SIGINT, sent once the tune has started searching (its storage line is printed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "autossd.cli", "tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "10000",
+           "--db", str(env / "c.sqlite"), "--storage", str(env / "c.journal"), "--no-progress",
+           "--compile-workers", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        for line in proc.stdout:
+            if line.startswith("storage:"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert err.strip().splitlines()[-1] == "autossd: interrupted (Ctrl-C)", err[-3000:]
+    assert "Traceback" not in err
+
+
+def test_show_prints_configs_whole(env):
+    from autossd.db import add_records, make_record
+    from autossd.ops.ssd.fwd_knobs import default_config
+    p = parse_shape(SHAPE, "fp16")
+    cfg = default_config("sm90", p).replace(chunk_size=64, scan_warps=2, bmm_warps=2, state_block_m=16,
+                                            state_block_n=16)
+    whole = repr(cfg)
+    whole = whole[whole.index("(") + 1:-1]
+    assert len(whole) > 100
+    add_records(str(env / "s.sqlite"), [make_record(p, cfg, "sm90", provenance="static", predicted_ms=0.2)])
+    r = invoke("show", "--db", env / "s.sqlite")
+    assert r.exit_code == 0 and whole in r.output, r.output
+
+
+def test_tune_help_names_the_ops_from_the_registry():
+    from autossd.tuner.shapes import shaped_ops
+    text = " ".join(invoke("tune", "--help").output.split())
+    line = text[text.index("--op TEXT"):][:200]
+    assert shaped_ops() and all(op in line for op in shaped_ops()), line
+
+
+@pytest.mark.parametrize("sampler,package", [("gp", "scipy"), ("cmaes", "cmaes")])
+def test_a_sampler_whose_package_is_missing_names_the_tune_extra(env, monkeypatch, sampler, package):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+    r = _tune_into(env / "s.sqlite", env, "--sampler", sampler)
+    assert r.exit_code == 2 and "--sampler" in r.output and package in r.output, r.output
+    assert 'pip install "autossd[tune]"' in r.output and "STATIC tuning" not in r.output
