@@ -35,7 +35,7 @@ from .db.records import Record, device_text, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
 from .ops.common.launch_cache import RecentCalls
 from .ops.ssd.chunk import INPUTS, clear_launch_cache, clear_workspaces, execute, input_sig, remember
-from .problem import Problem, as_flag, from_args, parse_dt_limit, supported_chunk
+from .problem import Problem, as_flag, from_args, in_x_dtype, parse_dt_limit, supported_chunk
 from .render import interpreting, load
 from .ops.ssd.fwd_knobs import Config, default_config
 
@@ -610,7 +610,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     Takes the layouts mamba_ssm takes: an x, z, B or C whose last dimension is strided (e.g.
     `torch.randn(b, l, p, h).transpose(-1, -2)`) is copied to a contiguous tensor first, as
     mamba_ssm copies it (the kernels vectorize along that dimension); every other strided layout,
-    and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place."""
+    and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place. B, C and z
+    in another float dtype than x are cast to x's, as mamba_ssm's kernels take them."""
+    B, C, z = in_x_dtype(x, B, C, z)
     chunk_size = supported_chunk(chunk_size)
     dt_softplus, (lo, hi), return_final_states, return_varlen_states = _scalars(
         dt_softplus, dt_limit, return_final_states, return_varlen_states)

@@ -134,6 +134,28 @@ def test_an_unknown_autossd_arch_is_refused_by_the_variables_name(monkeypatch):
     assert autossd.get_kernel(p, "sm90").arch == "sm90"   # a named arch does not consult it
 
 
+def test_the_drop_in_takes_B_C_and_z_in_another_dtype_than_x_as_mamba_ssm_does():
+    """mamba_ssm's function takes x in bf16 with B, C (and z) in fp32 (its kernels cast each
+    product's operands), and so does autossd.ssd_varlen: the drop-in casts them to x's dtype,
+    giving the all-bf16 call's output, within bf16's bound of float64, and the fp32 inputs'
+    gradients in fp32."""
+    p = tiny("bf16", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    args, kw = _args(p, seed=3)
+    x, dt, A, B, C = args
+    B32, C32, z32 = B.float().requires_grad_(), C.float().requires_grad_(), kw["z"].float()
+    y = autossd.mamba_chunk_scan_combined(x, dt, A, B32, C32, 64, **{**kw, "z": z32})
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 64, **kw))
+    assert rel_err(y.detach(), _reference(args, 64, kw)[0]) < tolerance("bf16")
+    y.float().sum().backward()
+    assert B32.grad.dtype == C32.grad.dtype == torch.float32 and B32.grad.abs().sum() > 0
+    # packed prefill takes the same mix (one sequence: the same tokens)
+    cu = torch.tensor([0, p.seqlen], dtype=torch.int32)
+    yv, _ = autossd.ssd_varlen(x[0], dt[0], A, B32[0].detach(), C32[0].detach(), 64, cu, D=kw["D"],
+                               z=z32[0], dt_bias=kw["dt_bias"], dt_softplus=True)
+    assert rel_err(yv, _reference(args, 64, kw)[0][0]) < tolerance("bf16")
+
+
 def test_kernel_refuses_inputs_of_another_problem():
     k = autossd.get_kernel(tiny(), "sm90")
     args, kw = _args(tiny().replace(seqlen=100))
@@ -354,7 +376,7 @@ def test_a_repeated_call_skips_the_checks_and_a_changed_one_is_checked_again(mon
     x, dt, A, B, C = args
     bad = [  # each differs from the cached call in one thing from_args checks
         (dict(chunk_size=64.0), ValueError, "chunk_size"),
-        (dict(B=B.half()), TypeError, "B: dtype"),   # (a strided last dimension is copied, not refused)
+        (dict(B=B.double()), TypeError, "B: dtype"),   # (a strided last dimension is copied, not refused)
         (dict(dt=dt.to(torch.int32)), TypeError, "dt"),
         (dict(D=torch.randn(3)), ValueError, "D: expected shape"),
         (dict(dt_limit=(1.0, 0.0)), ValueError, "dt_limit"),
