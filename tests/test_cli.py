@@ -568,10 +568,9 @@ def read_only():
                         "(running as root) and the file system refuses the immutable attribute")
         return path
     yield make
-    import subprocess as sp
     for kind, path, mode in reversed(done):
         if kind == "chattr":
-            sp.run(["chattr", "-i", str(path)], check=True)
+            subprocess.run(["chattr", "-i", str(path)], check=True)
         else:
             os.chmod(path, mode)
 
