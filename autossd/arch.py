@@ -4,6 +4,7 @@ Numbers are per block / per SM as documented by the vendors; they bound what a c
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -75,6 +76,37 @@ def get_arch(name: str) -> Arch:
         return ARCHS[name]
     except KeyError:
         raise ValueError(f"arch: unknown architecture {name!r}; expected one of {sorted(ARCHS)}") from None
+
+
+# the arch a machine without a GPU runs as: the CPU interpreter runs the kernels as rendered for
+# it, so its records are the ones whose configs run there as tuned
+CPU_ARCH = "sm90"
+
+
+def env_arch() -> str | None:
+    """The arch env AUTOSSD_ARCH names, or None when it is unset or empty. An unknown name is
+    refused with the variable's name (a ValueError from deep inside a call would not say where
+    the name came from)."""
+    name = os.environ.get("AUTOSSD_ARCH")
+    if not name:
+        return None
+    if name not in ARCHS:
+        raise ValueError(f"AUTOSSD_ARCH={name!r}: unknown architecture; expected one of {sorted(ARCHS)} "
+                         "(or unset it, to use the GPU's own)")
+    return name
+
+
+def implicit_arch(gpu_arch: str | None = None) -> tuple[str, str]:
+    """(arch, why): the arch whose records and kernels the runtime uses when a caller names none,
+    and why, in words: AUTOSSD_ARCH when set, else the GPU's (`gpu_arch`), else, on a machine
+    without a GPU, CPU_ARCH. get_kernel's reason and `autossd doctor` both say it from here."""
+    env = env_arch()
+    if env:
+        return env, f"{env}'s records (AUTOSSD_ARCH)"
+    if gpu_arch:
+        return gpu_arch, f"{gpu_arch}'s records (this GPU's arch)"
+    return CPU_ARCH, (f"{CPU_ARCH}'s records (no GPU: the CPU interpreter runs the kernels as built for "
+                      f"{CPU_ARCH}; AUTOSSD_ARCH picks another arch)")
 
 
 def local_arch() -> str | None:

@@ -153,9 +153,53 @@ class _sigterm_unwinds:
 DB_EXTENSIONS = (".sqlite", ".sqlite3", ".db")   # what export writes as an SQLite database
 
 
+class _Interrupted(click.ClickException):
+    """Ctrl-C: exit status 130 (128 + SIGINT, what a shell reports for a command it stopped)
+    with one line, instead of click's bare "Aborted!" and status 1."""
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted (Ctrl-C)")
+
+    def show(self, file=None) -> None:
+        click.echo("autossd: interrupted (Ctrl-C)", err=True)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:   # the command's own clean-up (finally blocks) has run
+            raise _Interrupted() from None
+
+
+class _OpOption(click.Option):
+    """--op whose help lists the ops --shapes describes, asked of the op registry when the help
+    is shown (not at import: the registry imports every op)."""
+
+    def get_help_record(self, ctx):
+        from .tuner.shapes import shaped_ops
+        self.help = f"the op to tune: {', '.join(shaped_ops())}"
+        return super().get_help_record(ctx)
+
+
+# the optional packages the samplers need, and the extra that installs them (pyproject.toml)
+SAMPLER_NEEDS = {"gp": ("scipy",), "cmaes": ("cmaes",)}
+
+
+def _sampler(ctx, param, value):
+    import importlib.util
+    missing = [m for m in SAMPLER_NEEDS.get(value, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.BadParameter(f"{value} needs {', '.join(missing)}, which the 'tune' extra installs: "
+                                 "pip install \"autossd[tune]\" (from a checkout: pip install \".[tune]\")",
+                                 ctx=ctx, param=param)
+    return value
+
+
 # --- commands ---------------------------------------------------------------------------------
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="autossd")
 def main() -> None:
     """autossd: generated, tuned Triton kernels for the Mamba-2 SSD layer (forward, backward, decode step, packed prefill)."""
@@ -193,13 +237,15 @@ def main() -> None:
 @click.option("--storage", default=None, help="Optuna storage: a journal file path or an RDB URL "
               "(default: the record store's URL when that is a database server, else the journal)")
 @click.option("--sampler", type=click.Choice(["tpe", "gp", "cmaes", "brute", "random", "local"]), default="tpe",
-              show_default=True, help="local: one knob at a time from the best so far (hill climbing)")
+              show_default=True, callback=_sampler,
+              help="local: one knob at a time from the best so far (hill climbing); gp and cmaes need "
+                   "the 'tune' extra (pip install \"autossd[tune]\")")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
               help="worker processes sharing each study (measured: one per GPU)")
 @click.option("--mode", type=click.Choice(["auto", "measured", "static"]), default="auto", show_default=True,
               help="auto: measured when --arch is the local GPU, else static")
-@click.option("--op", default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
-              help="the op to tune (autossd.ops.registry)")
+@click.option("--op", cls=_OpOption, default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
+              help="the op to tune")
 @click.option("--fix", multiple=True, callback=_knob_settings, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
 @click.option("--start", multiple=True, callback=_starts, metavar="KNOB=VALUE,...",
               help="a config to evaluate early in each shape's study, after the default and the stored "
@@ -242,6 +288,8 @@ def tune(ctx, arch, shapes, preset, dtype, state_dtype, trials, timeout, db, sto
             raise click.BadParameter(f"{', '.join(f'{k}={s[k]}' for k in clash)}: --fix pins "
                                      f"{', '.join(f'{k}={fix[k]}' for k in clash)}", ctx=ctx, param_hint="'--start'")
     probs = _problems(ctx, shapes, preset, dtype, op, state_dtype)
+    if plot_dir:   # found now, not after the search
+        _writable_dir(plot_dir, "'--plot-dir'")
     try:
         mode = choose_mode(arch, mode, local)
     except ValueError as e:
@@ -355,6 +403,19 @@ def _server_url(url: str | None) -> str | None:
     return url if url and layer is not None and layer.engine.is_server(url) else None
 
 
+def _writable_dir(path: str, hint: str) -> None:
+    """Refuse, naming the option, a folder that cannot be made or written: tried by making it
+    and a nameless file in it (asking os.access would say yes to root on a read-only mount)."""
+    import tempfile
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise click.BadParameter(f"{path}: cannot write plots there ({e.strerror or e})",
+                                 param_hint=hint) from None
+
+
 def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
     """Records of a store as dicts: a .jsonl file, else the tuning database (default: the user
     database the runtime reads), plus the shipped per-arch databases when asked."""
@@ -420,7 +481,7 @@ def show(db, arch, show_all, shipped, ops, as_json) -> None:
 
     def config_str(op, values) -> str:
         text = repr(op.config(values))   # "<ConfigType>({knobs off their default})"
-        return text[text.index("(") + 1:-1][:80]
+        return text[text.index("(") + 1:-1]   # whole: the last column, a cut one would mislead
     rows = []
     for r in recs:
         op = get_op(r.get("op", OP))
@@ -514,6 +575,9 @@ def export(db, out_path, arch, overwrite) -> None:
 def _sources(ctx, param, values):
     """Files that must exist, or database URLs (a fleet's server database)."""
     for v in values:
+        if os.path.isdir(v):
+            raise click.BadParameter(f"{v}: is a directory, not a record store (.sqlite or .jsonl)",
+                                     ctx=ctx, param=param)
         if "://" not in v and not os.path.isfile(v):
             raise click.BadParameter(f"{v}: no such file", ctx=ctx, param=param)
     return values
@@ -527,6 +591,10 @@ def merge(sources, into) -> None:
     """Merge record stores into one: per problem, measured beats static, then the faster record;
     measured records are kept one per launch mode (eager / CUDA graph)."""
     from .tuner.sinks import DbSink, JsonlSink, RecordStoreError, best_records, db_layer
+    if os.path.isdir(into):
+        raise click.BadParameter(f"{into}: is a directory; --into names the store file to write "
+                                 f"(.sqlite or .jsonl), e.g. {os.path.join(into, 'merged.sqlite')}",
+                                 param_hint="'--into'")
     try:   # every .jsonl involved must be a record store before anything is written
         for s in [*sources, into]:
             if s.endswith(".jsonl"):
@@ -561,8 +629,11 @@ def merge(sources, into) -> None:
                 finally:
                     from .db.engine import dispose_engines, to_url
                     dispose_engines(to_url(os.path.join(tmp, "jsonl.sqlite")))
-        except Exception as e:  # noqa: BLE001
-            raise click.ClickException(f"merge: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the errors name their file (exchange._read_named)
+            why = str(getattr(e, "orig", None) or e).splitlines()[0]
+            if os.path.abspath(into) in why:   # the destination's own records take part
+                why += " (the --into destination, whose records take part in the merge)"
+            raise click.ClickException(f"merge: {why}") from None
         click.echo(f"merged {len(sources)} sources into {into}: {res.kept} record{'s' * (res.kept != 1)} "
                    f"kept, {res.dropped} dropped (lost to a better record of the same problem, "
                    f"device and launch mode; {res.conflicts} problem{'s' * (res.conflicts != 1)} had several)")
@@ -594,10 +665,14 @@ def plot(db, storage, arch, out_dir) -> None:
     from .tuner.storage import JournalError
     if storage is None and db is not None and "://" in db:
         storage = _server_url(db)
+    _writable_dir(out_dir, "'--out-dir'")
     try:
         paths = plot_all(storage, _load_records(db), out_dir, arch)
     except JournalError as e:   # names the journal and says what to do
         raise click.ClickException(str(e)) from None
+    except OSError as e:   # a folder that became unwritable, a full disk
+        raise click.BadParameter(f"{out_dir}: cannot write plots there ({e.strerror or e})",
+                                 param_hint="'--out-dir'") from None
     for p in paths:
         click.echo(f"plot: {p}")
     if not paths:
@@ -623,8 +698,16 @@ def doctor() -> None:
         except Exception:  # noqa: BLE001
             lines.append((mod, "not installed"))
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    from .arch import implicit_arch
+    try:   # whose records get_kernel and the drop-ins use here (the same words as their reason)
+        runtime_arch = implicit_arch(arch)[1]
+    except ValueError as e:   # an unknown AUTOSSD_ARCH: every call would refuse it
+        runtime_arch = f"error: {e}"
     lines += [("local arch", arch or "none (static tuning only)"), ("device", dev),
-              ("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
+              ("runtime uses", runtime_arch)]
+    lines += [(var, os.environ[var]) for var in ("AUTOSSD_ARCH", "AUTOSSD_DB", "AUTOSSD_CACHE_DIR",
+                                                  "AUTOSSD_DATA_DIR") if os.environ.get(var)]
+    lines += [("interpreter", os.environ.get("TRITON_INTERPRET", "0")),
               ("template hash (studies)", template_hash()), ("kernel cache", str(cache_dir())),
               ("records (default)", layer.user_db_url(None) if layer else
                f"{default_records_path()}{'' if default_records_path().exists() else ' (none yet)'}"),

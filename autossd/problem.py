@@ -151,6 +151,19 @@ def check_grid(batch: int, seqlen: int, nheads: int) -> None:
         raise ValueError(f"x: batch*nheads={batch * nheads} and seqlen/64={nchunks} must each be <= {MAX_GRID_YZ}")
 
 
+def in_x_dtype(x, *others):
+    """`others` (B, C, z) in x's dtype. mamba_ssm's mamba_chunk_scan_combined takes them in
+    another float dtype than x (its kernels cast the operands of each product to a common dtype
+    in the kernel); the kernels here take one dtype, x's, so the drop-in casts them first, which
+    autograd records (their gradients come back in their own dtype). Anything but a tensor of
+    float16, bfloat16 or float32 (and None) is passed on as it is, for from_args to refuse by
+    name."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPES:
+        return others
+    return tuple(t.to(x.dtype) if isinstance(t, torch.Tensor) and t.dtype in DTYPES and t.dtype != x.dtype
+                 else t for t in others)
+
+
 def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
               return_final_states=False, return_varlen_states=False, state_dtype=None) -> Problem:

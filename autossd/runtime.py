@@ -28,21 +28,20 @@ from typing import Any, Optional
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .arch import ARCHS, get_arch
+from .arch import ARCHS, CPU_ARCH, env_arch, get_arch, implicit_arch
 from .db.lookup import Match, device_name, load_records, pick, user_db_url
 from .db.lookup import clear_cache as _clear_records
 from .db.records import Record, device_text, on_write
 from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
 from .ops.common.launch_cache import RecentCalls, start_driver
 from .ops.ssd.chunk import INPUTS, clear_launch_cache, clear_workspaces, execute, input_sig, remember
-from .problem import Problem, as_flag, from_args, parse_dt_limit, supported_chunk
+from .problem import Problem, as_flag, from_args, in_x_dtype, parse_dt_limit, supported_chunk
 from .render import interpreting, load
 from .ops.ssd.fwd_knobs import Config, default_config
 
 log = logging.getLogger("autossd")
 
 OP = "ssd_fwd"
-CPU_ARCH = "sm90"  # what the interpreter emulates when tensors are on the CPU (TRITON_INTERPRET=1)
 
 
 class Kernel:
@@ -268,9 +267,9 @@ def _as_problem(p: Problem | Mapping | tuple) -> Problem:
 def arch_of_device(device: torch.device | None = None) -> str:
     """The arch whose tuning records apply to a device: the local GPU's (cached per device
     index), CPU_ARCH for the CPU interpreter, or env AUTOSSD_ARCH when set."""
-    env = os.environ.get("AUTOSSD_ARCH")
+    env = env_arch()
     if env:
-        return get_arch(env).name
+        return env
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cpu":
@@ -357,6 +356,7 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
     if kernel is None:
         match = _with_rejections(pick(problem, load_records(arch_name, OP, url), arch_name,
                                       launch_mode=launch_mode, device=device), url, arch_name)
+        match = _arch_said(match, arch_name)
         kernel = Kernel(problem, arch_name, match, launch_mode)
         log.debug("autossd: %s (%s) -> %s", problem, launch_mode, match.reason)
     with _kernels_lock:
@@ -368,6 +368,21 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
         except TypeError:
             pass
     return kernel
+
+
+def _arch_said(match: Match, arch: str) -> Match:
+    """`match`, its reason also saying why these records where the arch is the one a call naming
+    none gets without a GPU to tell it: AUTOSSD_ARCH's, or on a machine without a GPU the
+    interpreter's (arch.implicit_arch, whose words `autossd doctor` shows too). Said whether or
+    not the caller named it, as one Kernel serves both."""
+    try:
+        if (env_arch() is None and torch.cuda.is_available()) or implicit_arch()[0] != arch:
+            return match   # the GPU's own arch, or another one named: nothing to explain
+        why = implicit_arch()[1]
+    except ValueError:   # an unknown AUTOSSD_ARCH: refused where it is used, not here
+        return match
+    from dataclasses import replace
+    return replace(match, reason=f"{why}: {match.reason}")
 
 
 def _with_rejections(match: Match, url: str, arch: str) -> Match:
@@ -597,7 +612,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     Takes the layouts mamba_ssm takes: an x, z, B or C whose last dimension is strided (e.g.
     `torch.randn(b, l, p, h).transpose(-1, -2)`) is copied to a contiguous tensor first, as
     mamba_ssm copies it (the kernels vectorize along that dimension); every other strided layout,
-    and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place."""
+    and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place. B, C and z
+    in another float dtype than x are cast to x's, as mamba_ssm's kernels take them."""
+    B, C, z = in_x_dtype(x, B, C, z)
     chunk_size = supported_chunk(chunk_size)
     dt_softplus, (lo, hi), return_final_states, return_varlen_states = _scalars(
         dt_softplus, dt_limit, return_final_states, return_varlen_states)

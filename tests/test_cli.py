@@ -527,3 +527,263 @@ def test_a_start_the_space_cannot_run_is_said_and_left_out(no_shipped_db, capsys
     s = optuna.create_study()
     st.seed(s, "sm90", prob, space, [{"dx_warps": 8}])
     assert [t.user_attrs["seed"] for t in s.trials] == ["default", "known"]
+
+
+# --- stores that cannot be written ---------------------------------------------------------------
+def _can_write(path) -> bool:
+    """Whether this process can write `path` (a file: open it for writing; a folder: make a file
+    in it), tried, as the one check that also holds for root."""
+    import tempfile
+    try:
+        if path.is_dir():
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        else:
+            with open(path, "r+b"):
+                pass
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def read_only():
+    """read_only(path): make a file or folder unwritable for this process: chmod 0444 / 0555,
+    and where that does not stop the writes (root), the immutable attribute (chattr +i). Skips,
+    saying why, only where neither does; every change is undone at the end (pytest must be able
+    to delete the folders)."""
+    import os
+    import subprocess
+    done = []
+
+    def make(path):
+        mode = path.stat().st_mode
+        os.chmod(path, 0o555 if path.is_dir() else 0o444)
+        done.append(("chmod", path, mode))
+        if _can_write(path) and shutil.which("chattr"):
+            if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0:
+                done.append(("chattr", path, None))
+        if _can_write(path):
+            pytest.skip(f"cannot make {path} unwritable here: chmod does not stop this process's writes "
+                        "(running as root) and the file system refuses the immutable attribute")
+        return path
+    yield make
+    for kind, path, mode in reversed(done):
+        if kind == "chattr":
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        else:
+            os.chmod(path, mode)
+
+
+def _static_record(path):
+    from autossd.db import add_records, make_record
+    from autossd.ops.ssd.fwd_knobs import default_config
+    p = parse_shape(SHAPE, "fp16")
+    add_records(str(path), [make_record(p, default_config("gfx942", p), "gfx942", provenance="static",
+                                        predicted_ms=0.2)])
+
+
+def _tune_into(db, env, *extra):
+    return CliRunner().invoke(main, ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "2",
+                                     "--storage", str(env / "j.journal"), "--no-progress", "--compile-workers",
+                                     "0", *extra] + (["--db", str(db)] if db else []))
+
+
+def _refused_before_the_search(r, where, path):
+    out = r.output
+    assert r.exit_code == 2, out
+    assert where in out and str(path) in out and "cannot write records there" in out, out
+    assert "STATIC tuning" not in out and "Traceback" not in out, out   # nothing searched
+    assert [ln for ln in out.splitlines() if ln.startswith("Error:")] == [out.strip().splitlines()[-1]]
+
+
+def test_a_store_that_cannot_be_written_is_refused_before_the_search(env, read_only):
+    # an existing database file that cannot be written, then one whose folder takes no new file
+    # (SQLite writes its journal beside it)
+    locked = env / "locked.sqlite"
+    _static_record(locked)
+    before = locked.read_bytes()
+    read_only(locked)
+    _refused_before_the_search(_tune_into(locked, env), "'--db'", locked)
+    assert locked.read_bytes() == before
+    assert len(json.loads(invoke("show", "--db", locked, "--json").output)) == 1   # reading still works
+
+    shut = env / "shut"
+    shut.mkdir()
+    _static_record(shut / "in.sqlite")
+    _static_record(shut / "in2.sqlite")
+    (shut / "r.jsonl").write_text(json.dumps({"arch": "gfx942", "op": "ssd_fwd", "problem": {},
+                                              "config": {}, "provenance": "static"}) + "\n")
+    read_only(shut)
+    for db in (shut / "in.sqlite", shut / "new.sqlite", shut / "new.jsonl", env / "shut" / "sub" / "new.jsonl"):
+        _refused_before_the_search(_tune_into(db, env), "'--db'", db)
+        assert not db.exists() or db.name == "in.sqlite"
+
+
+def test_a_jsonl_store_that_cannot_be_written_is_refused_before_the_search(env, read_only):
+    good = env / "recs.jsonl"
+    _static_record(env / "src.sqlite")
+    assert invoke("export", "--db", env / "src.sqlite", "--out", good).exit_code == 0
+    before = good.read_bytes()
+    read_only(good)
+    _refused_before_the_search(_tune_into(good, env), "'--db'", good)
+    assert good.read_bytes() == before
+
+
+def test_an_autossd_db_that_cannot_be_written_names_autossd_db(env, read_only, monkeypatch):
+    locked = env / "env.sqlite"
+    _static_record(locked)
+    read_only(locked)
+    monkeypatch.setenv("AUTOSSD_DB", str(locked))
+    _refused_before_the_search(_tune_into(None, env), "AUTOSSD_DB", locked)
+
+
+def test_a_one_line_jsonl_file_that_is_no_record_is_refused_not_taken_for_a_torn_write(env):
+    """A torn write can only be the start of a record's line (what a kill mid-append leaves);
+    a file whose only line is something else is not a record store, and a tune must not append
+    to it (every later show or tune would then fail on its first line)."""
+    for text in ("hello\n", "hello", "[1, 2\n", '{"x": 1\n'):
+        one = env / "one.jsonl"
+        one.write_text(text)
+        for args in (["show", "--db", str(one)],
+                     ["tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "1", "--db", str(one),
+                      "--storage", str(env / "j.journal"), "--no-progress"]):
+            r = CliRunner().invoke(main, args)
+            assert r.exit_code == 2 and "one.jsonl:1: not an autossd tuning record" in r.output, (text, args, r.output)
+            assert "STATIC tuning" not in r.output
+        assert one.read_text() == text
+    # the start of a record's line, alone: a kill during the first record's write
+    one.write_text('{"arch": "gfx9')
+    r = invoke("show", "--db", one, "--json")
+    assert r.exit_code == 0 and json.loads(r.output) == [], r.output
+
+
+# --- errors that name their cause ----------------------------------------------------------------
+def test_merge_names_a_corrupt_source_or_destination_and_refuses_a_folder(env):
+    good, bad = env / "good.sqlite", env / "bad.sqlite"
+    _static_record(good)
+    bad.write_bytes(b"\x00garbage, no database" * 300)
+    r = CliRunner().invoke(main, ["merge", str(bad), str(good), "--into", str(env / "m.sqlite")])
+    assert r.exit_code == 1 and str(bad) in r.output and "Traceback" not in r.output, r.output
+    assert "--into" not in r.output and not (env / "m.sqlite").exists()
+    r = CliRunner().invoke(main, ["merge", str(good), "--into", str(bad)])
+    assert r.exit_code == 1 and str(bad) in r.output and "--into" in r.output, r.output
+    folder = env / "out"
+    folder.mkdir()
+    r = CliRunner().invoke(main, ["merge", str(good), "--into", str(folder)])
+    assert r.exit_code == 2 and "--into" in r.output and "is a directory" in r.output, r.output
+    assert list(folder.iterdir()) == []
+    r = CliRunner().invoke(main, ["merge", str(folder), "--into", str(env / "m.sqlite")])
+    assert r.exit_code == 2 and "is a directory" in r.output and str(folder) in r.output, r.output
+
+
+def test_plot_and_tune_refuse_an_unwritable_plot_folder_by_its_option(env, read_only):
+    good = env / "good.sqlite"
+    _static_record(good)
+    (env / "plots").mkdir()
+    shut = read_only(env / "plots")
+    for out in (shut, shut / "sub"):
+        r = CliRunner().invoke(main, ["plot", "--db", str(good), "--storage", str(env / "none.journal"),
+                                      "--out-dir", str(out)])
+        assert r.exit_code == 2 and "'--out-dir'" in r.output and str(out) in r.output, r.output
+        assert "Traceback" not in r.output
+    r = _tune_into(env / "t.sqlite", env, "--plot-dir", str(shut))
+    assert r.exit_code == 2 and "'--plot-dir'" in r.output and "STATIC tuning" not in r.output, r.output
+
+
+def test_doctor_shows_the_environment_it_runs_under_and_an_unknown_arch(env, monkeypatch):
+    monkeypatch.setenv("AUTOSSD_ARCH", "sm100")
+    monkeypatch.setenv("AUTOSSD_DB", str(env / "mine.sqlite"))
+    r = invoke("doctor")
+    assert r.exit_code == 0, r.output
+    lines = {ln.split("  ")[0]: ln for ln in r.output.splitlines()}
+    assert "sm100" in lines["AUTOSSD_ARCH"] and str(env / "mine.sqlite") in lines["AUTOSSD_DB"], r.output
+    assert "AUTOSSD_ARCH='sm100': unknown architecture" in lines["runtime uses"]
+    assert "sm90" in lines["runtime uses"] and "gfx942" in lines["runtime uses"]
+    monkeypatch.setenv("AUTOSSD_ARCH", "sm80")
+    assert "sm80's records (AUTOSSD_ARCH)" in invoke("doctor").output
+    monkeypatch.delenv("AUTOSSD_ARCH")
+    monkeypatch.delenv("AUTOSSD_DB")
+    out = invoke("doctor").output
+    assert "AUTOSSD_ARCH" not in out.replace("AUTOSSD_ARCH picks", "") and "AUTOSSD_DB" not in out
+
+
+def test_doctor_and_get_kernel_say_alike_whose_records_a_machine_without_a_gpu_uses(env, monkeypatch):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the runtime uses its own arch")
+    import autossd
+    from autossd.arch import implicit_arch
+    said = implicit_arch()[1]
+    assert said.startswith("sm90's records (no GPU")
+    line = next(ln for ln in invoke("doctor").output.splitlines() if ln.startswith("runtime uses"))
+    assert line.split("  ", 1)[1].strip() == said
+    autossd.clear_cache()
+    k = autossd.get_kernel((1, 64, 2, 16, 16, 1, "fp32"))
+    assert k.arch == "sm90" and k.reason.startswith(said + ": "), k.reason
+    assert not autossd.get_kernel((1, 64, 2, 16, 16, 1, "fp32"), "gfx942").reason.startswith(said)
+
+
+# --- small things -----------------------------------------------------------------------------
+def test_ctrl_c_exits_130_with_one_line(env, monkeypatch):
+    import autossd.cli as cli
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_load_records", interrupted)
+    r = CliRunner().invoke(main, ["show"])
+    assert r.exit_code == 130 and r.output.strip() == "autossd: interrupted (Ctrl-C)", (r.exit_code, r.output)
+
+
+def test_ctrl_c_during_a_tune_exits_130(env):
+    """A real SIGINT, sent once the tune has started searching (its storage line is printed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "autossd.cli", "tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "10000",
+           "--db", str(env / "c.sqlite"), "--storage", str(env / "c.journal"), "--no-progress",
+           "--compile-workers", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        for line in proc.stdout:
+            if line.startswith("storage:"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert err.strip().splitlines()[-1] == "autossd: interrupted (Ctrl-C)", err[-3000:]
+    assert "Traceback" not in err
+
+
+def test_show_prints_configs_whole(env):
+    from autossd.db import add_records, make_record
+    from autossd.ops.ssd.fwd_knobs import default_config
+    p = parse_shape(SHAPE, "fp16")
+    cfg = default_config("sm90", p).replace(chunk_size=64, scan_warps=2, bmm_warps=2, state_block_m=16,
+                                            state_block_n=16)
+    whole = repr(cfg)
+    whole = whole[whole.index("(") + 1:-1]
+    assert len(whole) > 100
+    add_records(str(env / "s.sqlite"), [make_record(p, cfg, "sm90", provenance="static", predicted_ms=0.2)])
+    r = invoke("show", "--db", env / "s.sqlite")
+    assert r.exit_code == 0 and whole in r.output, r.output
+
+
+def test_tune_help_names_the_ops_from_the_registry():
+    from autossd.tuner.shapes import shaped_ops
+    text = " ".join(invoke("tune", "--help").output.split())
+    line = text[text.index("--op TEXT"):][:200]
+    assert shaped_ops() and all(op in line for op in shaped_ops()), line
+
+
+@pytest.mark.parametrize("sampler,package", [("gp", "scipy"), ("cmaes", "cmaes")])
+def test_a_sampler_whose_package_is_missing_names_the_tune_extra(env, monkeypatch, sampler, package):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+    r = _tune_into(env / "s.sqlite", env, "--sampler", sampler)
+    assert r.exit_code == 2 and "--sampler" in r.output and package in r.output, r.output
+    assert 'pip install "autossd[tune]"' in r.output and "STATIC tuning" not in r.output

@@ -92,3 +92,26 @@ def test_bf16_drop_in_with_several_scan_tiles_per_chunk_has_no_nan():
     y_ref = ssd_chunked(x, dt, A, B, C, 128, D=D)[0]
     assert y.dtype == torch.bfloat16 and not torch.isnan(y).any()
     assert rel_err(y, y_ref) <= tolerance("bf16")
+
+
+def test_a_normal_call_prints_no_floating_point_warnings():
+    """The scan computes the decay exp2(dA_t - dA_s) over a whole tile and selects the causal
+    part: above the diagonal it overflows, as it does silently on a GPU. A fast decay (dt 5,
+    A -20: dA -100 a token) makes that overflow certain; the interpreter must not report it
+    (numpy's RuntimeWarning), and the result is the float64 reference's."""
+    import warnings
+
+    import autossd
+    from autossd.ops.ssd.naive import ssd_chunked
+    from autossd.testing import rel_err
+    g = torch.Generator().manual_seed(0)
+    x, B, C = (torch.randn(1, 100, 2, n, generator=g) for n in (16, 16, 16))
+    B, C = B[:, :, :1], C[:, :, :1]
+    dt = torch.full((1, 100, 2), 5.0)
+    A = torch.tensor([-20.0, -0.5])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        y = autossd.mamba_chunk_scan_combined(x, dt, A, B, C, 64)
+    floating = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert not floating, floating
+    assert rel_err(y, ssd_chunked(x, dt, A, B, C, 64)[0]) < 1e-4

@@ -77,7 +77,9 @@ def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
     base = default_config("sm90", TINY).replace(chunk_size=64)
     bad = {"hang": base.replace(scan_warps=2), "crash": base.replace(scan_warps=8),
            "wrong": base.replace(bmm_warps=2)}
-    runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=8.0,
+    # the hang costs the whole timeout; a good candidate takes about 1 s here, so 20 s leaves a
+    # loaded machine room before a slow good one is taken for a hang
+    runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=20.0,
                             inject={c.key(): kind for kind, c in bad.items()}, precompile=False)
     st = Settings(trials=8, sampler="random", seed=0, storage=str(tmp_path / "j.journal"),
                   fixed={"chunk_size": 64}, extra_seeds=[c.as_dict() for c in bad.values()],

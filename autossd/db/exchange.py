@@ -75,6 +75,20 @@ def read_source(src: str | os.PathLike, arch: str | None, op: str | None, strict
 _read = read_source   # the name scripts/build_shipped_db.py imports
 
 
+def _read_named(src: str | os.PathLike, arch: str | None, op: str | None, strict: bool) -> list[Record]:
+    """read_source, its errors naming the source: of several files merged, SQLite's "file is not
+    a database" alone does not say which one."""
+    url = to_url(src)
+    name = str(sqlite_path(url) or shown(url))
+    try:
+        return read_source(src, arch, op, strict)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy, SQLite, RecordError: all of this one file
+        why = str(getattr(e, "orig", None) or e).splitlines()[0]
+        if name in why or str(src) in why:
+            raise
+        raise TuningDBError(f"tuning db {name}: {why}") from e
+
+
 def _write(dest: str | os.PathLike, records: list[Record], overwrite: bool) -> int:
     dest = Path(dest)
     if dest.exists() and not overwrite:
@@ -144,6 +158,6 @@ def merge_dbs(sources: list[str | os.PathLike], dest: str | os.PathLike, arch: s
     """Merge databases into a new SQLite file `dest`, one record per (op, arch, problem) (and
     launch mode, where measured) by the
     conflict rule in the module docstring."""
-    kept, result = merge_records([read_source(s, arch, op, strict) for s in sources])
+    kept, result = merge_records([_read_named(s, arch, op, strict) for s in sources])
     _write(dest, kept, overwrite)
     return result

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,6 +84,32 @@ class RecordStoreError(ValueError):
 
 
 _RECORD_KEYS = frozenset({"arch", "op", "problem", "config", "provenance"})
+_LINE_START = '{"arch": '   # how each line `JsonlSink.save` writes begins (json.dumps, sort_keys)
+
+
+def unwritable(path: str | os.PathLike, *, dir_too: bool = False) -> str | None:
+    """Why a store file at `path` could not be written, or None when it can: an existing file
+    must open for writing (`dir_too`: its directory must also take new files, as SQLite's
+    journal and WAL files need); a new one, the nearest existing folder above it must take a
+    file. Tried, not asked: os.access says yes to root for a 0444 file, which root can indeed
+    write, but cannot know of an immutable file, and the folder probe is a nameless temporary
+    file, so nothing is left behind."""
+    path = Path(path)
+    try:
+        if path.is_file():
+            with open(path, "r+b"):
+                pass
+            if not dir_too:
+                return None
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+        return f"{e.strerror or e}{where}"
+    return None
 
 
 class JsonlSink:
@@ -120,8 +147,12 @@ class JsonlSink:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                if k == len(lines) - 1:
-                    continue  # a torn last line after a kill
+                # a torn last line after a kill: what `save` had begun to write, so it starts as
+                # every record's line does (its keys sorted: "arch" first). Any other line that
+                # is no JSON, one alone above all, means some other file, which a tune must not
+                # append to
+                if k == len(lines) - 1 and (line.startswith(_LINE_START) or _LINE_START.startswith(line)):
+                    continue
                 rec = None
             if not isinstance(rec, dict) or not _RECORD_KEYS <= rec.keys():
                 raise RecordStoreError(f"{self.path}:{i}: not an autossd tuning record "
@@ -190,7 +221,10 @@ class DbSink:
 
     def prepare(self) -> "DbSink":
         """Create or upgrade the database now, before a tune spends its time: a path that is no
-        database (or an unreachable URL) fails here, with the reason, not after the last trial."""
+        database (or an unreachable URL), or a database file that cannot be written, fails here,
+        with the reason, not after the last trial."""
+        if self.url.startswith("sqlite:///"):
+            _refuse_unwritable(self.url.removeprefix("sqlite:///"), dir_too=True)
         try:
             self.layer.migrate(self.url)
         except Exception as e:  # SQLAlchemy, alembic, OS: all mean "cannot store records here"
@@ -237,6 +271,12 @@ class DbSink:
         return f"DbSink({self.layer.engine.shown(self.url)!r})"
 
 
+def _refuse_unwritable(path: str, dir_too: bool) -> None:
+    why = unwritable(path, dir_too=dir_too)
+    if why:
+        raise RuntimeError(f"{path}: cannot write records there ({why}); nothing would be stored")
+
+
 def _exists(url: str) -> bool:
     if url.startswith("sqlite:///"):
         return Path(url.removeprefix("sqlite:///")).exists()
@@ -263,6 +303,9 @@ def open_sink(db: str | None):
             sink.load()   # a file that is no record store is refused before a tune appends to it
         except RecordStoreError as e:
             raise RuntimeError(str(e)) from None
+        except OSError as e:   # a directory, an unreadable file
+            raise RuntimeError(f"{db}: cannot read it ({e.strerror or e})") from None
+        _refuse_unwritable(db, dir_too=False)
         return sink
     if db_layer() is not None:
         return DbSink(db).prepare()

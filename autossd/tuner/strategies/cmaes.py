@@ -9,6 +9,7 @@ def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
     try:
         import cmaes  # noqa: F401
     except ImportError:
-        raise ImportError("sampler cmaes needs the cmaes package: pip install cmaes") from None
+        raise ImportError("sampler cmaes needs the cmaes package, which the 'tune' extra installs: "
+                          "pip install \"autossd[tune]\"") from None
     return optuna.samplers.CmaEsSampler(seed=seed,
                                         independent_sampler=optuna.samplers.RandomSampler(seed=seed))

@@ -9,5 +9,6 @@ def make(space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
     try:
         import scipy  # noqa: F401
     except ImportError:
-        raise ImportError("sampler gp needs scipy: pip install scipy") from None
+        raise ImportError("sampler gp needs scipy, which the 'tune' extra installs: "
+                          "pip install \"autossd[tune]\"") from None
     return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8)
