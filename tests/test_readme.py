@@ -92,3 +92,4 @@ def test_every_repository_path_named_exists(path):
     named = set(REPO_PATH.findall(text))
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, f"{path.name} names files that do not exist: {missing}"
+    assert "experiments/" not in text, f"{path.name} points to experiments/, which is gone"
