@@ -4,6 +4,7 @@ Triton's interpreter itself, so the variable is not set for it here), with a pri
 user database, and checks its own results with asserts (against autossd's float64 reference).
 Every `autossd <command>` the documents name is a command of the CLI, and every option written
 after it is one of that command's; every file of the repository they name exists."""
+import functools
 import os
 import re
 import subprocess
@@ -46,21 +47,53 @@ def test_python_block_runs_as_pasted(code, tmp_path):
     assert not (tmp_path / "user.sqlite").exists()   # a lookup never creates the user database
 
 
-def _cli_uses(text: str) -> list[tuple[str, list[str]]]:
-    """(command, options written after it) for every `autossd <command> ...` in the code of a
-    Markdown text: its bash blocks and inline code spans. A use ends at a shell separator."""
-    code = _blocks_of_text(text, "bash") + re.findall(r"`([^`\n]+)`", text)
+def _code(text: str) -> list[str]:
+    """The code of a Markdown text: its bash blocks, then its inline code spans (which may wrap
+    over lines), each as one line."""
+    fenced = re.compile(r"^```\w*\n.*?^```$", flags=re.S | re.M)
+    spans = re.findall(r"`([^`]+)`", fenced.sub("", text))
+    return _blocks_of_text(text, "bash") + [" ".join(s.split()) for s in spans]
+
+
+def _uses(text: str, command: str) -> list[tuple[str, list[str]]]:
+    """(name, options written after it) for every `<command> <name> ...` in the code of a Markdown
+    text (`autossd tune ...`, `python scripts/bench_ssd.py ...`). A use ends at a shell separator."""
     uses = []
-    for chunk in code:
+    for chunk in _code(text):
         for part in re.split(r"&&|\|\||;|\||\n", chunk):
-            m = re.search(r"(?:^|\s)autossd\s+([a-z][\w-]*)(.*)", part)
+            m = re.search(rf"(?:^|\s){command}\s+([\w./-]+)(.*)", part)
             if m:
                 uses.append((m.group(1), re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", m.group(2))))
     return uses
 
 
+def _cli_uses(text: str) -> list[tuple[str, list[str]]]:
+    return [(c, o) for c, o in _uses(text, "autossd") if re.fullmatch(r"[a-z][\w-]*", c)]
+
+
 def _blocks_of_text(text: str, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _script_help(path: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(ROOT / path), "--help"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, f"{path} --help failed:\n{r.stderr[-2000:]}"
+    return r.stdout
+
+
+@pytest.mark.parametrize("path", CITING, ids=lambda p: p.name)
+def test_every_script_option_named_exists(path):
+    """`python scripts/X.py --opt` in the documents: X exists and its --help names --opt."""
+    for script, opts in _uses(path.read_text(), "python"):
+        if not script.startswith("scripts/"):
+            continue
+        assert (ROOT / script).exists(), f"{path.name}: {script} does not exist"
+        text = _script_help(script)
+        missing = [o for o in opts if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
+        assert not missing, f"{path.name}: `python {script}` has no option {missing}"
 
 
 @pytest.mark.parametrize("path", CITING, ids=lambda p: p.name)
