@@ -2,8 +2,9 @@
 as pasted, alone, in a fresh process on this machine (on a CPU too: a block must switch on
 Triton's interpreter itself, so the variable is not set for it here), with a private cache and
 user database, and checks its own results with asserts (against autossd's float64 reference).
-Every `autossd <command>` the documents name is a command of the CLI, and every option written
-after it is one of that command's; every file of the repository they name exists."""
+Every `autossd <command>` the documents (BENCHMARKS.md too) name is a command of the CLI, and every
+option written after it is one of that command's; every `python scripts/X.py --option` names a
+script that exists and an option of its --help; every file of the repository they name exists."""
 import functools
 import os
 import re
@@ -19,16 +20,17 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CITING = DOCS + [ROOT / "BENCHMARKS.md"]
 
 
-def _blocks(path: Path, lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```$", path.read_text(), flags=re.S | re.M)
+def _blocks(text: str, lang: str) -> list[str]:
+    """The fenced code blocks of one language in a Markdown text."""
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.S | re.M)
 
 
 PY_BLOCKS = [pytest.param(code, id=f"{path.name}-{i}")
-             for path in DOCS for i, code in enumerate(_blocks(path, "python"))]
+             for path in DOCS for i, code in enumerate(_blocks(path.read_text(), "python"))]
 
 
 def test_the_readme_has_a_python_example():
-    assert _blocks(ROOT / "README.md", "python"), "README.md: no ```python block found"
+    assert _blocks((ROOT / "README.md").read_text(), "python"), "README.md: no ```python block found"
 
 
 @pytest.mark.parametrize("code", PY_BLOCKS)
@@ -52,7 +54,7 @@ def _code(text: str) -> list[str]:
     over lines), each as one line."""
     fenced = re.compile(r"^```\w*\n.*?^```$", flags=re.S | re.M)
     spans = re.findall(r"`([^`]+)`", fenced.sub("", text))
-    return _blocks_of_text(text, "bash") + [" ".join(s.split()) for s in spans]
+    return _blocks(text, "bash") + [" ".join(s.split()) for s in spans]
 
 
 def _uses(text: str, command: str) -> list[tuple[str, list[str]]]:
@@ -69,10 +71,6 @@ def _uses(text: str, command: str) -> list[tuple[str, list[str]]]:
 
 def _cli_uses(text: str) -> list[tuple[str, list[str]]]:
     return [(c, o) for c, o in _uses(text, "autossd") if re.fullmatch(r"[a-z][\w-]*", c)]
-
-
-def _blocks_of_text(text: str, lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.S | re.M)
 
 
 @functools.lru_cache(maxsize=None)
