@@ -613,7 +613,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     `torch.randn(b, l, p, h).transpose(-1, -2)`) is copied to a contiguous tensor first, as
     mamba_ssm copies it (the kernels vectorize along that dimension); every other strided layout,
     and dt, D, dt_bias, initial_states and seq_idx in any layout, are read in place. B, C and z
-    in another float dtype than x are cast to x's, as mamba_ssm's kernels take them."""
+    in another float dtype than x are cast to x's, as mamba_ssm's kernels take them.
+
+    Inputs must be finite (zero any padding): a NaN or Inf at token t can make y non-finite at
+    the tokens of t's chunk before t as well; tokens of earlier chunks are never affected."""
     B, C, z = in_x_dtype(x, B, C, z)
     chunk_size = supported_chunk(chunk_size)
     dt_softplus, (lo, hi), return_final_states, return_varlen_states = _scalars(

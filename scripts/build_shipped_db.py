@@ -10,7 +10,7 @@ since the code's default_config is the fallback anyway and shipped copies of it 
     python scripts/build_shipped_db.py --merge h100.sqlite   # add measured records
     python scripts/build_shipped_db.py --merge tuning_db/sm90.sqlite --rehash-from REV
 
---decode-sweep FILE: each (state dtype, batch)'s fastest config of an experiments/sweep_decode.py
+--decode-sweep FILE: each (state dtype, batch)'s fastest config of a scripts/sweep_decode.py
 JSON becomes a measured ssd_decode record (launch mode graph: the sweep times CUDA-graph replays),
 with the device the file names, for the call the file names (its "call": mamba2-2.7b dimensions, bf16
 inputs, z given, D, dt_bias, softplus). The file's triton version, date and per-config kernel
@@ -69,7 +69,7 @@ def shipped_problems() -> list[Problem]:
     return out
 
 
-# The call experiments/sweep_decode.py timed before it wrote it in its JSON (scripts/bench_decode.py's
+# The call scripts/sweep_decode.py timed before it wrote it in its JSON (scripts/bench_decode.py's
 # make(): mamba2-2.7b dimensions, bf16 x, z, B and C; D, dt_bias and softplus; one token per row)
 SWEEP_CALL = dict(nheads=80, headdim=64, dstate=128, ngroups=1, dtype="bf16", has_D=True, has_z=True,
                   has_dt_bias=True, dt_softplus=True, tokens=1)
@@ -87,7 +87,7 @@ def decode_sweep_records(path: str | Path, arch: str, assume_current: bool = Fal
     dated = "triton" in data and "date" in data and all("kernel_hash" in r for r in rows)
     if not dated and not assume_current:
         raise SystemExit(f"--decode-sweep {path}: the file names no triton version, date or kernel hashes "
-                         "(a sweep from before it wrote them); re-run experiments/sweep_decode.py, or pass "
+                         "(a sweep from before it wrote them); re-run scripts/sweep_decode.py, or pass "
                          "--assume-current-code once the decode kernels are known unchanged since the sweep")
     best: dict[tuple[str, int], dict] = {}
     for r in rows:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rehash-from", default=None, metavar="REV",
                     help="re-hash records made from the templates at git REV whose kernels are unchanged")
     ap.add_argument("--decode-sweep", nargs="*", default=[], metavar="JSON",
-                    help="experiments/sweep_decode.py output: each shape's fastest config as a measured record")
+                    help="scripts/sweep_decode.py output: each shape's fastest config as a measured record")
     ap.add_argument("--assume-current-code", action="store_true",
                     help="--decode-sweep files without kernel hashes: stamp them with the current code's")
     args = ap.parse_args(argv)

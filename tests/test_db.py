@@ -965,7 +965,7 @@ def _build_script():
 
 def test_a_decode_sweep_ships_each_shapes_fastest_config_as_a_measured_record(monkeypatch, tmp_path):
     """scripts/build_shipped_db.py --decode-sweep: per (state dtype, batch) the fastest row of an
-    experiments/sweep_decode.py file, measured, graph-timed, on the file's device, dated and
+    scripts/sweep_decode.py file, measured, graph-timed, on the file's device, dated and
     hashed as the file says (a kernel changed since makes it stale); the decode step picks it."""
     from autossd.db.records import current_kernel_hash
     from autossd.ops.ssd import decode

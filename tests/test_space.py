@@ -66,7 +66,7 @@ def test_defaults_are_feasible_on_every_arch():
 
 
 def test_single_launch_headdim_tiles_under_64_refused_on_sm90_only():
-    # a Triton 3.6 wgmma miscompile (H100: wrong y, illegal address; experiments/repro_fused_tiles.py)
+    # a Triton 3.6 wgmma miscompile (H100: wrong y, illegal address; scripts/repro_fused_tiles.py)
     cfg = fit(Config(launches=1, state_block_m=32, scan_block_m=64), PROB)
     assert any("miscompiled on sm90" in w for w in violations(cfg, "sm90", PROB))
     assert not violations(cfg.replace(scan_block_m=32), "sm90", PROB)

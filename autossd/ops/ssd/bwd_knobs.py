@@ -62,7 +62,7 @@ KNOBS: tuple[Knob, ...] = (
     # blocks at the cost of spills, which only a GPU can weigh (measured_only). Cross-compiled
     # for sm90 at that shape: dx at 128 takes 4 blocks per SM, spilling nothing at the arch
     # default and 16 bytes at the record's knobs; at 96, 5 blocks and 152 bytes; dCB at 128, 4
-    # blocks and 8 bytes; at 96, 5 and 128 (experiments/bwd_compile_report.py --set dx_maxnreg=128).
+    # blocks and 8 bytes; at 96, 5 and 128 (scripts/compile_report.py --op ssd_bwd --set dx_maxnreg=128).
     # Measured on an H200 from the record's config: both at 128 took dx 796 -> 718 us and dCB
     # 523 -> 466 (step 2852 -> 2720) with bitwise the same gradients, and the H200's training
     # records carry them; 0 stays the default, the caps being measured at the records' tiles only

@@ -194,7 +194,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
     if config.launches == 1 and arch.wgmma_fused_tile_bug and config.state_block_m < 64 and config.scan_block_m >= 64:
         # Triton 3.6's wgmma lowering gets the single launch wrong here: y off by O(1) from row 16
         # of each tile, and an illegal address at 2048 tokens (H100; right with MMA v3 disabled,
-        # and in the interpreter). experiments/repro_fused_tiles.py reproduces it.
+        # and in the interpreter). scripts/repro_fused_tiles.py reproduces it.
         why.append(f"state_block_m={config.state_block_m} < 64 with scan_block_m={config.scan_block_m} >= 64 "
                    f"at launches=1 is miscompiled on sm90 by Triton 3.6 (wrong y, faults)")
     if config.smem_pad:

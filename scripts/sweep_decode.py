@@ -1,8 +1,14 @@
+#!/usr/bin/env python
 """Sweep the decode step's knobs on a GPU: graph-timed µs and % of copy bandwidth per config, at
-mamba2-2.7b dimensions, for a few batches and state dtypes (what a measured tune of ssd_decode
-would search; this prints the whole table). Each config is checked against float64 once first.
+mamba2-2.7b dimensions, for a few batches and state dtypes (every config a measured tune of
+ssd_decode could try, as a whole table). Each config is checked against float64 once first; one
+that is wrong is reported and not timed. Needs a CUDA GPU.
 
-    python experiments/sweep_decode.py [--out scratch/sweep_decode.json] [--batch 1 16 64]
+Run it after changing the decode kernel or its knob space, to see whether the default still
+holds, and on a new GPU to ship its decode records:
+
+    python scripts/sweep_decode.py [--out scratch/sweep_decode.json] [--batch 1 16 64] [--state fp32 bf16 fp16]
+    python scripts/build_shipped_db.py --decode-sweep scratch/sweep_decode.json ...
 
 The JSON names the device, the call timed (the DecodeProblem fields besides batch and state
 dtype), the triton version, the date and each config's kernel hash, so that
@@ -20,19 +26,23 @@ import sys
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 spec = importlib.util.spec_from_file_location("bench_decode", os.path.join(ROOT, "scripts", "bench_decode.py"))
 bd = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bd)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="scratch/sweep_decode.json")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--state", nargs="+", default=["fp32", "bf16", "fp16"])
-    a = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="scratch/sweep_decode.json", help="the JSON written")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="rows per call")
+    ap.add_argument("--state", nargs="+", default=["fp32", "bf16", "fp16"], choices=("fp32", "bf16", "fp16"),
+                    help="state dtypes of the cache")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sweep_decode.py: no GPU here; it times the decode step on one")
+        return 2
     import datetime
 
     import triton
@@ -84,7 +94,8 @@ def main() -> None:
         json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": bw, "triton": triton.__version__,
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    "call": call, "rows": rows}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,10 +1,19 @@
-"""The single launch with headdim split over programs (state_block_m < headdim) on a GPU:
-run a grid of configs and headdims, each in its own process (an illegal address poisons the
-CUDA context), and print which give wrong y or fault (BENCHMARKS.md §27). With Triton 3.6 on an
-H100 every config with state_block_m < 64 beside scan_block_m >= 64 and a warpgroup MMA is wrong;
-space.violations() refuses them on sm90. Rerun this after a Triton upgrade before lifting it.
+#!/usr/bin/env python
+"""Checks the installed Triton for the sm90 miscompile of the forward's single launch that
+`fwd_knobs.violations` steps around (the arch flag `wgmma_fused_tile_bug`). Needs a CUDA GPU, an
+H100 or H200 to see the bug.
 
-    python experiments/repro_fused_tiles.py [--out DIR] [--headdims 32,64,128]
+With the headdim split over programs (state_block_m < headdim) beside a chunk-scan tile of
+scan_block_m >= 64 and a warpgroup MMA, Triton 3.6 on an H100 gives a y off by O(1) from row 16
+of each tile, and an illegal address at 2048 tokens. This runs a grid of such configs and
+headdims, each in its own process (an illegal address poisons the CUDA context), each checked
+against the float64 reference, and prints which are wrong or fault. Run it after a Triton
+upgrade, before lifting the refusal: when it reports 0 wrong, clear the arch flag.
+
+    python scripts/repro_fused_tiles.py [--out DIR] [--headdims 32,64,128] [--tiles 64x64,32x32,128x64]
+
+Writes DIR/repro_fused_tiles.json (default DIR: scratch/repro_fused_tiles, git-ignored); exit
+status 1 when any config is wrong or faults.
 """
 import argparse
 import itertools
@@ -15,7 +24,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
 from autossd.ops.ssd.chunk import ssd_forward  # noqa: E402
 from autossd.ops.ssd.naive import ssd_chunked  # noqa: E402
 from autossd.problem import Problem  # noqa: E402
@@ -41,14 +51,18 @@ def one(p, over, dtype="fp16"):
             "ok": e <= tolerance(dtype, cfg.state_dtype)}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scratch", "repro_fused_tiles"),
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(ROOT, "scratch", "repro_fused_tiles"),
                     help="output folder (default: scratch/repro_fused_tiles, git-ignored)")
-    ap.add_argument("--headdims", default="32,64,128")
-    ap.add_argument("--tiles", default="64x64,32x32,128x64")
+    ap.add_argument("--headdims", default="32,64,128", help="headdims to run, comma-separated")
+    ap.add_argument("--tiles", default="64x64,32x32,128x64",
+                    help="scan_block_m x scan_block_k tiles to run, comma-separated")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if DEV != "cuda":
+        print("repro_fused_tiles.py: no GPU here; the miscompile is the GPU compiler's")
+        return 2
     if a.one:
         p, over = json.loads(a.one)
         try:
@@ -58,7 +72,7 @@ def main():
         except Exception as e:  # a fault or compile error is a result too
             r = {"p": p, "override": over, "error": repr(e)[:200]}
         print("RESULT " + json.dumps(r))
-        return
+        return 0
     rows = []
     tiles = [tuple(int(v) for v in t.split("x")) for t in a.tiles.split(",")]
     for p, sbm, warps, (bm, bk) in itertools.product(
@@ -79,7 +93,8 @@ def main():
         json.dump(rows, f, indent=1)
     bad = [r for r in rows if not r.get("ok")]
     print(f"{len(bad)} wrong of {len(rows)}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

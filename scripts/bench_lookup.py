@@ -1,12 +1,16 @@
 #!/usr/bin/env python
-"""Cost of choosing a kernel at run time (CPU is fine: no kernel runs).
+"""Cost of choosing a kernel at run time, on the host (no GPU needed: no kernel runs). Run it after
+changing the lookup, the record store or get_kernel's cache: a warm call must stay a dict lookup.
 
     cold   first get_kernel of a process for an arch: load + validate the user and shipped
            databases, pick, build the Kernel
     miss   get_kernel for a new problem once the records are loaded (pick only)
     warm   get_kernel for a problem seen before: the per-process dict cache (target <= 5 us)
 
-    python experiments/bench_lookup.py [--arch sm90] [--n 200000] [--json out.json]
+    python scripts/bench_lookup.py [--arch sm90] [--n 200000] [--json out.json]
+
+Reads the shipped database of --arch and an empty user database (a temporary file, unless
+AUTOSSD_DB is set). Exit status 1 when a warm call takes more than 5 us.
 """
 from __future__ import annotations
 
@@ -24,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", default="sm90")
-    ap.add_argument("--n", type=int, default=200_000, help="warm calls per repeat")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--arch", default="sm90", help="the arch whose records are looked up")
+    ap.add_argument("--n", type=int, default=200_000, help="warm calls per repeat (5 repeats)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
 
     import os
