@@ -34,9 +34,27 @@ def templates_dir() -> Path:
     return installed if installed.is_dir() else Path(__file__).parent.parent / "templates"
 
 
+SHARED_DIR = "common"   # the templates every family's ops may include (the LAUNCH table)
+
+
+def search_path(template_dir: str) -> list[Path]:
+    """Where an op's templates are looked up, first match wins: the op's own folder, then its
+    family's kernel library (templates/<family>/, the op folder's name up to its first
+    underscore: ssd_fwd and ssd_varlen share templates/ssd/), then templates/common/. A file of
+    the op's folder thus overrides a library file of the same name; folders that do not exist
+    are left out."""
+    root = templates_dir()
+    names = [template_dir, template_dir.split("_", 1)[0], SHARED_DIR]
+    out = []
+    for name in dict.fromkeys(names):   # unique, in order
+        if name == template_dir or (root / name).is_dir():
+            out.append(root / name)
+    return out
+
+
 @lru_cache(maxsize=None)
 def _env(template_dir: str = "ssd_fwd") -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir() / template_dir)),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader([str(p) for p in search_path(template_dir)]),
                               undefined=jinja2.StrictUndefined, autoescape=False,
                               keep_trailing_newline=True)
 

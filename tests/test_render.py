@@ -1,4 +1,6 @@
 """Rendering: strict templates, only validated configs in, content-hashed cache out."""
+from pathlib import Path
+
 import jinja2
 import pytest
 
@@ -32,6 +34,55 @@ def test_only_configs_and_known_backends_render():
 def test_templates_are_strict():
     with pytest.raises(jinja2.UndefinedError):
         render._env().get_template("module.py.jinja").render(cfg=Config(), backend="cuda")
+
+
+def test_an_op_sees_its_folder_then_its_familys_library_then_common(tmp_path, monkeypatch):
+    """An op's templates are looked up in its own folder, then its family's kernel library
+    (templates/ssd/ for ssd_*), then templates/common/: a name in the op's folder wins over the
+    library's (an op overrides a shared kernel by writing its own), and another family's folder
+    is not searched."""
+    # the shipped tree: every SSD op reaches the SSD library and the common templates
+    for op in ("ssd_fwd", "ssd_bwd", "ssd_decode", "ssd_varlen"):
+        env = render._env(op)
+        assert Path(env.get_template("dt_cumsum.jinja").filename) == render.templates_dir() / "ssd" / "dt_cumsum.jinja"
+        assert Path(env.get_template("launch_table.jinja").filename).parent == render.templates_dir() / "common"
+    # a tree of its own
+    files = {"ssd_x/own.jinja": "op", "ssd_x/both.jinja": "op", "ssd/both.jinja": "family",
+             "ssd/lib.jinja": "family", "common/lib.jinja": "common", "common/any.jinja": "common",
+             "other/far.jinja": "other"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(render, "templates_dir", lambda: tmp_path)
+    render._env.cache_clear()
+    try:
+        env = render._env("ssd_x")
+        assert [env.get_template(n).render() for n in ("own.jinja", "both.jinja", "lib.jinja", "any.jinja")] \
+            == ["op", "op", "family", "common"]
+        with pytest.raises(jinja2.TemplateNotFound):
+            env.get_template("far.jinja")
+        assert render.search_path("ssd_x") == [tmp_path / "ssd_x", tmp_path / "ssd", tmp_path / "common"]
+        assert render.search_path("solo") == [tmp_path / "solo", tmp_path / "common"]   # no library of its own
+    finally:
+        render._env.cache_clear()
+
+
+def test_the_ssd_ops_render_the_librarys_kernels_under_their_own_names():
+    """The dt' block (softplus and clamp) is written once, in templates/ssd/dt_cumsum.jinja, and
+    rendered into the forward's, the backward's (with d dt'/d dt) and the packed prefill's
+    cumsum under each op's names."""
+    from autossd.ops.ssd.bwd_knobs import BwdConfig
+    from autossd.ops.ssd.varlen_knobs import VarlenConfig
+    softplus = "        lp = tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0))\n"
+    fwd, bwd, varlen = (render.render(c) for c in (Config(), BwdConfig(), VarlenConfig()))
+    assert fwd.count(softplus) == bwd.count(softplus) == varlen.count(softplus) == 1
+    assert "def _dt_cumsum(" in fwd and "def ssd_cumsum(" in fwd
+    assert "def _dt_proc(" in bwd and "def ssd_bwd_cumsum(" in bwd and "fac = tl.where(soft" in bwd
+    assert "def varlen_cumsum(" in varlen and "fac = " not in varlen
+    library = (render.templates_dir() / "ssd" / "dt_cumsum.jinja").read_text()
+    assert softplus in library
+    for op in ("ssd_fwd", "ssd_bwd", "ssd_varlen"):
+        assert not any(softplus in p.read_text() for p in (render.templates_dir() / op).glob("*.jinja")), op
 
 
 def test_cache_by_content_hash(tmp_path, monkeypatch):
