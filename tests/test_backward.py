@@ -440,9 +440,10 @@ def test_varlen_states_are_returned_without_gradient():
 
 # --- the op's declaration: knobs, rendering, constraints -------------------------------------
 def test_every_knob_changes_the_compiled_code():
-    base = BwdConfig()
-    h0 = render.kernel_hash(base, "cuda")
+    """Each knob, at a mode whose kernels it shapes (the first it names)."""
     for knob in KNOBS:
+        base = BwdConfig(cb=knob.depths[0]) if knob.depths else BwdConfig()
+        h0 = render.kernel_hash(base, "cuda")
         other = next(v for v in knob.values if v != base[knob.name])
         cfg = base.replace(**{knob.name: other})
         assert cfg[knob.name] == other, knob.name
@@ -451,7 +452,7 @@ def test_every_knob_changes_the_compiled_code():
 
 def test_declaration_and_defaults():
     op = get_op("ssd_bwd")
-    assert op.config_type is BwdConfig and set(op.sequences) == {"stage", "inline"}
+    assert op.config_type is BwdConfig and set(op.sequences) == {"stage", "inline", "fused"}
     prob = Problem(8, 2048, 80, 64, 128, 1, "bf16", chunk_size=256)
     cfg = default_config("sm90", prob)
     assert cfg.chunk_size == 256 and not violations(cfg, "sm90", prob)
@@ -503,3 +504,109 @@ def test_the_backward_asks_for_the_config_of_the_inputs_gpu(monkeypatch):
     monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: asked.append(d) or cfg(p, a, d))
     _check(_prob("fp32", l=70, h=2, p=16, n=16), seed=3)
     assert asked and set(asked) == {"NVIDIA H200"}
+
+
+# --- the fused mode: dx, the dt terms, dB and dCB in one kernel ---------------------------------
+def _force_fused(monkeypatch, **knobs):
+    """The backward's config forced to cb = "fused" (with `knobs`), and the kernels each backward
+    launches recorded."""
+    cfg = bw.config_for
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(cb="fused", **knobs))
+    launched = []
+    real = bw.run
+    monkeypatch.setattr(bw, "run", lambda lns, m: (launched.extend(ln.kernel for ln in lns), real(lns, m)))
+    return launched
+
+
+@pytest.mark.parametrize("dtype,knobs", [("fp32", dict(fused_block_s=16)),
+                                         ("bf16", dict(fused_block_s=32, group_split=2)),
+                                         ("fp16", dict(fused_block_s=64, dx_g_split=2))])
+def test_the_fused_mode_with_every_feature(monkeypatch, dtype, knobs):
+    """cb = "fused": one kernel gives dx, the dt terms, dB and the group's dCB (no dcb, db or
+    staged dx launch); every gradient within the dtype's bound at ngroups 2, a ragged length,
+    D per (head, headdim), z, dt_bias + softplus + dt_limit, initial and final states, seq_idx,
+    with source blocks of 16, 32 and 64 tokens and the heads of a group split in 1 or 2."""
+    launched = _force_fused(monkeypatch, **knobs)
+    prob = _prob(dtype, l=150, p=16, n=32, **FULL)
+    errs = _check(prob, seed=1)
+    assert "ssd_bwd_fused" in launched and "ssd_bwd_dc" in launched
+    assert not {"ssd_bwd_dx", "ssd_bwd_dcb", "ssd_bwd_db", "ssd_bwd_bmm"} & set(launched), launched
+    print(dtype, knobs, {k: f"{e:.1e}" for k, e in errs.items()})
+
+
+@pytest.mark.parametrize("dtype,l,p,n,chunk", [("bf16", 300, 32, 16, 64), ("fp32", 257, 16, 32, 128)])
+def test_the_fused_mode_over_several_chunks_one_group(monkeypatch, dtype, l, p, n, chunk):
+    """One group shared by 4 heads (the common case: dB and dC summed over every head of the
+    group on chip), D per head, several chunks and a short last one, batch 2."""
+    _force_fused(monkeypatch, group_split=1)
+    prob = _prob(dtype, b=2, l=l, h=4, p=p, n=n, g=1, chunk=chunk, has_D=True, has_dt_bias=True, dt_softplus=True,
+                 has_initial_states=True, return_final_states=True)
+    _check(prob, seed=31)
+
+
+def test_the_fused_mode_bf16_dA_and_dt_bias_over_several_chunks(monkeypatch):
+    """As test_bf16_dA_and_dt_bias_over_several_chunks: the fused kernel's causal dap and ddir
+    partials come from the same fp32 products, so A's and dt_bias's sums keep their accuracy."""
+    _force_fused(monkeypatch)
+    prob = _prob("bf16", l=384, h=2, p=32, n=64, chunk=128, has_D=True, D_has_hdim=True, has_dt_bias=True,
+                 dt_softplus=True)
+    errs = _check(prob, seed=1)
+    assert errs["A"] < 3e-3 and errs["dt_bias"] < 3e-3, errs
+
+
+def test_the_fused_mode_single_token_and_no_B_gradient(monkeypatch):
+    """One token (every source block but the first empty: their dD partials are still written),
+    and a call where B needs no gradient (the kernel skips dB's products)."""
+    _force_fused(monkeypatch)
+    _check(_prob("fp32", l=1, has_D=True, has_z=True, has_initial_states=True, return_final_states=True), seed=4)
+    prob = _prob("fp32", l=90, h=2, has_D=True)
+    t = make_inputs(prob, DEV, seed=32)
+    x = t["x"].clone().requires_grad_()
+    C = t["C"].clone().requires_grad_()
+    y = autossd.mamba_chunk_scan_combined(x, t["dt"], t["A"], t["B"], C, 64, D=t["D"])
+    dout = torch.randn_like(y)
+    y.backward(dout)
+    ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, t["D"], dout=dout)
+    assert rel_err(x.grad, ref["x"]) < TOL["fp32"] and rel_err(C.grad, ref["C"]) < TOL["fp32"]
+
+
+def test_the_fused_mode_is_deterministic_bitwise(monkeypatch):
+    _force_fused(monkeypatch, group_split=2)
+    prob = _prob("bf16", l=70, h=4, g=1, has_D=True, has_dt_bias=True, dt_softplus=True)
+    a, _ = _grads(prob, seed=10)
+    b, _ = _grads(prob, seed=10)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_the_fused_mode_leaves_the_staged_modes_code_alone():
+    """The fused kernel renders only into its own mode's module, and its knobs do not reach the
+    staged modes (their records stay fresh); the staged modes' tiles do not reach it."""
+    for cb in ("stage", "inline"):
+        base = BwdConfig(cb=cb)
+        src = render.render(base, "cuda")
+        assert "ssd_bwd_fused" not in src and "FUSED_BLOCK_S" not in src
+        assert base.replace(fused_block_s=64) == base
+    fused = BwdConfig(cb="fused")
+    src = render.render(fused, "cuda")
+    assert "def ssd_bwd_fused" in src and "def ssd_bwd_dc" in src and "def ssd_bwd_dx(" not in src
+    assert fused.replace(dx_block_m=16, dcb_block_k=16) == fused
+    prob = Problem(4, 16384, 80, 64, 128, 1, "bf16", chunk_size=256)
+    cfg = default_config("sm90", prob, cb="fused")
+    assert cfg.cb == "fused" and not violations(cfg, "sm90", prob)
+    assert {c.stage for c in get_op("ssd_bwd").fn("cost_model")(prob, cfg)} >= {"dx", "dc", "ddt"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm90", "sm80", "gfx90a", "gfx942"])
+def test_the_fused_default_cross_compiles(arch):
+    """The fused mode's default compiles for each arch at mamba2-2.7b's training shape, every
+    stage without a reason against it."""
+    from autossd.compile import compile_config
+    prob = Problem(4, 16384, 80, 64, 128, 1, "bf16", chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True)
+    cfg = default_config(arch, prob, cb="fused")
+    rep = compile_config(cfg, arch, prob)
+    assert not rep.reasons, rep.reasons
+    assert {s.stage for s in rep.stages} == set(get_op("ssd_bwd").sequences["fused"])
+    assert all(not s.reasons for s in rep.stages), [s.reasons for s in rep.stages]

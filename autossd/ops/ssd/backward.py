@@ -31,6 +31,7 @@ import triton
 
 from ... import problem as _problem
 from ...render import launch_options, load
+from .bwd_fused import fused_launch, partial_slots
 from .bwd_knobs import STATE_DTYPES, BwdConfig
 from .plan import Launch
 
@@ -98,6 +99,7 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
     # one-token sequences with these uninitialized)
     zp = lambda *s, dtype=f32: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
     npb = triton.cdiv(p * n, config.pass_block)
+    slots = partial_slots(config, p)
     if saved is None:
         states = e(b, nc, h, p, n, dtype=_TORCH_STATE[config.state_dtype])
         dtb, dAb = e(b, h, nc, q), e(b, h, nc, q)
@@ -116,15 +118,15 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         # dCB in the type its products take it in (B's and C's): the dB and dC stages round it
         # to that before their tensor-core products anyway
         dcb=e(b, nc, config.group_split, g, q, q, dtype=torch.promote_types(t["B"].dtype, t["C"].dtype)),
-        ddir=zp(b, h, nc, triton.cdiv(q, config.dcb_block_m), q),
-        dsx=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+        ddir=zp(b, h, nc, slots["ddir"], q),
+        dsx=zp(b, h, nc, slots["dsx"], q),
         # every element of these the kernels write (each tile of the grid, rows past the
         # sequence's end masked on both sides): no zero fill (dB's and dC's are 67 MB each at
         # mamba2-2.7b 8 x 2048 with the heads split in 8)
-        dDp=e(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
+        dDp=e(b, nc, slots["rows"], h, p) if t.get("D") is not None else None,
         dBp=e(b, l, config.group_split, g, n) if "B" in need else None,
         dCp=e(b, l, config.group_split, g, n),
-        dap=zp(b, h, nc, triton.cdiv(q, config.dcb_block_k) + triton.cdiv(n, config.dbc_block_n), q),
+        dap=zp(b, h, nc, slots["dap"] + triton.cdiv(n, config.dbc_block_n), q),
         ddt=e(b, l, h, dtype=dt.dtype), dAp=zp(b, h, nc), dbp=zp(b, h, nc))
 
 
@@ -220,46 +222,50 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                            s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2), **seq_s),
                       dict(HAS_DFINAL=dfinal is not None, HAS_DINIT=buf.dinit is not None, HAS_SEQ=has_seq),
                       opts["state_passing_rev"]))
-    if D is None:
-        s_D = (0, 0)
-    else:
-        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
-    g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
-    out.append(Launch("dx", "ssd_bwd_dx",
-                      (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
-                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
-                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
-                           dD_ptr=buf.dDp,
-                           L=l, H=h, P=p, N=n, heads_per_group=hpg,
-                           **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
-                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
-                           s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
-                           **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
-                           **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
-                      dict(HAS_SEQ=has_seq, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
-                      opts["dx"]))
     dcb6 = _named("s_cb", ("b", "c", "s", "g", "i", "j"), buf.dcb)
-    dd4 = _named("s_dd", ("b", "h", "c", "j"), buf.ddir)
     da4 = _named("s_da", ("b", "h", "c", "j"), buf.dap)
-    nj = triton.cdiv(q, config.dcb_block_k)
-    out.append(Launch("dcb", "ssd_bwd_dcb",
-                      (triton.cdiv(q, config.dcb_block_m) * nj * config.group_split * g, nc, b),
-                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
-                           dcb_ptr=buf.dcb, ddir_ptr=buf.ddir, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
-                           heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
-                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **dcb6,
-                           **dd4, **da4),
-                      dict(HAS_SEQ=has_seq, P2=P2, N2=N2), opts["dcb"]))
+    nj = partial_slots(config, p)["dap"]
     grid_bc = (triton.cdiv(q, config.dbc_block_m) * triton.cdiv(n, config.dbc_block_n) * config.group_split * g,
                nc, b)
-    if buf.dBp is not None:
-        out.append(Launch("db", "ssd_bwd_db", grid_bc,
-                          dict(x_ptr=x, dcb_ptr=buf.dcb, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
-                               gst_ptr=buf.dst, dB_ptr=buf.dBp, L=l, H=h, P=p, N=n, heads_per_group=hpg,
-                               **_named("s_x", "blhp", x), **dcb6,
-                               **_named("s_C", "blgn", C), **dtb, **seq_s, **g5,
-                               **_named("s_o", ("b", "l", "s", "g", "n"), buf.dBp)),
-                          dict(HAS_SEQ=has_seq, P2=P2), opts["db"]))
+    if config.cb == "fused":
+        # dx, the dt terms, dB and dCB in one launch (ops/ssd/bwd_fused.py)
+        out.append(fused_launch(prob, config, t, buf, seq, D, opts))
+    else:
+        if D is None:
+            s_D = (0, 0)
+        else:
+            s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+        g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
+        out.append(Launch("dx", "ssd_bwd_dx",
+                          (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
+                          dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
+                               seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
+                               dD_ptr=buf.dDp,
+                               L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                               **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                               **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
+                               s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
+                               **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
+                               **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
+                          dict(HAS_SEQ=has_seq, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
+                          opts["dx"]))
+        dd4 = _named("s_dd", ("b", "h", "c", "j"), buf.ddir)
+        out.append(Launch("dcb", "ssd_bwd_dcb",
+                          (triton.cdiv(q, config.dcb_block_m) * nj * config.group_split * g, nc, b),
+                          dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                               dcb_ptr=buf.dcb, ddir_ptr=buf.ddir, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
+                               heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                               **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **dcb6,
+                               **dd4, **da4),
+                          dict(HAS_SEQ=has_seq, P2=P2, N2=N2), opts["dcb"]))
+        if buf.dBp is not None:
+            out.append(Launch("db", "ssd_bwd_db", grid_bc,
+                              dict(x_ptr=x, dcb_ptr=buf.dcb, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                                   gst_ptr=buf.dst, dB_ptr=buf.dBp, L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                                   **_named("s_x", "blhp", x), **dcb6,
+                                   **_named("s_C", "blgn", C), **dtb, **seq_s, **g5,
+                                   **_named("s_o", ("b", "l", "s", "g", "n"), buf.dBp)),
+                              dict(HAS_SEQ=has_seq, P2=P2), opts["db"]))
     out.append(Launch("dc", "ssd_bwd_dc", grid_bc,
                       dict(dy_ptr=dy, dcb_ptr=buf.dcb, B_ptr=B, C_ptr=C, dA_ptr=buf.dA, seq_ptr=seq,
                            st_ptr=buf.states, dC_ptr=buf.dCp, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,

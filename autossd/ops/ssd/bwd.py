@@ -25,7 +25,10 @@ STAGES = (
     Stage("ddt"),
 )
 _ALL = tuple(s.name for s in STAGES)
-SEQUENCES = {"stage": _ALL, "inline": tuple(s for s in _ALL if s != "bmm")}
+SEQUENCES = {"stage": _ALL, "inline": tuple(s for s in _ALL if s != "bmm"),
+             # the fused kernel launches as stage "dx" (its launch options) and does dCB's and
+             # dB's work too (ops/ssd/bwd_fused.py)
+             "fused": tuple(s for s in _ALL if s not in ("bmm", "dcb", "db"))}
 
 
 def includes(cfg: BwdConfig, backend: str) -> list[str]:
@@ -33,6 +36,8 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
     out = ["cumsum.jinja", "chunk_state.jinja", "state_passing.jinja"]
     if not cfg.save_states:
         out.append("recompute_states.jinja")
+    if cfg.cb == "fused":   # dbc.jinja for the dc stage (and the helpers the fused kernel shares)
+        return out + ["dbc.jinja", "fused.jinja", "gate.jinja"]
     if cfg.cb == "stage":
         out.append("bmm.jinja")
     return out + ["dx.jinja", "dbc.jinja", "gate.jinja"]
@@ -76,6 +81,9 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
                          (config.state_block_m, config.state_block_n, config.state_block_k), config.state_stages))
     out.append(StageCost("state_passing_rev", b * h * _cdiv(p * n, config.pass_block), 2 * st * 4 + st * s, 0.0, 0.0,
                          chain=nc))
+    if config.cb == "fused":
+        from .bwd_fused import fused_stage_costs
+        return out + fused_stage_costs(problem, config)
     inline = b * nc * h * mm(q, n, q) / 2 if config.cb == "inline" else 0.0
     # the dx state product runs twice at 16-bit inputs (the state gradient split in two halves)
     split = 1 if problem.dtype == "fp32" else config.dx_g_split

@@ -1,7 +1,10 @@
 """The SSD backward's knobs (`ssd_bwd`), declared once, and the rules that tie them to an arch and a
 problem. The mode knob is `cb`: whether C·Bᵀ is computed once per (chunk, group) by a stage of
 its own and read by the dx kernel ("stage"), or recomputed by the dx kernel from B and C tiles
-("inline": one launch and one (b, c, g, Q, Q) fp32 buffer fewer, more matmul work per head).
+("inline": one launch and one (b, c, g, Q, Q) fp32 buffer fewer, more matmul work per head), or
+recomputed once per program of the fused intra-chunk kernel ("fused": dx, the dt / dA terms, dB
+and the group's dCB in one pass over x, dy, B and C; templates/ssd_bwd/fused.jinja), whose
+launch takes the dx stage's launch options and replaces the dx, dCB and dB stages.
 """
 from __future__ import annotations
 
@@ -11,10 +14,13 @@ from ...knobs import (BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, s
 
 TILES = (16, 32, 64, 128)
 MAXNREG = (0, 96, 128)
+# the modes with separate dx, dCB and dB stages (their tiles mean nothing to the fused kernel)
+_STAGED = ("stage", "inline")
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("cb", ("stage", "inline"), "stage",
-         "C·Bᵀ for the dx kernel: a stage of its own (stored once per chunk and group) or recomputed inline"),
+    Knob("cb", ("stage", "inline", "fused"), "stage",
+         "C·Bᵀ for the dx kernel: a stage of its own (stored once per chunk and group), recomputed inline, "
+         "or recomputed by the fused intra-chunk kernel (dx, dB, dCB and the dt terms in one launch)"),
     Knob("chunk_size", (64, 128, 256), 128, "tokens per chunk"),
     # the entering state of every chunk: recomputed by the backward (two launches, nothing kept
     # between forward and backward) or kept from the forward's own state passing (memory held from
@@ -42,10 +48,10 @@ KNOBS: tuple[Knob, ...] = (
     # registers, so a static tune would always take it
     Knob("cb_dtype", ("fp32", "input"), "fp32", "the staged C·Bᵀ's storage type: fp32, or the inputs' type",
          "bmm", depths=("stage",), measured_only=True),
-    Knob("dx_block_m", TILES, 64, "rows (time) per dx program", "dx"),
-    Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx"),
-    Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx"),
-    Knob("dx_block_d", TILES, 64, "dstate step of the dx program's state product", "dx"),
+    Knob("dx_block_m", TILES, 64, "rows (time) per dx program", "dx", depths=_STAGED),
+    Knob("dx_block_n", TILES, 64, "headdim per dx program", "dx", depths=_STAGED),
+    Knob("dx_block_k", TILES, 32, "time step of the dx program's causal product", "dx", depths=_STAGED),
+    Knob("dx_block_d", TILES, 64, "dstate step of the dx program's state product", "dx", depths=_STAGED),
     # the state's part of dx at 16-bit inputs: G (fp32) as one 16-bit operand, or as two (G's
     # rounding and its remainder: ~16 significant bits, twice the products). The dt / dA
     # gradients sum the state's x·dx over a chunk's tokens, where G's rounding, shared by every
@@ -72,27 +78,33 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
     Knob("dbc_block_k", TILES, 32, "time step of the dB / dC programs' causal products", "dbc"),
-    Knob("dcb_block_m", TILES, 64, "rows (time t) per dCB program", "dcb"),
-    Knob("dcb_block_k", TILES, 32, "columns (time s) per dCB program", "dcb"),
-    Knob("dcb_warps", (2, 4, 8), 4, "num_warps of the dCB stage", "dcb"),
+    Knob("dcb_block_m", TILES, 64, "rows (time t) per dCB program", "dcb", depths=_STAGED),
+    Knob("dcb_block_k", TILES, 32, "columns (time s) per dCB program", "dcb", depths=_STAGED),
+    Knob("dcb_warps", (2, 4, 8), 4, "num_warps of the dCB stage", "dcb", depths=_STAGED),
     # the dCB stage's loop over heads holds no accumulator of dB's or dC's size, so it has the
     # registers for the next heads' tiles in flight (H200, mamba2-2.7b 8 x 2048 bf16: dCB 641
     # us at one stage, 608 at two, 536 at three)
-    Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb"),
+    Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb", depths=_STAGED),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
-         measured_only=True, needs=("maxnreg",)),
+         measured_only=True, needs=("maxnreg",), depths=_STAGED),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
     Knob("dbc_stages", (1, 2, 3), 2, "num_stages", "dbc"),
     # dCB, dB and dC sum over the heads of a group: each program loops over heads / group_split of
     # them in a fixed order and writes its partial sum; the partials are summed in a fixed order
     # after (deterministic, no atomics). More splits: more programs, more partial traffic.
     Knob("group_split", (1, 2, 4, 8, 16), 1, "programs sharing the heads of a group in dCB / dB / dC", "dbc"),
+    # the fused kernel's source tokens per program: its (chunk x block) fp32 tiles C·Bᵀ and dCB
+    # stay on chip across the heads loop (at chunk 256 and 32 tokens: 32 KB each), and dy and
+    # C are read once per block of the chunk (more blocks, more L2 traffic; fewer, more
+    # registers)
+    Knob("fused_block_s", (16, 32, 64, 128), 32, "source tokens s per program of the fused kernel", "dx",
+         depths=("fused",)),
 )
 SPACE = KnobSpace("ssd_bwd", KNOBS, mode_knob="cb")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
 STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _CHUNK_TILES = ("state_block_k", "bmm_block_m", "bmm_block_n", "dx_block_m", "dx_block_k",
-                "dbc_block_m", "dbc_block_k", "dcb_block_m", "dcb_block_k")
+                "dbc_block_m", "dbc_block_k", "dcb_block_m", "dcb_block_k", "fused_block_s")
 
 
 class BwdConfig(BaseConfig):
@@ -199,4 +211,14 @@ def default_config(arch: Arch | str, problem=None, cb: str | None = None) -> Bwd
         base = fit(base, problem)
     if cb is not None:   # the default at that mode (the tuner asks for it when the mode is pinned)
         base = base.replace(cb=cb)
+        if cb == "fused":
+            base = fused_defaults(arch, base, problem)
     return base
+
+
+def fused_defaults(arch: Arch, base: BwdConfig, problem=None) -> BwdConfig:
+    """The fused mode's starting point: the fused kernel holds (chunk x fused_block_s) fp32
+    tiles across its heads loop, so it takes 8 warps and one pipeline stage (registers, not
+    copies in flight, are what it lacks). Not measured on a GPU yet."""
+    base = base.replace(dx_warps=8, dx_stages=1, fused_block_s=32, dx_maxnreg=0)
+    return fit(base, problem) if problem is not None else base
