@@ -2,6 +2,12 @@
 
     python scripts/bench_bwd.py [--out FILE.json] [--dtypes bf16,fp16] [--shapes mamba2-2.7b:8x2048,...]
     python scripts/bench_bwd.py --check [--dtypes fp32,bf16,fp16]
+    python scripts/bench_bwd.py --bwd-config record --bwd-config '{"cb": "fused"}' [--no-peer] [--profile]
+
+--bwd-config SPEC (repeatable): the backward configs to time (and to --check), each "record" (the
+config the lookup picks, as the drop-in runs it) or a JSON object of knobs set over that config
+(e.g. '{"cb": "fused"}': the fused mode at its default launch, the record's other stages kept). Default: "record" only. --profile: a torch.profiler breakdown of one forward + backward step
+per (shape, config): every kernel's GPU time, most first.
 
 Timing: forward + backward of autossd.mamba_chunk_scan_combined (Mamba2's call: D (h,), dt_bias,
 dt_softplus, z, chunk 256, x, dt, A, B, C, D, z, dt_bias requiring grad), against mamba_ssm's
@@ -73,6 +79,44 @@ def _peer():
     return fn
 
 
+class forced_config:
+    """The backward's config, as the lookup gives it, with `spec`'s knobs set ("record": as it
+    is), for the duration of a with-block. A spec naming the fused mode over a record of another
+    mode keeps the record's other stages (state chain, dc) and takes the fused kernel's default
+    launch (bwd_knobs.fused_defaults), then the spec's other knobs."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.knobs = {} if spec == "record" else json.loads(spec)
+        self.seen = []
+
+    def __enter__(self):
+        from autossd.arch import get_arch
+        from autossd.ops.ssd.bwd_knobs import fused_defaults
+        self.real = real = bw.config_for
+        knobs = self.knobs
+
+        def pick(prob, arch, device=None):
+            cfg = real(prob, arch, device)
+            if "cb" in knobs and knobs["cb"] != cfg.cb:
+                cfg = cfg.replace(cb=knobs["cb"])
+                if cfg.cb == "fused":
+                    cfg = fused_defaults(get_arch(arch), cfg, prob)
+            cfg = cfg.replace(**knobs)
+            if cfg not in self.seen:
+                self.seen.append(cfg)
+            return cfg
+        bw.config_for = pick
+        return self
+
+    def __exit__(self, *exc):
+        bw.config_for = self.real
+
+
+def _label(spec: str) -> str:
+    return "autossd" if spec == "record" else "autossd" + json.dumps(json.loads(spec), separators=(",", ":"))
+
+
 def _step(fn, prob: Problem, t: dict, dout):
     leaves = {k: t[k] for k in GRAD if t.get(k) is not None}
 
@@ -85,10 +129,28 @@ def _step(fn, prob: Problem, t: dict, dout):
     return run
 
 
-def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
+def profile_step(step, label: str, rows: int = 25) -> None:
+    """One step under torch.profiler (after the timed ones: compiled and warm): each kernel's GPU
+    time, most first."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) > 0]
+    tot = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
+    ev.sort(key=tot, reverse=True)
+    total = sum(tot(e) for e in ev)
+    print(f"profile {label}: {total / 1000:.3f} ms of kernels in one step")
+    for e in ev[:rows]:
+        print(f"  {tot(e):10.1f} us  x{e.count:<3d} {e.key[:110]}")
+
+
+def bench(shapes: list[str], dtypes: list[str], out: str | None, specs=("record",), peer_on: bool = True,
+          recompute: bool = True, prof: bool = False) -> None:
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
-    peer = _peer()
+    peer = _peer() if peer_on else None
     rows = []
     for dtype in dtypes:
         for spec in shapes:
@@ -102,29 +164,46 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
             row = {"shape": spec, "dtype": dtype}
             # autossd_recompute: the backward runs the forward again for z's gradient instead of
             # the forward keeping the ungated output
-            for name, fn, keep in (("autossd", autossd.mamba_chunk_scan_combined, True),
-                                   ("autossd_recompute", autossd.mamba_chunk_scan_combined, False),
-                                   ("mamba_ssm", peer, True)):
+            runs = [(_label(spec), autossd.mamba_chunk_scan_combined, True, spec) for spec in specs]
+            if recompute:
+                runs.append(("autossd_recompute", autossd.mamba_chunk_scan_combined, False, "record"))
+            runs.append(("mamba_ssm", peer, True, "record"))
+            for name, fn, keep, spec in runs:
                 if fn is None:
                     continue
                 grad.KEEP_UNGATED_OUTPUT = keep
-                step = _step(fn, prob, t, dout)
-                step()   # compile, and gradients allocated
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                start = torch.cuda.memory_allocated()
-                step()
-                torch.cuda.synchronize()
-                row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - start) / 2**20
-                row[f"{name}_ms"] = do_bench(step, warmup=25, rep=200, return_mode="median")
+                with forced_config(spec) as forced:
+                    step = _step(fn, prob, t, dout)
+                    step()   # compile, and gradients allocated
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    start = torch.cuda.memory_allocated()
+                    step()
+                    torch.cuda.synchronize()
+                    row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - start) / 2**20
+                    row[f"{name}_ms"] = do_bench(step, warmup=25, rep=200, return_mode="median")
+                    if fn is not peer:
+                        row[f"{name}_config"] = [c.key() for c in forced.seen]
+                    if prof:
+                        profile_step(step, f"{name} {spec} {dtype}")
                 grad.KEEP_UNGATED_OUTPUT = True
             fl, fb, ff = floor_ms(prob, ceil)
             row.update(floor_ms=fl, floor_bytes_ms=fb, floor_flops_ms=ff,
                        inputs_MiB=(torch.cuda.memory_allocated() - base) / 2**20)
-            row["autossd_floor_share"] = fl / row["autossd_ms"]
-            if "mamba_ssm_ms" in row:
-                row["speedup"] = row["mamba_ssm_ms"] / row["autossd_ms"]
-            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}))
+            for spec in specs:
+                name = _label(spec)
+                row[f"{name}_floor_share"] = fl / row[f"{name}_ms"]
+                if "mamba_ssm_ms" in row:
+                    row[f"{name}_speedup"] = row["mamba_ssm_ms"] / row[f"{name}_ms"]
+            if "autossd_ms" in row:   # the names earlier result files used
+                row["autossd_floor_share"] = fl / row["autossd_ms"]
+                if "mamba_ssm_ms" in row:
+                    row["speedup"] = row["mamba_ssm_ms"] / row["autossd_ms"]
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                              if not k.endswith("_config")}))
+            for k, v in row.items():
+                if k.endswith("_config"):
+                    print(f"  {k}: {v}")
             rows.append(row)
             if out:   # after every row: a run cut short keeps what it measured
                 with open(out, "w") as f:
@@ -143,7 +222,16 @@ CHECKS = [
 ]
 
 
-def check(dtypes: list[str]) -> int:
+def check(dtypes: list[str], specs=("record",)) -> int:
+    failed = 0
+    for spec in specs:
+        with forced_config(spec) as forced:
+            failed += _check(dtypes, _label(spec))
+            print(f"{_label(spec)} ran: {[c.key() for c in forced.seen]}")
+    return 1 if failed else 0
+
+
+def _check(dtypes: list[str], label: str) -> int:
     failed = 0
     for dtype in dtypes:
         for base in CHECKS:
@@ -179,10 +267,10 @@ def check(dtypes: list[str]) -> int:
             worst = max(errs.values())
             ok = worst < grad_tolerance(dtype)
             failed += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {dtype} b={prob.batch} l={prob.seqlen} h={prob.nheads} "
+            print(f"{'ok  ' if ok else 'FAIL'} {label} {dtype} b={prob.batch} l={prob.seqlen} h={prob.nheads} "
                   f"p={prob.headdim} n={prob.dstate} g={prob.ngroups} chunk={prob.chunk_size}: "
                   + " ".join(f"{k}={e:.1e}" for k, e in errs.items()))
-    return 1 if failed else 0
+    return failed
 
 
 def main() -> int:
@@ -191,13 +279,25 @@ def main() -> int:
     ap.add_argument("--dtypes", default=None, help="comma-separated: fp32, bf16, fp16")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--out", default=None, help="JSON file for the timing rows")
+    ap.add_argument("--bwd-config", action="append", default=None, metavar="SPEC",
+                    help='backward config to time / check: "record" or a JSON object of knobs (repeatable)')
+    ap.add_argument("--no-peer", action="store_true", help="do not time mamba_ssm")
+    ap.add_argument("--no-recompute", action="store_true",
+                    help="do not time the step that recomputes the ungated output")
+    ap.add_argument("--profile", action="store_true", help="per-kernel GPU times of one step per config")
     a = ap.parse_args()
+    specs = tuple(a.bwd_config or ("record",))
+    for spec in specs:
+        if spec != "record":
+            from autossd.ops.ssd.bwd_knobs import BwdConfig
+            BwdConfig(json.loads(spec))   # a bad knob or value fails here, before any GPU work
     if not torch.cuda.is_available():
         print("no GPU: this script times and checks on a GPU")
         return 2
     if a.check:
-        return check((a.dtypes or "fp32,bf16,fp16").split(","))
-    bench(a.shapes.split(","), (a.dtypes or "bf16,fp16").split(","), a.out)
+        return check((a.dtypes or "fp32,bf16,fp16").split(","), specs)
+    bench(a.shapes.split(","), (a.dtypes or "bf16,fp16").split(","), a.out, specs, not a.no_peer,
+          not a.no_recompute, a.profile)
     return 0
 
 

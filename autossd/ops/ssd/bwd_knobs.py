@@ -220,5 +220,5 @@ def fused_defaults(arch: Arch, base: BwdConfig, problem=None) -> BwdConfig:
     """The fused mode's starting point: the fused kernel holds (chunk x fused_block_s) fp32
     tiles across its heads loop, so it takes 8 warps and one pipeline stage (registers, not
     copies in flight, are what it lacks). Not measured on a GPU yet."""
-    base = base.replace(dx_warps=8, dx_stages=1, fused_block_s=32, dx_maxnreg=0)
+    base = base.replace(dx_warps=8, dx_stages=1, fused_block_s=16, dx_maxnreg=0)
     return fit(base, problem) if problem is not None else base
