@@ -115,12 +115,8 @@ def _sm90_choice(op, p, mode):
         k = autossd.get_kernel(p, "sm90", launch_mode=mode, device="NVIDIA H200")
         return k.config, k.source == "exact" and k.match.record.device == "NVIDIA H200"
     from autossd.ops.ssd import decode, varlen
-    if op == "ssd_decode":
-        config, why = decode.choose(p, "sm90", device="NVIDIA H200")
-        return config, why.startswith("exact match: measured") and "on NVIDIA H200" in why
-    config, why = varlen.choose(p, "sm90", device="NVIDIA H200")
-    at = f"at {p.tokens} tokens / {p.seqs} sequences on NVIDIA H200"
-    return config, why.startswith("measured record") and why.endswith(at)
+    config, why = (decode if op == "ssd_decode" else varlen).choose(p, "sm90", device="NVIDIA H200")
+    return config, why.startswith("exact match: measured") and "on NVIDIA H200" in why
 
 
 @pytest.mark.parametrize("op", sorted(SM90_GRID_MEASURED))

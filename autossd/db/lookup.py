@@ -102,7 +102,7 @@ from ..knobs import BaseConfig
 from ..ops.registry import get_op
 from ..problem import Problem
 from .engine import ReadOnlyWALError, TuningDBError, sqlite_path, to_url, upgrade_if_older, writable
-from .records import Record, on_write, read_records
+from .records import PROVENANCE_RANK, Record, _freshness, on_write, read_records, record_time  # noqa: F401
 
 log = logging.getLogger("autossd.db")
 
@@ -116,7 +116,6 @@ DISTANCE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
 # mamba2-2.7b 8x2048 bf16 with z, the config tuned without z ran the forward in ~300 us where
 # the arch default took ~520 us.
 FLAG_PENALTY = 0.5
-PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}
 ORIGIN_RANK = {"user": 0, "shipped": 1}
 CALLER_MODES = ("eager", "graph")   # how a caller launches: the launch modes a lookup asks for
 USER_DB_FILE = "tuning.sqlite"
@@ -204,6 +203,11 @@ def _load_shipped(arch: str, op: str) -> list[Record]:
     return read_records(str(path), arch, op, strict=False, readonly=True, immutable=True, origin="shipped")
 
 
+def loaded(arch: str, op: str, url: str) -> list[Record] | None:
+    """The records `load_records` holds for (arch, op, user database URL), or None."""
+    return _records.get((arch, op, url))
+
+
 def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None) -> list[Record]:
     """Validated records for (arch, op): the user database's first, then the shipped one's.
     Cached per process; an unreadable database is skipped with a warning."""
@@ -233,12 +237,22 @@ def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = 
 
 # --- picking -------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _fields(ptype: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the DISTANCE_DIMS a problem type has, its other fields): each op's problem type (the
-    forward's and backward's Problem, the decode step's, packed prefill's) keys its records."""
+def _fields(ptype: type) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]]:
+    """((field, weight) of each size dimension a problem type has, its other fields): each op's
+    problem type (the forward's and backward's Problem, the decode step's, packed prefill's) keys
+    its records. A type names its own size dimensions and their weights in
+    `DISTANCE_WEIGHTS` (packed prefill: tokens, half as much the sequences, and not its chunk
+    count, which follows from them); else the DISTANCE_DIMS it has count once each."""
     names = ptype.field_names()
-    dims = tuple(f for f in DISTANCE_DIMS if f in names)
-    return dims, tuple(f for f in names if f not in dims)
+    weights = getattr(ptype, "DISTANCE_WEIGHTS", None)
+    if weights is None:
+        weights = {f: 1.0 for f in DISTANCE_DIMS if f in names}
+    dims = tuple((f, float(w)) for f, w in weights.items())
+    return dims, tuple(f for f in names if f not in weights)
+
+
+def _size_distance(a, b, dims) -> float:
+    return sum(w * abs(math.log2(getattr(a, f) / getattr(b, f))) for f, w in dims if w)
 
 
 def _compare(a, b, soft: frozenset) -> tuple[float, tuple[str, ...]]:
@@ -255,7 +269,7 @@ def _compare(a, b, soft: frozenset) -> tuple[float, tuple[str, ...]]:
             if f not in soft:
                 return math.inf, ()
             flags.append(f)
-    d = sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in dims)
+    d = _size_distance(a, b, dims)
     return d + FLAG_PENALTY * len(flags), tuple(flags)
 
 
@@ -273,7 +287,7 @@ def _transfer_distance(a, b) -> float:
     if type(a) is not type(b):
         return math.inf
     dims, keyed = _fields(type(a))
-    d = sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in dims)
+    d = _size_distance(a, b, dims)
     for f in keyed:
         va, vb = getattr(a, f), getattr(b, f)
         if f == "chunk_size" or va == vb:
@@ -335,20 +349,6 @@ def distance(a: Problem, b: Problem, op: str = "ssd_fwd") -> float:
     answers any requested chunk size, since every chunk size computes the same function. 0 only
     where every field is equal (the exact tier)."""
     return _compare(a, b, soft_flags(op))[0]
-
-
-def _freshness() -> tuple[str, str]:
-    import triton
-
-    from ..render import template_hash
-    return triton.__version__, template_hash()
-
-
-def record_time(rec: Record) -> float:
-    """The time a record ranks by: measured, else the static model's prediction, else inf."""
-    if rec.time_ms is not None:
-        return rec.time_ms
-    return rec.predicted_ms if rec.predicted_ms is not None else math.inf
 
 
 RANK_DISTANCE = 5   # where _rank's tuple holds the distance

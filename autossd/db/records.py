@@ -173,6 +173,23 @@ def legacy_kernel_hash(config: BaseConfig, arch: str) -> str:
     return legacy(config, get_arch(arch).backend)
 
 
+PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}   # how records rank: measured first
+
+
+def _freshness() -> tuple[str, str]:
+    import triton
+
+    from ..render import template_hash
+    return triton.__version__, template_hash()
+
+
+def record_time(rec: Record) -> float:
+    """The time a record ranks by: measured, else the static model's prediction, else inf."""
+    if rec.time_ms is not None:
+        return rec.time_ms
+    return rec.predicted_ms if rec.predicted_ms is not None else math.inf
+
+
 def _versions() -> tuple[str, str]:
     import triton
 

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ... import problem as _problem
-from ...grad import forward_only
+from ...core import select as _select
+from ...core.autograd import forward_only
 from ...render import interpreting, load
 from ..common import launch_cache as _lc
 from ..common.launch_cache import DescArg as _DescArg  # noqa: F401
@@ -115,7 +116,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
              seq_idx=seq_idx)
     return forward_only(lambda: execute(prob, config, t, cu_seqlens=cu_seqlens, dt_limit=dt_limit,
                                         state_dtype=state_dtype, backend=backend, poison=poison,
-                                        keep=True), t)
+                                        keep=True), t, DIFFERENTIABLE)
 
 
 # --- launch cache -------------------------------------------------------------------------
@@ -129,14 +130,19 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # The recording and replay live in ops.common.launch_cache, which turns itself off (and every call
 # takes run()'s path) where this triton lacks an internal they use.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+DIFFERENTIABLE = INPUTS[:-1]   # the inputs with a gradient (seq_idx is an index)
 _BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg", "sen")
 _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 
 
+@_select.on_clear
 def clear_launch_cache() -> None:
     """Forget the recorded calls (their TMA descriptors hold the tensors of the call recorded)."""
     _launch_cache.clear()
+
+
+_select.on_clear(clear_workspaces)
 
 
 def input_sig(t: dict) -> tuple:

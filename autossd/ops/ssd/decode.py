@@ -24,7 +24,12 @@ import threading
 
 import torch
 
-from ...problem import DTYPES, as_flag
+from ...arch import get_arch
+from ...core import select as _select
+from ...core.device import arch_of_device
+from ...db import lookup as _lookup
+from ...problem import DTYPES, TORCH_DTYPES, as_flag
+from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
@@ -231,7 +236,8 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
 
 # --- config choice --------------------------------------------------------------------------
 def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None):
-    """(config, why): the shared lookup's pick (`autossd.db.lookup.pick`) among the decode records
+    """(config, why): the one selector's pick (`autossd.core.select`, by `autossd.db.lookup`'s
+    rules; a database that cannot be read is passed over with a warning) among the decode records
     of the tuning databases (user first, then shipped): an exact record, else the nearest in
     batch, heads and groups (a batch of 32 takes the record of 16 or 64), else a record's config
     carried over (transfer), else the arch default. device: the GPU's name, whose own
@@ -241,15 +247,7 @@ def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None
     is one launch, so an eager timing adds the host's launch cost (about 13 us on an H200, where
     the step's GPU time is 3-90 us) whatever the config, and ranks configs by host noise; the
     graph timing is the GPU time either way of launching has to pay."""
-    recs = []
-    try:
-        from ...db.lookup import load_records
-        recs = load_records(arch, "ssd_decode", db)
-    except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
-        import logging
-        logging.getLogger("autossd").warning("autossd: decode records unreadable (%s); using defaults", e)
-    from ...db.lookup import pick
-    m = pick(problem, recs, arch, launch_mode="graph", op="ssd_decode", device=device)
+    m = _select.select("ssd_decode", problem, arch, device, "graph", db, safe=True)
     return m.config, m.reason
 
 
@@ -272,6 +270,7 @@ CALLS_MAX = 4096
 _recent = _lc.RecentCalls(NAMES)
 
 
+@_select.on_clear
 def clear_cache() -> None:
     """Forget every call key's config and launch record (e.g. after a tuning-database write)."""
     with _calls_lock:
@@ -280,19 +279,15 @@ def clear_cache() -> None:
 
 
 def _prepare(t: dict, dt_softplus, pad_slot_id, config: DecodeConfig | None) -> _Call:
-    from ...render import interpreting, load
     prob = problem_of(t, dt_softplus, pad_slot_id)
     dev = t["state"].device
     if dev.type == "cpu" and not interpreting():
         raise RuntimeError("autossd: the inputs are on the CPU, but the decode kernel needs a CUDA or ROCm "
                            "GPU. Move the tensors to the GPU, or set TRITON_INTERPRET=1 before importing "
                            "triton to run Triton's (slow) CPU interpreter.")
-    from ...runtime import arch_of_device
-    from ...arch import get_arch
     arch = arch_of_device(dev)
     if config is None:
-        from ...db.lookup import device_name
-        config, why = choose(prob, arch, device=device_name(dev))
+        config, why = choose(prob, arch, device=_lookup.device_name(dev))
     else:
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config: expected a DecodeConfig, got {type(config).__name__}")
@@ -393,7 +388,6 @@ def kernel_for(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=
 def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
     """Fresh random inputs (never zeros) in the forms Mamba-2 passes them: dt, A, D and dt_bias
     expanded over headdim (and dstate) with stride 0."""
-    from ...problem import TORCH_DTYPES
     g = torch.Generator(device="cpu").manual_seed(seed)
     b, T, h, p, n, ng = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
                          problem.ngroups)
@@ -447,7 +441,6 @@ def meta_launches(problem: DecodeProblem, config: DecodeConfig, backend: str) ->
 
 
 def _meta_inputs(problem: DecodeProblem) -> dict:
-    from ...problem import TORCH_DTYPES
     b, T, h, p, n, g = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
                         problem.ngroups)
     lead = (b, T) if T > 1 else (b,)

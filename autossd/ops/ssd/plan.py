@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -18,8 +17,26 @@ from ... import problem as _problem
 from ...render import interpreting, launch_options
 from .fwd_knobs import Config
 
-if TYPE_CHECKING:   # workspace imports this module (the buffers' sizes follow the plan's chains)
-    from .workspace import Buffers
+
+@dataclass
+class Buffers:
+    """The forward's intermediates and outputs of one call (allocated by workspace.allocate)."""
+    y: torch.Tensor
+    dt: torch.Tensor        # (b, h, c, q) fp32, processed dt
+    dA: torch.Tensor        # (b, h, c, q) fp32, within-chunk cumsum of dt * A
+    cb: torch.Tensor | None      # (b, c, g, q, q), launches 5 and 3
+    states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
+    final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
+    # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
+    sync: torch.Tensor | None = None
+    w: torch.Tensor | None = None   # (b, h, c, q) fp32, the walk's per-token weights (walk_weights)
+    # walk_split > 1: the decay from its segment's start to each chunk (b, h, c) and over each
+    # segment (b, h, s), fp32; the segments' final states (b, h, s, p, n) fp32, and their entering
+    # states, in the states' dtype
+    gam: torch.Tensor | None = None
+    gseg: torch.Tensor | None = None
+    seg: torch.Tensor | None = None
+    sen: torch.Tensor | None = None
 
 
 @dataclass

@@ -17,14 +17,18 @@ at its last token, and optionally every chunk's end state.
 """
 from __future__ import annotations
 
-import logging
-import threading
-
 import torch
 
+from ...arch import get_arch
+from ...core import select as _select
+from ...core.device import arch_of_device
+from ...db import lookup as _lookup
 from ...problem import DTYPES, TORCH_DTYPES, as_flag, parse_dt_limit
+from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
+from .naive import varlen_ref
+from .plan import Launch
 from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, default_config, fit,  # noqa: F401
                            violations)
 
@@ -227,7 +231,6 @@ def _st(v, n):
 def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backend: str = "cuda",
          dt_limit=(0.0, float("inf"))) -> list:
     """The launches of a call on validated tensors `t` and buffers `buf` (`allocate`)."""
-    from .plan import Launch
     opts = OP.launch_options(config, backend)
     k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
                         problem.ngroups)
@@ -290,78 +293,45 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
 
 
 # --- config choice --------------------------------------------------------------------------
-_SIZE = ("tokens", "seqs", "chunks")
+def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None, launch_mode: str = "eager"):
+    """(config, why): the one selector's pick (`autossd.core.select`, by the lookup's rules)
+    among the packed-prefill records of the tuning databases: an exact record, else the nearest
+    in log2 tokens and (at half the weight) sequences with every other field equal (packed
+    batches change length every call, so an exact match on the token count would almost never
+    hit), else a record's config carried over (transfer), else the arch default. device: the
+    GPU's name, whose own measurements rank first. A database that cannot be read is passed
+    over with a warning."""
+    m = _select.select("ssd_varlen", problem, arch, device, launch_mode, db, safe=True)
+    return fit(m.config, problem), m.reason
 
 
-def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None):
-    """(config, why): a record of the tuning databases for the same dimensions, dtypes and flags
-    (user first, then shipped; measured before static; measured on `device`, a GPU's name, before
-    another card's, then one card's before the next's, as the shared lookup orders them), the one
-    nearest in log2 tokens and sequences, else the arch default. Packed batches change length every call, so an exact match
-    on the token count would almost never hit."""
-    import math
-    recs = []
-    try:
-        from ...db.lookup import load_records
-        recs = load_records(arch, "ssd_varlen", db)
-    except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
-        logging.getLogger("autossd").warning("autossd: varlen records unreadable (%s); using defaults", e)
-    same = {k: v for k, v in problem.key().items() if k not in _SIZE}
-    rank = {"measured": 0, "static": 1, "default": 2}
-
-    def dist(r):
-        return (abs(math.log2(r.problem.tokens / problem.tokens))
-                + 0.5 * abs(math.log2(r.problem.seqs / problem.seqs)))
-    hits = [r for r in recs if r.arch == arch and r.op == "ssd_varlen"
-            and {k: v for k, v in r.problem.key().items() if k not in _SIZE} == same
-            and not violations(fit(r.config, problem), arch, problem)]
-    if hits:
-        from ...db.lookup import device_order
-        order = device_order(recs, arch, "ssd_varlen", device)
-        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3),
-                                 order.get(r.device, len(order)) if r.provenance == "measured" else 0,
-                                 round(dist(r), 3),
-                                 r.launch_mode != "eager", r.time_ms if r.time_ms is not None else float("inf"),
-                                 r.config.key()))
-        r = hits[0]
-        on = f" on {r.device}" if r.provenance == "measured" and r.device else ""
-        return fit(r.config, problem), (f"{r.provenance} record ({r.origin or 'given'} db) at "
-                                        f"{r.problem.tokens} tokens / {r.problem.seqs} sequences{on}")
-    return default_config(arch, problem), f"default config for {arch}"
-
-
-# --- the entries ------------------------------------------------------------------------------
+# (problem, arch, device) -> (config, why, backend): a call's choice without the selector's key
+# (its database URL and GPU name cost more host time than the kernels of a short prefill)
 _choices: dict = {}
-_lock = threading.Lock()
 CHOICES_MAX = 4096
 
 
+@_select.on_clear
 def clear_cache() -> None:
-    with _lock:
-        _choices.clear()
+    _choices.clear()
 
 
 def _config_for(problem: VarlenProblem, device) -> tuple[VarlenConfig, str, str]:
-    from ...arch import get_arch
-    from ...db.lookup import device_name
-    from ...runtime import arch_of_device
     arch = arch_of_device(device)
     key = (problem, arch, device)
     hit = _choices.get(key)
     if hit is None:
-        config, why = choose(problem, arch, device=device_name(device))
+        config, why = choose(problem, arch, device=_lookup.device_name(device))
         hit = (config, why, get_arch(arch).backend)
-        with _lock:
-            if len(_choices) >= CHOICES_MAX:
-                _choices.clear()
-            _choices[key] = hit
+        if len(_choices) >= CHOICES_MAX:
+            _choices.clear()
+        _choices[key] = hit
     return hit
 
 
 def run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str, dt_limit=(0.0, float("inf")),
         poison: bool = False) -> dict:
     """Launch a call's kernels; returns the buffers (y is t["out"])."""
-    from ...render import load
     module = load(config, backend)
     buf = allocate(problem, config, t["x"].device, poison)
     dev = t["x"].device
@@ -418,7 +388,6 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     problem = problem_of(t, chunk_size, dt_softplus, TORCH_DTYPES[sdt] if sdt else None)
     dt_limit = parse_dt_limit(dt_limit)
     dev = x.device
-    from ...render import interpreting
     if dev.type == "cpu" and not interpreting():
         raise RuntimeError("autossd: the inputs are on the CPU, but the kernels need a CUDA or ROCm GPU. Move "
                            "the tensors to the GPU, or set TRITON_INTERPRET=1 before importing triton to run "
@@ -428,14 +397,12 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
         if t[k] is not None and t[k].stride(-1) != 1:
             t[k] = t[k].contiguous()
     if callers_table:   # values unchecked on the host: a clamped copy keeps the kernels in bounds
-        from .varlen_guard import guard_table
+        from .varlen_guard import guard_table   # its kernel is defined at import: only where used
         t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"] = guard_table(
             *(t[k].contiguous() for k in ("cu_chunk_seqlens", "last_chunk_indices", "seq_idx")),
             problem.tokens, problem.chunk_size)
     if t["out"] is None:
         t["out"] = torch.empty(x.shape, dtype=x.dtype, device=dev)
-    from ...arch import get_arch
-    from ...runtime import arch_of_device
     if config is None:
         config, _, backend = _config_for(problem, dev)
     else:
@@ -525,7 +492,6 @@ def problem_for(tokens: int, seqs: int, nheads: int, headdim: int, dstate: int, 
 
 def tune_reference(problem: VarlenProblem, t: dict):
     """float64 (y, final states)."""
-    from .naive import varlen_ref
     y, final, _ = varlen_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], t["cu_chunk_seqlens"],
                              t["last_chunk_indices"], t["seq_idx"], D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
                              initial_states=t["initial_states"], dt_softplus=problem.dt_softplus)

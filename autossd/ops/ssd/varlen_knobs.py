@@ -12,6 +12,7 @@ model's chunk_size, and prefix caching stores a state per chunk of that length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ...arch import Arch, get_arch
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
@@ -71,6 +72,11 @@ class VarlenProblem(ProblemFields):
     """One packed prefill's shape, dtypes and flags: what the records key on. `tokens` is the
     packed length (every sequence's tokens), `seqs` the number of sequences, `chunks` the rows of
     the chunk table (at least tokens / chunk_size, at most that plus one per sequence)."""
+    # the lookup's size distance (autossd.db.lookup): packed batches change length every call, so
+    # a record serves nearby token counts (and, at half the weight, sequence counts); the chunk
+    # count follows from those, and every other field must match
+    DISTANCE_WEIGHTS: ClassVar[dict[str, float]] = {"tokens": 1.0, "seqs": 0.5, "chunks": 0.0}
+
     tokens: int
     seqs: int
     chunks: int
