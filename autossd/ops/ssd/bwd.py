@@ -3,8 +3,11 @@ reference, cost model, defaults and constraints. The kernels are templates/ssd_b
 (allocation, launches, the fixed-order sums of partials) is ops/ssd/backward.py."""
 from __future__ import annotations
 
+from ...core.cost import StageCost
+from ...core.cost import cdiv as _cdiv
 from ...problem import DTYPE_BYTES, Problem
 from ..registry import Op, Stage, register
+from . import backward, bwd_knobs
 from .bwd_knobs import SPACE, STATE_DTYPES, BwdConfig
 
 # Every launch, in the order of a module's LAUNCH table. The gate runs only with z; cumsum,
@@ -45,7 +48,6 @@ def render_context(cfg: BwdConfig, backend: str) -> dict:
 def stage_costs(problem: Problem, config: BwdConfig) -> list:
     """Bytes and FLOPs of each stage, for the static model: each stage's main operands read once
     (re-reads of shared B / C tiles ignored), its matmuls' causal FLOPs."""
-    from ...tuner.model import StageCost, _cdiv
     b, l, h, p, n, g = (problem.batch, problem.seqlen, problem.nheads, problem.headdim,
                         problem.dstate, problem.ngroups)
     q = config.chunk_size
@@ -175,18 +177,18 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_bwd",
     problem_type=Problem,
-    includes="autossd.ops.ssd.bwd:includes",
-    render_context="autossd.ops.ssd.bwd:render_context",
-    plan="autossd.ops.ssd.backward:plan",
-    meta_launches="autossd.ops.ssd.bwd:meta_launches",
-    tune_inputs="autossd.ops.ssd.bwd:tune_inputs",
-    tune_reference="autossd.ops.ssd.bwd:tune_reference",
-    tune_run="autossd.ops.ssd.bwd:tune_run",
-    reference="autossd.ops.ssd.backward:reference",
-    cost_model="autossd.ops.ssd.bwd:stage_costs",
-    default_config="autossd.ops.ssd.bwd_knobs:default_config",
-    excluded="autossd.ops.ssd.bwd_knobs:excluded",
-    caps="autossd.ops.ssd.bwd_knobs:caps",
-    violations="autossd.ops.ssd.bwd_knobs:violations",
+    includes=includes,
+    render_context=render_context,
+    plan=backward.plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=backward.reference,
+    cost_model=stage_costs,
+    default_config=bwd_knobs.default_config,
+    excluded=bwd_knobs.excluded,
+    caps=bwd_knobs.caps,
+    violations=bwd_knobs.violations,
     doc="Mamba-2 SSD backward: gradients of x, dt, A, B, C, D, z, dt_bias, initial_states",
 ))

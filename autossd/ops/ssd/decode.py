@@ -26,6 +26,7 @@ import torch
 
 from ...arch import get_arch
 from ...core import select as _select
+from ...core.cost import StageCost
 from ...core.device import arch_of_device
 from ...db import lookup as _lookup
 from ...problem import DTYPES, TORCH_DTYPES, as_flag
@@ -33,6 +34,7 @@ from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
+from .naive import state_update_ref
 from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_config,  # noqa: F401
                            pow2_at_least, violations)
 
@@ -411,7 +413,6 @@ def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
 
 def tune_reference(problem: DecodeProblem, t: dict):
     """float64 (out, new state)."""
-    from .naive import state_update_ref
     return state_update_ref(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
                             problem.dt_softplus)
 
@@ -474,7 +475,6 @@ def stage_costs(problem: DecodeProblem, config: DecodeConfig) -> list:
     - tiled: one (BLOCK_P, BLOCK_N) slice at a time; the slices of a head are a loop of loads.
     - persistent: each program keeps `stages` tiles loading (its software-pipelined walk), and the
       launch holds programs to about IN_FLIGHT_PER_SM bytes per SM (`programs`)."""
-    from ...tuner.model import StageCost
     heads = 1 if config.layout == "persistent" else config.heads   # the walk: one head a tile
     grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // heads)
     width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
@@ -499,19 +499,19 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_decode",
     problem_type=DecodeProblem,
-    includes="autossd.ops.ssd.decode:includes",
-    render_context="autossd.ops.ssd.decode:render_context",
-    plan="autossd.ops.ssd.decode:plan",
-    meta_launches="autossd.ops.ssd.decode:meta_launches",
-    tune_inputs="autossd.ops.ssd.decode:tune_inputs",
-    tune_reference="autossd.ops.ssd.decode:tune_reference",
-    tune_run="autossd.ops.ssd.decode:tune_run",
-    tune_time="autossd.ops.ssd.decode:tune_time",
-    reference="autossd.ops.ssd.naive:state_update_ref",
-    cost_model="autossd.ops.ssd.decode:stage_costs",
-    default_config="autossd.ops.ssd.decode_knobs:default_config",
-    violations="autossd.ops.ssd.decode_knobs:violations",
-    caps="autossd.ops.ssd.decode_knobs:caps",
+    includes=includes,
+    render_context=render_context,
+    plan=plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    tune_time=tune_time,
+    reference=state_update_ref,
+    cost_model=stage_costs,
+    default_config=default_config,
+    violations=violations,
+    caps=caps,
     static_caveat="against the H200 sweeps of the decode step (sm90, whole-dstate tiles, batch 1 to 64) the "
                   "model ranked configs at Spearman 0.68 to 0.87, but its top-1 ran up to 1.04x the best at "
                   "batch 64 where the default was within 0.1%: a searched static record may be slower than "

@@ -3,8 +3,11 @@ reference, cost model, defaults and constraints. Everything else takes them from
 `autossd.ops.registry.get_op("ssd_fwd")`."""
 from __future__ import annotations
 
+from ... import knobs, testing
 from ...problem import Problem
 from ..registry import Op, Stage, register
+from . import fwd_cost, fwd_knobs, fwd_seeds, naive
+from . import plan as plan_mod
 from .fwd_knobs import SPACE, STATE_DTYPES, Config
 
 # Every launch, in the order of a module's LAUNCH table, and the launches of each fusion depth in
@@ -169,22 +172,22 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_fwd",
     problem_type=Problem,
-    includes="autossd.ops.ssd.fwd:includes",
-    render_context="autossd.ops.ssd.fwd:render_context",
-    plan="autossd.ops.ssd.plan:plan",
-    meta_launches="autossd.ops.ssd.fwd:meta_launches",
-    tune_inputs="autossd.testing:make_inputs",
-    tune_reference="autossd.ops.ssd.fwd:tune_reference",
-    tune_run="autossd.ops.ssd.fwd:tune_run",
-    reference="autossd.ops.ssd.naive:ssd_chunked",
-    cost_model="autossd.ops.ssd.fwd_cost:stage_costs",
-    default_config="autossd.ops.ssd.fwd_knobs:default_config",
-    violations="autossd.ops.ssd.fwd_knobs:violations",
+    includes=includes,
+    render_context=render_context,
+    plan=plan_mod.plan,
+    meta_launches=meta_launches,
+    tune_inputs=testing.make_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=naive.ssd_chunked,
+    cost_model=fwd_cost.stage_costs,
+    default_config=fwd_knobs.default_config,
+    violations=fwd_knobs.violations,
     amd_options=("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
-    caps="autossd.ops.ssd.fwd_seeds:search_caps",
-    excluded="autossd.knobs:state_dtype_excluded",
-    seeds="autossd.ops.ssd.fwd_seeds:seed_configs",
-    unvalidated="autossd.ops.ssd.fwd_seeds:unvalidated",
+    caps=fwd_seeds.search_caps,
+    excluded=knobs.state_dtype_excluded,
+    seeds=fwd_seeds.seed_configs,
+    unvalidated=fwd_seeds.unvalidated,
     soft_flags=SOFT_FLAGS,
     doc="Mamba-2 SSD forward: y (and final / varlen states) from x, dt, A, B, C, D, z",
 ))

@@ -21,6 +21,7 @@ import torch
 
 from ...arch import get_arch
 from ...core import select as _select
+from ...core.cost import StageCost
 from ...core.device import arch_of_device
 from ...db import lookup as _lookup
 from ...problem import DTYPES, TORCH_DTYPES, as_flag, parse_dt_limit
@@ -530,7 +531,6 @@ def meta_launches(problem: VarlenProblem, config: VarlenConfig, backend: str) ->
 def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
     """Each launch's bytes, FLOPs, grid and tile for the static model (`autossd.tuner.model`): the
     forward's stages at the chunk table's size (every chunk taken as full)."""
-    from ...tuner.model import StageCost
     k, q, T, h, p, n, g = (problem.chunks, problem.chunk_size, problem.tokens, problem.nheads, problem.headdim,
                            problem.dstate, problem.ngroups)
     e = 4 if problem.dtype == "fp32" else 2
@@ -567,19 +567,19 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_varlen",
     problem_type=VarlenProblem,
-    includes="autossd.ops.ssd.varlen:includes",
-    render_context="autossd.ops.ssd.varlen:render_context",
-    plan="autossd.ops.ssd.varlen:plan",
-    meta_launches="autossd.ops.ssd.varlen:meta_launches",
-    tune_inputs="autossd.ops.ssd.varlen:tune_inputs",
-    tune_reference="autossd.ops.ssd.varlen:tune_reference",
-    tune_run="autossd.ops.ssd.varlen:tune_run",
-    reference="autossd.ops.ssd.naive:varlen_ref",
-    cost_model="autossd.ops.ssd.varlen:stage_costs",
-    default_config="autossd.ops.ssd.varlen_knobs:default_config",
-    violations="autossd.ops.ssd.varlen_knobs:violations",
+    includes=includes,
+    render_context=render_context,
+    plan=plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=varlen_ref,
+    cost_model=stage_costs,
+    default_config=default_config,
+    violations=violations,
     amd_options=(),
-    caps="autossd.ops.ssd.varlen_knobs:caps",
+    caps=caps,
     static_caveat="against an H200 sweep of packed prefill (sm90, 66 configs) the model's top-1 ran 1.15x "
                   "the best and the arch default 1.05x: a static record may be slower than the default it "
                   "replaces",
