@@ -18,7 +18,6 @@ what mamba_ssm returns.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import threading

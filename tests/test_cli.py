@@ -43,7 +43,7 @@ def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
     assert "(pred.)" in invoke("show", "--db", db).output
 
     from autossd.runtime import get_kernel
-    kernel = get_kernel(parse_shape(SHAPE), arch="gfx942", db=str(db))
+    kernel = get_kernel(parse_shape(SHAPE, op="ssd_fwd"), arch="gfx942", db=str(db))
     assert kernel.provenance == "static"
     assert kernel.config.as_dict() == recs[0]["config"]
 
@@ -185,11 +185,11 @@ def test_preset_grid_tunes_the_whole_grid_in_order_with_progress(env, monkeypatc
     seen = []
     monkeypatch.setattr(autossd.tuner, "tune", lambda arch, probs, *a, **kw: seen.extend(probs) or [])
     r = invoke("tune", "--arch", "gfx942", "--preset", "grid", "--db", env / "g.sqlite")
-    assert seen == grid() and {p.dtype for p in seen} == {"fp16", "bf16"}
+    assert seen == grid(op="ssd_fwd") and {p.dtype for p in seen} == {"fp16", "bf16"}
     assert f"[1/{len(seen)}] " in r.output and f"[{len(seen)}/{len(seen)}] " in r.output
     seen.clear()
     invoke("tune", "--arch", "gfx942", "--preset", "grid", "--dtype", "bf16", "--db", env / "g.sqlite")
-    assert seen == grid(("bf16",))
+    assert seen == grid(("bf16",), op="ssd_fwd")
     seen.clear()
     r = invoke("tune", "--arch", "gfx942", "--preset", "grid", "--op", "ssd_decode", "--db", env / "g.sqlite")
     assert seen == grid(op="ssd_decode")   # the decode step's grid: both cache types unless named
@@ -237,7 +237,7 @@ def test_jsonl_store_show_export_merge_and_plot(env):
     from autossd.problem import Problem
     from autossd.ops.ssd.fwd_knobs import default_config
     from autossd.tuner.sinks import JsonlSink, make_result
-    p = parse_shape(SHAPE)
+    p = parse_shape(SHAPE, op="ssd_fwd")
     a, b = env / "a.jsonl", env / "b.jsonl"
     cfg = default_config("sm90", p)
     JsonlSink(a).save(make_result("sm90", "H100 model", p, cfg, 0.5, "static"))
@@ -475,7 +475,7 @@ def test_export_refuses_an_unknown_extension_and_names_the_formats(env):
 
 def test_merge_prints_a_summary_in_words(env):
     from autossd.db import add_records, make_record
-    p = parse_shape(SHAPE, "fp16")
+    p = parse_shape(SHAPE, "fp16", op="ssd_fwd")
     from autossd.ops.ssd.fwd_knobs import default_config
     a, b = env / "a.sqlite", env / "b.sqlite"
     add_records(str(a), [make_record(p, default_config("sm90", p), "sm90", provenance="static", predicted_ms=0.2)])

@@ -21,6 +21,8 @@ Match tiers, in order
        at a distance
            d = sum |log2(a/b)| over (batch, seqlen, nheads, ngroups)
                + FLAG_PENALTY (0.5) per differing soft flag
+       (a problem type may name its own size dimensions and weights instead, `DISTANCE_WEIGHTS`:
+       packed prefill's tokens, and at half the weight its sequences)
        of at most `max_distance` (default MAX_DISTANCE = 2.0: e.g. 4x the sequence length, or 2x
        batch and 2x seqlen, or 2x seqlen and two soft flags). headdim and dstate must match
        (distance infinite): tile sizes are chosen for them and do not transfer. Soft flags are
@@ -99,7 +101,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..knobs import BaseConfig
-from ..ops.registry import get_op
+from ..ops.registry import get_op, op_of
 from ..problem import Problem
 from .engine import ReadOnlyWALError, TuningDBError, sqlite_path, to_url, upgrade_if_older, writable
 from .records import PROVENANCE_RANK, Record, _freshness, on_write, read_records, record_time  # noqa: F401
@@ -208,7 +210,7 @@ def loaded(arch: str, op: str, url: str) -> list[Record] | None:
     return _records.get((arch, op, url))
 
 
-def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None) -> list[Record]:
+def load_records(arch: str, op: str, db: str | os.PathLike | None = None) -> list[Record]:
     """Validated records for (arch, op): the user database's first, then the shipped one's.
     Cached per process; an unreadable database is skipped with a warning."""
     url = user_db_url(db)
@@ -301,14 +303,14 @@ def _transfer_distance(a, b) -> float:
     return d
 
 
-def transfer(config: BaseConfig, arch: str, problem, op: str = "ssd_fwd", source=None) -> BaseConfig | None:
+def transfer(config: BaseConfig, arch: str, problem, op: str | None = None, source=None) -> BaseConfig | None:
     """`config` carried over to `problem`: its requested chunk size, states kept in the record's
     own 16-bit input type (`source`: the record's problem) kept in the query's (a bf16 call
     never gets fp16 states, whose range is narrower, nor an fp16 call bf16 ones, whose precision
     is), tiles shrunk to the problem's caps (Op.caps), then, while the op's `violations` name
     reasons, the knob they name (else any knob) set back to the arch default's value where that
     leaves fewer reasons. None when no such step is left (the default itself then serves)."""
-    o = get_op(op)
+    o = get_op(op or config.op)
     violations = o.fn("violations")
     default = o.fn("default_config")(arch, problem)
     c = config
@@ -342,13 +344,13 @@ def soft_flags(op: str) -> frozenset:
     return frozenset(get_op(op).soft_flags)
 
 
-def distance(a: Problem, b: Problem, op: str = "ssd_fwd") -> float:
+def distance(a: Problem, b: Problem, op: str | None = None) -> float:
     """The nearest tier's distance for `op`'s records: sum |log2(a/b)| over DISTANCE_DIMS plus
     FLAG_PENALTY per differing soft flag of the op; infinite when any other field differs. `a`
     is the query, `b` the record: a record tuned with the chunk size free (chunk_size None)
     answers any requested chunk size, since every chunk size computes the same function. 0 only
     where every field is equal (the exact tier)."""
-    return _compare(a, b, soft_flags(op))[0]
+    return _compare(a, b, soft_flags(op_of(a, op)))[0]
 
 
 RANK_DISTANCE = 5   # where _rank's tuple holds the distance
@@ -425,17 +427,19 @@ def device_order(records: list[Record], arch: str, op: str, device: str | None) 
 
 
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
-         launch_mode: str = "eager", op: str = "ssd_fwd", transfer: bool = True,
+         launch_mode: str = "eager", op: str | None = None, transfer: bool = True,
          device: str | None = None) -> Match:
     """Choose the config for `problem` from `records` (see the module docstring for the rules).
     launch_mode: "eager" or "graph", how the caller launches (the records timed that way first).
-    op: the op asked for (its records only; its default config where none applies).
+    op: the op asked for (its records only; its default config where none applies); default:
+    the one the problem's type names (`ProblemFields.default_op`).
     transfer: False leaves out the transfer tier (exact, nearest, else the default).
     device: the GPU's name (torch.cuda.get_device_name): its measured records rank before those
     of another device of the arch, within each tier (`device_order`: then one other card's
     before the next's, the card with the most records first)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
+    op = op_of(problem, op)
     devices = device_order(records, arch, op, device)
     triton_v, th = _freshness()
     soft = soft_flags(op)
@@ -530,6 +534,7 @@ def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op
     return None
 
 
-def choose(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
+def choose(problem: Problem, arch: str, op: str | None = None, db: str | os.PathLike | None = None,
            max_distance: float = MAX_DISTANCE, launch_mode: str = "eager") -> Match:
+    op = op_of(problem, op)
     return pick(problem, load_records(arch, op, db), arch, max_distance, launch_mode, op)

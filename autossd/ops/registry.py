@@ -123,6 +123,8 @@ class Op:
 
 
 _OPS: dict[str, Op] = {}
+# records and trial logs written before ops were named are the forward's (autossd.tuner.sinks)
+LEGACY_OP = "ssd_fwd"
 # which module declares each shipped op (imported by get_op on first use)
 _BUILTIN = {"ssd_fwd": "autossd.ops.ssd.fwd", "ssd_bwd": "autossd.ops.ssd.bwd", "ssd_varlen": "autossd.ops.ssd.varlen",
             "ssd_decode": "autossd.ops.ssd.decode"}
@@ -152,6 +154,16 @@ def get_op(name: str) -> Op:
     if op is None:
         raise ValueError(f"op: unknown op {name!r}; known: {sorted(set(_OPS) | set(_BUILTIN))}")
     return op
+
+
+def op_of(problem, op: str | None = None) -> str:
+    """`op`, else the op a problem of its type keys records for (`ProblemFields.default_op`)."""
+    if op is not None:
+        return op
+    named = getattr(type(problem), "default_op", None)
+    if named is None:
+        raise ValueError(f"op: a {type(problem).__name__} names no op of its own; pass op")
+    return named
 
 
 def op_names() -> tuple[str, ...]:

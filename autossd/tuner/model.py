@@ -2,7 +2,7 @@
 present, from the problem, the launch plan and the cross-compile report. It ranks candidates;
 its absolute numbers are estimates (the CLI labels them as predictions).
 
-Per stage s (the five launches of `ops.ssd.chunk.plan`, grids taken from the plan itself):
+Per stage s (each launch of the op's plan, as its cost model describes it, `Op.cost_model`):
 
     bytes_s = unique_s + reread_s
         unique_s: DRAM traffic if every tensor the stage touches were read/written once —

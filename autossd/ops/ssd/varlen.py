@@ -30,8 +30,8 @@ from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
 from .naive import varlen_ref
 from .plan import Launch
-from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, default_config, fit,  # noqa: F401
-                           violations)
+from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, chunks_for, default_config, fit,  # noqa: F401
+                           lengths_for, problem_for, violations)
 
 STAGES = (
     Stage("cumsum"),
@@ -438,22 +438,6 @@ def mamba_chunk_scan_combined_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, cu_
 
 
 # --- the tuner's and the compile report's hooks -------------------------------------------------
-def lengths_for(problem: VarlenProblem, seed: int = 0) -> list[int]:
-    """Sequence lengths summing to problem.tokens over problem.seqs sequences, drawn at random
-    (seeded): a serving batch's mix, every sequence at least one token."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.rand(problem.seqs, generator=g) + 0.05
-    extra = problem.tokens - problem.seqs
-    lens = (w / w.sum() * extra).floor().long() + 1
-    lens[0] += problem.tokens - int(lens.sum())
-    return [int(v) for v in lens]
-
-
-def chunks_for(tokens_per_seq: list[int], chunk_size: int) -> int:
-    """Rows of the chunk table `varlen_chunks` cuts these lengths into."""
-    return sum(-(-n // chunk_size) for n in tokens_per_seq)
-
-
 def tune_inputs(problem: VarlenProblem, device="cpu", seed: int = 0) -> dict:
     """Fresh random inputs (never zeros) for a packed batch of problem.seqs sequences, with the
     chunk table `varlen_chunks` cuts (its length must be problem.chunks: the lengths are drawn
@@ -479,16 +463,6 @@ def tune_inputs(problem: VarlenProblem, device="cpu", seed: int = 0) -> dict:
                 initial_states=rnd(s, h, p, n, dtype=torch.float32, scale=0.5) if problem.has_init else None,
                 cu_seqlens=cu.to(device), cu_chunk_seqlens=cuc.to(device), last_chunk_indices=last.to(device),
                 seq_idx=seq.to(device), out=None)
-
-
-def problem_for(tokens: int, seqs: int, nheads: int, headdim: int, dstate: int, ngroups: int = 1,
-                chunk_size: int = 256, dtype: str = "bf16", seed: int = 0, **flags) -> VarlenProblem:
-    """The problem of a packed batch of `seqs` sequences and `tokens` tokens as `tune_inputs`
-    draws it (its chunk count follows from the drawn lengths)."""
-    base = VarlenProblem(tokens=tokens, seqs=seqs, chunks=max(1, -(-tokens // chunk_size)), nheads=nheads,
-                         headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size, dtype=dtype,
-                         **flags)
-    return base.replace(chunks=chunks_for(lengths_for(base, seed), chunk_size))
 
 
 def tune_reference(problem: VarlenProblem, t: dict):
