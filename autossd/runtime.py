@@ -1,7 +1,8 @@
 """Run time: `get_kernel` (lookup + a cached Kernel) and the drop-in `mamba_chunk_scan_combined`.
 
-No timing happens at run time: the config comes from the tuning databases by the rules of
-`autossd.db.lookup` (exact / nearest within a bound / per-arch default), so the same inputs pick
+No timing happens at run time: the config comes from the tuning databases through the one
+selector (`autossd.core.select`, by the rules of `autossd.db.lookup`: exact / nearest within a
+bound / transfer / per-arch default), so the same inputs pick
 the same config in every process that sees the same databases. Two picks may exist per problem: one
 timed by eager calls and one by CUDA-graph replay (at a small shape the first favours fewer
 launches, since the host's launch cost counts there). The drop-in asks for the graph pick while
@@ -13,7 +14,8 @@ The drop-in is a `torch.library.custom_op` ("autossd::ssd_fwd") with a fake (met
 torch.compile treats it as one opaque node (no graph break) and CUDA graphs capture its
 launches. Its outputs are always (y, final_states, varlen_states), the parts not asked for being
 empty tensors, because an op's schema has a fixed number of outputs; the Python wrapper returns
-what mamba_ssm returns.
+what mamba_ssm returns. Its autograd (and the eager calls' differentiable runner) is registered
+by autossd/grad.py, the layer above this module and the backward.
 """
 from __future__ import annotations
 
@@ -466,7 +468,7 @@ ssd_fwd = torch.library.custom_op("autossd::ssd_fwd", mutates_args=())(_ssd_fwd_
 
 def _grad_call(chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype,
                cu_seqlens, drop_in: bool = False) -> dict:
-    """What the backward needs of a call beyond its tensors (grad.forward_only's `call`).
+    """What the backward needs of a call beyond its tensors (`forward_only`'s `call`).
     drop_in: the call is the drop-in's, whose forward is the lookup's pick, so the forward may
     run the ungated problem instead and gate apart (a Kernel's call runs its own config)."""
     return dict(chunk_size=chunk_size, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),

@@ -32,6 +32,7 @@ import triton
 from ...core import select as _select
 from ...render import launch_options, load
 from .bwd_knobs import STATE_DTYPES, BwdConfig
+from .naive import ssd_chunked, ssd_recurrent
 from .plan import Launch
 
 _TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
@@ -362,7 +363,6 @@ def reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
             and reference_bytes(b, l, h, p, B.shape[-1], chunk_size) > max_bytes):
         return _reference_by_heads(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                    dt_softplus, dt_limit, dout, dfinal, max_bytes)
-    from .naive import ssd_chunked, ssd_recurrent
     f64 = torch.float64
     given = {k: v for k, v in dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                    initial_states=initial_states).items() if v is not None}

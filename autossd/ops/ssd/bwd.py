@@ -3,11 +3,16 @@ reference, cost model, defaults and constraints. The kernels are templates/ssd_b
 (allocation, launches, the fixed-order sums of partials) is ops/ssd/backward.py."""
 from __future__ import annotations
 
+import torch
+
+from ...compile import meta_inputs
 from ...core.cost import StageCost
 from ...core.cost import cdiv as _cdiv
 from ...problem import DTYPE_BYTES, Problem
+from ...testing import call_kwargs, make_inputs
 from ..registry import Op, Stage, register
 from . import backward, bwd_knobs
+from .naive import ssd_chunked
 from .bwd_knobs import SPACE, STATE_DTYPES, BwdConfig
 
 # Every launch, in the order of a module's LAUNCH table. The gate runs only with z; cumsum,
@@ -103,10 +108,6 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
 def tune_inputs(problem: Problem, device="cpu", seed: int = 0) -> dict:
     """The forward's inputs (testing.make_inputs), the incoming gradients dout (like y) and
     dfinal (where final states are returned), and the ungated output y' where z is given."""
-    import torch
-
-    from ...testing import call_kwargs, make_inputs
-    from .naive import ssd_chunked
     t = make_inputs(problem, device, seed)
     g = torch.Generator(device="cpu").manual_seed(seed + 7919)
     t["dout"] = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).to(device)
@@ -129,10 +130,8 @@ def tune_reference(problem: Problem, t: dict):
     """The float64 reference's gradients, by name, of every input the call differentiates: the
     tuner's gate checks each (a stage's rounding may show in one only: dA and dt_bias sum every
     token's)."""
-    from ...testing import call_kwargs
-    from .backward import reference
     kw = call_kwargs(problem, t)
-    ref = reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+    ref = backward.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
                     initial_states=t["initial_states"], seq_idx=t["seq_idx"], dt_softplus=problem.dt_softplus,
                     dt_limit=kw.get("dt_limit", (0.0, float("inf"))), dout=t["dout"], dfinal=t["dfinal"],
                     max_bytes=REF_BYTES)
@@ -145,27 +144,22 @@ def tune_run(problem: Problem, config: BwdConfig, t: dict, backend: str = "cuda"
     """The generated backward of `config` on `t`: every gradient tune_reference holds, by name
     (what a training step asks for; the timed call too). poison: the buffers the kernels write
     whole start NaN-filled (the gate's run)."""
-    from ...testing import call_kwargs
-    from .backward import GRAD_NAMES, execute
     kw = call_kwargs(problem, t)
-    return execute(problem, config, t, t["dout"], t["dfinal"], need={k for k in GRAD_NAMES if t.get(k) is not None},
-                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, poison=poison)
+    return backward.execute(problem, config, t, t["dout"], t["dfinal"],
+                            need={k for k in backward.GRAD_NAMES if t.get(k) is not None},
+                            dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, poison=poison)
 
 
 def meta_launches(problem: Problem, config: BwdConfig, backend: str) -> list:
     """The plan's launches at `problem`'s shapes on meta tensors (the cross-compile report)."""
-    import torch
-
-    from ...compile import meta_inputs
-    from .backward import GRAD_NAMES, allocate, plan
     t = meta_inputs(problem)
     dout = torch.empty_like(t["x"])
     dfinal = (torch.empty(problem.batch, problem.nheads, problem.headdim, problem.dstate, device="meta")
               if problem.return_final_states else None)
     if t["z"] is not None:
         t["y_pre"] = torch.empty_like(t["x"])
-    buf = allocate(problem, config, t, dout, dfinal, set(GRAD_NAMES), None)
-    return plan(problem, config, t, buf, backend,
+    buf = backward.allocate(problem, config, t, dout, dfinal, set(backward.GRAD_NAMES), None)
+    return backward.plan(problem, config, t, buf, backend,
                 (0.001, 0.1) if problem.has_dt_limit else (0.0, float("inf")), dout, dfinal, False)
 
 

@@ -22,7 +22,7 @@ from ..common.launch_cache import TMA_DESCRIPTORS as _TMA_DESCRIPTORS  # noqa: F
 from ..common.launch_cache import remember
 from ..common.launch_cache import replay as _replay
 from . import workspace as _ws
-from .fwd_knobs import Config
+from .fwd_knobs import Config, default_config
 from .plan import (Launch, _gluon_scan, _gluon_walk, _walk_join, chains,  # noqa: F401
                    gluon_scan_gaps, plan, walk_gaps, walk_programs, walk_segments)
 from .workspace import (_TORCH_STATE, SYNC_SCRATCH, WORKSPACE_BYTES, WORKSPACE_MAX_ONE,  # noqa: F401
@@ -103,7 +103,6 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
                 config: Config | None = None, backend: str = "cuda", poison: bool = False):
     """Validate, pick the config (the given one, else the arch default), and run the five
     stages. Returns y, or a tuple with final_states / varlen_states as mamba_ssm does."""
-    from .fwd_knobs import default_config
     prob = _problem.from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                               cu_seqlens, dt_softplus, dt_limit, return_final_states,
                               return_varlen_states, state_dtype)

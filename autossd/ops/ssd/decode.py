@@ -35,6 +35,7 @@ from ..common.checks import check_no_overlap
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
 from .naive import state_update_ref
+from .plan import Launch
 from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_config,  # noqa: F401
                            pow2_at_least, violations)
 
@@ -77,7 +78,6 @@ def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, ba
          dt_softplus: bool | None = None, pad_slot_id: int = PAD_SLOT_ID) -> list:
     """The one launch of a call on validated tensors `t` (names of NAMES; x, dt, B, C, z and out
     as the caller passed them)."""
-    from .plan import Launch
     st, x, dt, B, C = t["state"], t["x"], t["dt"], t["B"], t["C"]
     multi = problem.tokens > 1 or x.dim() == 4
     dt_head_only = dt.dim() == (3 if multi else 2)

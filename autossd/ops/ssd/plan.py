@@ -15,7 +15,7 @@ import triton
 
 from ... import problem as _problem
 from ...render import interpreting, launch_options
-from .fwd_knobs import Config
+from .fwd_knobs import Config, gluon_scan_violations, walk_violations
 
 
 @dataclass
@@ -250,7 +250,6 @@ def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffer
     """Why this call cannot run a Gluon chunk scan (scan_gluon = 1, 2 or 3); empty when it can. The
     config's and problem's limits (space.gluon_scan_violations), then the call's: an sm90 GPU,
     and x, C, CB and the states laid out as the TMA descriptors' 2-D views need them."""
-    from .fwd_knobs import gluon_scan_violations
     x, C = t["x"], t["C"]
     b, l, h, p, n, g, q = (prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups,
                            config.chunk_size)
@@ -269,7 +268,6 @@ def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
     """Why this call cannot run the Gluon walk (state_walk = 1); empty when it can: the config's
     and problem's limits (space.walk_violations), an sm90 GPU, x and B as TMA-addressable 2-D
     views, contiguous states, and the final states as the walk writes them."""
-    from .fwd_knobs import walk_violations
     x, B = t["x"], t["B"]
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     why = walk_violations(config, prob) + _sm90_gaps("the Gluon walk", x, backend)
