@@ -33,6 +33,9 @@ class Knob:
     # capabilities an arch must have for the knob to be offered there (Arch.capabilities):
     # elsewhere it is pinned to its default. "cuda"/"hip" name a backend's compiler options.
     needs: tuple = ()
+    # (old name, name now) of values renamed: a stored record or a caller naming a value by its
+    # old name reads as the new one (a config is stored by its values' names)
+    aliases: tuple[tuple[Any, Any], ...] = ()
 
     def _here(self, arch: Arch) -> bool:
         return arch.has(*self.needs)
@@ -138,6 +141,8 @@ class BaseConfig(Mapping):
         out = {}
         for knob in space.knobs:
             v = given.get(knob.name, knob.default)
+            if knob.aliases:
+                v = next((new for old, new in knob.aliases if type(old) is type(v) and old == v), v)
             # exact type match: True is not 1, "64" is not 64, 64.0 is not 64
             if type(v) is not type(knob.default) or v not in knob.values:
                 raise ConfigError(f"config: {knob.name}={v!r} is not allowed; expected one of {list(knob.values)}")

@@ -289,3 +289,19 @@ def test_the_ops_share_each_stage_knob_as_declared_once():
 def test_a_value_no_arch_capability_offers_is_named_by_the_one_check():
     bad = Config(scan_maxnreg=128)   # a register cap: a CUDA compiler option
     assert violations(bad, "gfx942")[0] == "scan_maxnreg=128 is not offered on gfx942"
+
+
+def test_a_value_renamed_reads_by_its_old_name_too():
+    """A knob's value renamed keeps its old name as an alias: a record stored with the old name
+    (config JSON validated on read) reads as the new value, and stores the new name."""
+    from autossd.knobs import BaseConfig, Knob, KnobSpace
+    space = KnobSpace("renamed", (Knob("mode", ("stage", "inline"), "stage", "where", aliases=(("staged", "stage"),)),
+                                  Knob("tile", (16, 32), 16, "a tile", depths=("stage",))), mode_knob="mode")
+
+    class Cfg(BaseConfig):
+        __slots__ = ()
+    Cfg.space = space
+    old = Cfg.from_json('{"mode": "staged", "tile": 32}')
+    assert old == Cfg(mode="stage", tile=32) and old.key() == '{"mode": "stage", "tile": 32}'
+    with pytest.raises(ConfigError, match="mode"):
+        Cfg(mode="stages")
