@@ -3,6 +3,7 @@ from .arch import ARCHS, Arch, get_arch, local_arch
 from .ops.ssd.chunk import ssd_forward
 from .problem import Problem, from_args
 from .runtime import Kernel, clear_cache, get_kernel, mamba_chunk_scan_combined
+from . import grad  # noqa: F401,E402 - registers the forward's backward (eager calls and the custom op)
 from .ops.ssd.decode import selective_state_update
 from .ops.ssd.varlen import mamba_chunk_scan_combined_varlen, ssd_varlen, varlen_chunks
 from .ops.ssd.split_conv1d import mamba_split_conv1d_scan_combined

@@ -13,6 +13,10 @@ import click
 
 from . import __version__
 from .arch import ARCHS, local_arch
+from .tuner.shapes import preset_help, shapes_help, stated_ops
+
+# the op a command acts on where --op is not given: the SSD forward (bench and compile run only it)
+DEFAULT_OP = "ssd_fwd"
 
 
 # --- option parsing ---------------------------------------------------------------------------
@@ -41,7 +45,7 @@ def _knob_settings(ctx, param, values) -> dict:
     knobs."""
     from .knobs import ConfigError
     from .ops.registry import get_op
-    op = get_op((ctx.params.get("op") if ctx is not None else None) or "ssd_fwd")   # --op is eager: parsed first
+    op = get_op((ctx.params.get("op") if ctx is not None else None) or DEFAULT_OP)   # --op is eager: parsed first
     KNOB_BY_NAME, Config = op.space.by_name, op.config_type
     out = {}
     for item in values:
@@ -88,7 +92,7 @@ def _known_op(ctx, param, values) -> tuple[str, ...]:
     return values
 
 
-def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str, op: str = "ssd_fwd",
+def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str, op: str = DEFAULT_OP,
               state_dtype: str | None = None):
     from .tuner.shapes import ShapeError, form_of, parse_shapes, preset
     if state_dtype is not None and not form_of(op).states:
@@ -96,7 +100,7 @@ def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str
                                  "op has one: --fix state_dtype=...)", ctx=ctx, param_hint="'--state-dtype'")
     probs = []
     try:
-        probs += parse_shapes(shapes, dtype, op, state_dtype)
+        probs += parse_shapes(shapes, dtype, op=op, state_dtype=state_dtype)
     except ShapeError as e:
         raise click.BadParameter(str(e), ctx=ctx, param_hint="'--shapes'") from None
     for p in presets:
@@ -105,7 +109,7 @@ def _problems(ctx, shapes: tuple[str, ...], presets: tuple[str, ...], dtype: str
                 from .tuner.shapes import grid
                 probs += grid(op=op, state_dtype=state_dtype)   # both half dtypes; --dtype narrows it to one
             else:
-                probs += preset(p, dtype, op, state_dtype)
+                probs += preset(p, dtype, op=op, state_dtype=state_dtype)
         except ShapeError as e:
             raise click.BadParameter(str(e), ctx=ctx, param_hint="'--preset'") from None
     if not probs:
@@ -208,27 +212,14 @@ def main() -> None:
 @main.command()
 @click.option("--arch", callback=_arch, help="target arch (default: the local GPU's)")
 @click.option("--shapes", multiple=True, metavar="SHAPE",
-              help='e.g. "b=1,l=16384,h=80,p=64,n=128,g=1" or "mamba2-2.7b:b=4,l=16k"; ";" separates. '
-                   "Keys b l h p n g, q (pins the chunk size); flags d z bias softplus final (0/1), "
-                   "default d=1,bias=1,softplus=1: the call Mamba-2's layer makes. "
-                   '--op ssd_decode: "mamba2-2.7b:b=64" or "b=64,h=80,p=64,n=128,g=1"; keys b (rows per '
-                   "call), t (tokens per row, default 1), h p n g; flags d z bias softplus, default "
-                   'd=1,bias=1,softplus=1 (z=0: the gated norm applies z). --op ssd_varlen: '
-                   '"mamba2-2.7b:t=8192,s=16"; keys t (tokens of all sequences), s (sequences), q (chunk '
-                   "length, default 256), h p n g; flags d z bias softplus init, default "
-                   "d=1,bias=1,softplus=1,init=1 (an engine passes each sequence's initial state)")
+              help=shapes_help(DEFAULT_OP))
 @click.option("--preset", multiple=True,
               type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b", "grid"]),
-              help="every shape benchmarked for a model (autossd/tuner/shapes.py: the forward's PRESET_SHAPES; "
-                   "batches 1, 16, 64 for ssd_decode; packed batches for ssd_varlen). grid: the model grid "
-                   "the shipped databases cover (every distinct SSD layer of the models in shapes.py x "
-                   "batch 1-64 x length 512-128k; for ssd_decode x batch 1, 16, 64 x a cache in fp32 "
-                   "and in the inputs' type; for ssd_varlen x 8192 tokens in 16 sequences and 64k in "
-                   "64), fp16 and bf16 unless --dtype is given")
+              help=preset_help(DEFAULT_OP))
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--state-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
-              help="--op ssd_decode / ssd_varlen: the dtype the caller keeps its states in (the decode "
-                   "cache; packed prefill's chunk states), part of each problem [default: fp32]")
+              help=f"--op {' / '.join(stated_ops())}: the dtype the caller keeps its states in (a decode "
+                   "cache, packed prefill's chunk states), part of each problem [default: fp32]")
 @click.option("--trials", type=click.IntRange(1), default=20, show_default=True,
               help="evaluated candidates per shape (a resumed study counts its earlier ones)")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="seconds per shape")
@@ -244,7 +235,7 @@ def main() -> None:
               help="worker processes sharing each study (measured: one per GPU)")
 @click.option("--mode", type=click.Choice(["auto", "measured", "static"]), default="auto", show_default=True,
               help="auto: measured when --arch is the local GPU, else static")
-@click.option("--op", cls=_OpOption, default="ssd_fwd", show_default=True, is_eager=True, callback=_op,
+@click.option("--op", cls=_OpOption, default=DEFAULT_OP, show_default=True, is_eager=True, callback=_op,
               help="the op to tune")
 @click.option("--fix", multiple=True, callback=_knob_settings, metavar="KNOB=VALUE", help="pin knobs, e.g. chunk_size=256")
 @click.option("--start", multiple=True, callback=_starts, metavar="KNOB=VALUE,...",
@@ -464,12 +455,13 @@ def _load_records(db: str | None, shipped: bool = False) -> list[dict]:
 def show(db, arch, show_all, shipped, ops, as_json) -> None:
     """Stored tuning records of every op, with provenance (measured / static = predicted)."""
     from .ops.registry import get_op
-    from .tuner.sinks import OP, best_records, mode_of
+    from .ops.registry import LEGACY_OP
+    from .tuner.sinks import best_records, mode_of
     recs = _load_records(db, shipped)
     if arch:
         recs = [r for r in recs if r["arch"] == arch]
     if ops:
-        recs = [r for r in recs if r.get("op", OP) in ops]
+        recs = [r for r in recs if r.get("op", LEGACY_OP) in ops]
     if not show_all:
         recs = best_records(recs)
     if as_json:
@@ -484,7 +476,7 @@ def show(db, arch, show_all, shipped, ops, as_json) -> None:
         return text[text.index("(") + 1:-1]   # whole: the last column, a cut one would mislead
     rows = []
     for r in recs:
-        op = get_op(r.get("op", OP))
+        op = get_op(r.get("op", LEGACY_OP))
         rows.append([r["arch"], op.name, r["device"], _shape_str(op.problem_type(**r["problem"])), r["provenance"],
                      mode_of(r), _ms(r["time_ms"]) + (" (pred.)" if r["provenance"] == "static" else ""),
                      r["date"][:16], r.get("origin", ""), config_str(op, r["config"])])

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, Iterator
 
 from .arch import Arch
@@ -32,6 +33,9 @@ class Knob:
     # capabilities an arch must have for the knob to be offered there (Arch.capabilities):
     # elsewhere it is pinned to its default. "cuda"/"hip" name a backend's compiler options.
     needs: tuple = ()
+    # (old name, name now) of values renamed: a stored record or a caller naming a value by its
+    # old name reads as the new one (a config is stored by its values' names)
+    aliases: tuple[tuple[Any, Any], ...] = ()
 
     def _here(self, arch: Arch) -> bool:
         return arch.has(*self.needs)
@@ -45,6 +49,42 @@ class Knob:
     def shapes(self, mode: Any) -> bool:
         """Whether this knob changes the kernels run under `mode` (the mode knob's value)."""
         return self.depths is None or mode in self.depths
+
+
+def take(group: tuple[Knob, ...], only: tuple[str, ...] | None = None, *, defaults: Mapping[str, Any] | None = None,
+         depths: tuple | Mapping[str, tuple] | None = None, values: Mapping[str, tuple] | None = None,
+         docs: Mapping[str, str] | None = None) -> tuple[Knob, ...]:
+    """An op's knobs of a group declared once for a kernel stage (the stage's tiles, warps,
+    pipeline depth...): those named in `only` (in that order; default every one, in the group's),
+    with what an op may set for itself: a knob's default, the modes it shapes (`depths`: one
+    tuple for all, or per knob), a subset of its values (a range the op's kernel cannot take
+    whole) and its description. Nothing else differs between ops."""
+    by_name = {k.name: k for k in group}
+    names = only if only is not None else tuple(by_name)
+    unknown = sorted((set(names) | set(defaults or ()) | set(values or ()) | set(docs or ())) - set(by_name))
+    if isinstance(depths, Mapping):
+        unknown += sorted(set(depths) - set(by_name))
+    if unknown:
+        raise ValueError(f"take: {unknown} are no knobs of the group {sorted(by_name)}")
+    out = []
+    for name in names:
+        k = by_name[name]
+        kw: dict[str, Any] = {}
+        if values and name in values:
+            if not set(values[name]) <= set(k.values):
+                raise ValueError(f"take: {name}'s values {values[name]} are not a subset of {k.values}")
+            kw["values"] = tuple(values[name])
+        if defaults and name in defaults:
+            kw["default"] = defaults[name]
+        if isinstance(depths, Mapping):
+            if name in depths:
+                kw["depths"] = depths[name]
+        elif depths is not None:
+            kw["depths"] = depths
+        if docs and name in docs:
+            kw["doc"] = docs[name]
+        out.append(replace(k, **kw))
+    return tuple(out)
 
 
 class ConfigError(ValueError):
@@ -66,6 +106,12 @@ class KnobSpace:
         self.knobs = tuple(k if k.depths is not None else replace(k, depths=modes) for k in knobs)
         self.by_name: dict[str, Knob] = {k.name: k for k in self.knobs}
         self.mode_knob = mode_knob
+
+    def arch_violations(self, config: "BaseConfig", arch: Arch) -> list[str]:
+        """The one arch-capability check of every op: each knob whose value is not offered on
+        `arch` (a value its capabilities lack, `Knob.needs`)."""
+        return [f"{k.name}={config[k.name]} is not offered on {arch.name}"
+                for k in self.knobs if config[k.name] not in k.values_on(arch)]
 
     @property
     def modes(self) -> tuple:
@@ -95,6 +141,8 @@ class BaseConfig(Mapping):
         out = {}
         for knob in space.knobs:
             v = given.get(knob.name, knob.default)
+            if knob.aliases:
+                v = next((new for old, new in knob.aliases if type(old) is type(v) and old == v), v)
             # exact type match: True is not 1, "64" is not 64, 64.0 is not 64
             if type(v) is not type(knob.default) or v not in knob.values:
                 raise ConfigError(f"config: {knob.name}={v!r} is not allowed; expected one of {list(knob.values)}")
@@ -167,7 +215,18 @@ class BaseConfig(Mapping):
 class ProblemFields:
     """What every op's problem type (a frozen dataclass) offers the store and the tuner: its fields
     as the record's key, a copy with some changed (validated again by the constructor), and the
-    field names."""
+    field names; `default_op`, the op whose records a problem of this type keys where a caller
+    names none (a type several ops share names the one its drop-in runs)."""
+    default_op: ClassVar[str | None] = None
+    # how its problems are written on the command line (`ShapeForm`; None: --shapes cannot)
+    shape_form: ClassVar["ShapeForm | None"] = None
+
+    @classmethod
+    def example(cls):
+        """A small problem of this type, with the flags its model's call passes, that every op of
+        the type runs in Triton's interpreter in seconds (the op-conformance tests); None where
+        the type offers none."""
+        return None
 
     def key(self) -> dict:
         return asdict(self)
@@ -178,6 +237,33 @@ class ProblemFields:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class ShapeForm:
+    """How one problem type is written on the command line (autossd.tuner.shapes parses and
+    prints it): "key=value" sizes and 0/1 flags, or a model's prefix setting nheads, headdim,
+    dstate and ngroups (the keys h p n g). A problem type names its form (`shape_form`), so
+    adding an op adds its grammar, grid and help where its problem is declared."""
+    keys: dict[str, str]              # key -> problem field (sizes)
+    flags: dict[str, str]             # key -> problem field (0/1)
+    flag_defaults: dict[str, bool]    # what the model's call passes
+    model_sizes: dict[str, int]       # sizes a model prefix sets besides h p n g
+    optional: tuple[str, ...]         # keys that may be left out: the field's `defaults`, else the type's
+    example: str
+    build: Callable[[dict, dict, str, str | None], Any]   # (sizes, flags, dtype, state dtype)
+    states: bool = False              # its problems name the dtype their states are kept in
+    defaults: dict[str, int] = field(default_factory=dict)   # field -> value when its key is left out
+    presets: list[dict[str, int]] = field(default_factory=list)   # sizes of each preset shape
+    model_presets: dict[str, list[dict[str, int]]] = field(default_factory=dict)   # a model's own presets
+    # the grid the shipped databases cover, per model layer: the sizes of each point, and the
+    # state dtypes of each input dtype (dtype, the caller's state dtype or None) -> state dtypes
+    grid: list[dict[str, int]] = field(default_factory=list)
+    grid_states: Callable[[str, str | None], tuple] = lambda dtype, state_dtype: (state_dtype,)
+    summary: tuple[str, ...] = ()     # the size keys a summary line shows (default: every one)
+    help: str = ""                    # the grammar in a sentence (the CLI's --shapes help)
+    preset_help: str = ""             # what a model's preset holds (the CLI's --preset help)
+    grid_help: str = ""               # what its grid covers, per model layer (the CLI's --preset help)
 
 
 def pow2_at_least(n: int) -> int:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from .knobs import ProblemFields
+from .knobs import ProblemFields, ShapeForm
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
@@ -23,6 +24,8 @@ MAX_GRID_YZ = 65535  # CUDA/HIP limit on grid dims 1 and 2
 
 @dataclass(frozen=True)
 class Problem(ProblemFields):
+    default_op: ClassVar[str] = "ssd_fwd"   # the backward keys its records by this type too
+
     batch: int
     seqlen: int
     nheads: int
@@ -58,6 +61,11 @@ class Problem(ProblemFields):
         if self.chunk_size is not None and self.chunk_size not in CHUNK_SIZES:
             raise ValueError(f"chunk_size: expected one of {CHUNK_SIZES}, got {self.chunk_size!r}")
 
+
+    @classmethod
+    def example(cls) -> "Problem":
+        return cls(1, 100, 2, 16, 16, 1, "fp32", chunk_size=64, has_D=True, has_dt_bias=True, dt_softplus=True,
+                   return_final_states=True)
 
     # --- speed-of-light figures ---------------------------------------------------------
     def min_bytes(self) -> int:
@@ -265,3 +273,51 @@ def from_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
         has_dt_limit=(lo, hi) != (0.0, float("inf")), has_initial_states=initial_states is not None,
         has_seq_idx=seq_idx is not None, return_final_states=bool(return_final_states),
         return_varlen_states=bool(return_varlen_states))
+
+
+# --- how a forward (and backward) problem is written on the command line (autossd.tuner.shapes)
+KEYS = {"b": "batch", "l": "seqlen", "h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups",
+        "q": "chunk_size"}
+FLAGS = {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus",
+         "final": "return_final_states"}
+# What Mamba-2's layer passes: D (h,), dt_bias, softplus; z is applied by the gated norm.
+MODEL_FLAGS = {"has_D": True, "has_dt_bias": True, "dt_softplus": True}
+# The grid the shipped databases cover: every distinct SSD layer of the models
+# (autossd.tuner.shapes.MODELS) x (batch, seqlen) across prefill and training x fp16 and bf16.
+# Batch and length step by 4x, so a shape between grid points is within 2x of one in each: the
+# lookup's nearest tier (same dims and dtype, at most 2 in summed |log2| ratios) reaches it. The
+# token cap keeps the largest calls to what one GPU holds in a training step (64 x 8k, 16 x 32k,
+# 4 x 128k).
+GRID_BATCHES = (1, 4, 16, 64)
+GRID_SEQLENS = (512, 2048, 8192, 32768, 131072)
+GRID_MAX_TOKENS = 2 ** 19
+# (batch, seqlen) shapes per model: the benchmark's for the first three; the grid's for the rest
+PRESET_SHAPES: dict[str, list[tuple[int, int]]] = {
+    "mamba2-130m": [(1, 2048), (1, 131072)],
+    "mamba2-2.7b": [(1, 2048), (8, 2048), (4, 16384), (1, 131072)],
+    "codestral-7b": [(1, 131072)],
+}
+
+
+def grid_sizes() -> list[tuple[int, int]]:
+    """The grid's (batch, seqlen) pairs: GRID_BATCHES x GRID_SEQLENS up to GRID_MAX_TOKENS."""
+    return [(b, l) for l in GRID_SEQLENS for b in GRID_BATCHES if b * l <= GRID_MAX_TOKENS]
+
+
+def _build(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> Problem:
+    prob = Problem(dtype=dtype, **vals, **flags)
+    check_grid(prob.batch, prob.seqlen, prob.nheads)   # what the runtime could never run
+    return prob
+
+
+FORM = ShapeForm(
+    KEYS, FLAGS, MODEL_FLAGS, {"batch": 1, "seqlen": 2048}, ("q",), "b=1,l=16384,h=80,p=64,n=128,g=1", _build,
+    presets=[{"batch": b, "seqlen": l} for b, l in grid_sizes()],
+    model_presets={m: [{"batch": b, "seqlen": l} for b, l in v] for m, v in PRESET_SHAPES.items()},
+    grid=[{"batch": b, "seqlen": l} for b, l in grid_sizes()], grid_states=lambda dtype, state_dtype: (None,),
+    summary=("b", "l", "h", "p", "n", "g"),
+    help='e.g. "b=1,l=16384,h=80,p=64,n=128,g=1" or "mamba2-2.7b:b=4,l=16k"; ";" separates. Keys b l h p n g, '
+         "q (pins the chunk size); flags d z bias softplus final (0/1), default d=1,bias=1,softplus=1: the call "
+         "Mamba-2's layer makes",
+    preset_help="the benchmark's (batch, length) shapes", grid_help="batch 1-64 x length 512-128k")
+Problem.shape_form = FORM

@@ -1,7 +1,8 @@
 """Run time: `get_kernel` (lookup + a cached Kernel) and the drop-in `mamba_chunk_scan_combined`.
 
-No timing happens at run time: the config comes from the tuning databases by the rules of
-`autossd.db.lookup` (exact / nearest within a bound / per-arch default), so the same inputs pick
+No timing happens at run time: the config comes from the tuning databases through the one
+selector (`autossd.core.select`, by the rules of `autossd.db.lookup`: exact / nearest within a
+bound / transfer / per-arch default), so the same inputs pick
 the same config in every process that sees the same databases. Two picks may exist per problem: one
 timed by eager calls and one by CUDA-graph replay (at a small shape the first favours fewer
 launches, since the host's launch cost counts there). The drop-in asks for the graph pick while
@@ -13,12 +14,12 @@ The drop-in is a `torch.library.custom_op` ("autossd::ssd_fwd") with a fake (met
 torch.compile treats it as one opaque node (no graph break) and CUDA graphs capture its
 launches. Its outputs are always (y, final_states, varlen_states), the parts not asked for being
 empty tensors, because an op's schema has a fixed number of outputs; the Python wrapper returns
-what mamba_ssm returns.
+what mamba_ssm returns. Its autograd (and the eager calls' differentiable runner) is registered
+by autossd/grad.py, the layer above this module and the backward.
 """
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import threading
@@ -28,13 +29,15 @@ from typing import Any, Optional
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .arch import ARCHS, CPU_ARCH, env_arch, get_arch, implicit_arch
-from .db.lookup import Match, device_name, load_records, pick, user_db_url
-from .db.lookup import clear_cache as _clear_records
-from .db.records import Record, device_text, on_write
-from .grad import DIFFERENTIABLE, any_requires_grad, forward_only
+from .arch import get_arch
+from .core import select as _select
+from .core.autograd import any_requires_grad
+from .core.autograd import forward_only as _forward_only
+from .core.device import CPU_ARCH, arch_of_device, launch_mode_of  # noqa: F401 (offered here as ever)
+from .db.lookup import Match, device_name, user_db_url
+from .db.records import Record, device_text
 from .ops.common.launch_cache import RecentCalls, start_driver
-from .ops.ssd.chunk import INPUTS, clear_launch_cache, clear_workspaces, execute, input_sig, remember
+from .ops.ssd.chunk import DIFFERENTIABLE, INPUTS, execute, input_sig, remember
 from .problem import Problem, as_flag, from_args, in_x_dtype, parse_dt_limit, supported_chunk
 from .render import interpreting, load
 from .ops.ssd.fwd_knobs import Config, default_config
@@ -42,6 +45,12 @@ from .ops.ssd.fwd_knobs import Config, default_config
 log = logging.getLogger("autossd")
 
 OP = "ssd_fwd"
+
+
+def forward_only(run, tensors: dict, call: dict | None = None):
+    """run(), its outputs differentiable through the forward's registered runner (autossd/grad.py)
+    where `call` describes the call and an input requires grad (core.autograd.forward_only)."""
+    return _forward_only(run, tensors, DIFFERENTIABLE, call, OP)
 
 
 class Kernel:
@@ -219,27 +228,21 @@ _unfit: dict[tuple, str] = {}
 _kernels: dict[Any, Kernel] = {}
 KERNELS_MAX = 4096   # cached Kernels (two keys each), as the call and launch caches are bounded
 _kernels_lock = threading.Lock()
-_device_arch: dict[int, str] = {}
 
 
-def clear_cache() -> None:
-    """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes), the configs the
-    decode step, packed prefill and the backward chose from them, and the kept workspaces of
-    intermediates. Configs this GPU could not load are remembered (_unfit)."""
-    from .ops.ssd import backward, decode, varlen
+@_select.on_clear
+def _clear_kernels() -> None:
     with _kernels_lock:
         _kernels.clear()
         _calls.clear()
         _recent.clear()
-    _clear_records()
-    clear_workspaces()
-    clear_launch_cache()
-    decode.clear_cache()
-    varlen.clear_cache()
-    backward._configs.clear()
 
 
-on_write(lambda url: clear_cache())  # a write in this process may change what the lookup picks
+def clear_cache() -> None:
+    """Forget cached kernels, loaded records (e.g. after AUTOSSD_DB changes), the configs every
+    op chose from them, and the kept workspaces of intermediates (`core.select.clear`). Configs
+    this GPU could not load are remembered (_unfit)."""
+    _select.clear()
 
 
 @functools.lru_cache(maxsize=KERNELS_MAX)
@@ -262,40 +265,6 @@ def _as_problem(p: Problem | Mapping | tuple) -> Problem:
         return Problem(*p)
     raise TypeError("get_kernel: expected a Problem, a dict of Problem fields, or a tuple "
                     f"(batch, seqlen, nheads, headdim, dstate, ngroups, dtype); got {p!r}")
-
-
-def arch_of_device(device: torch.device | None = None) -> str:
-    """The arch whose tuning records apply to a device: the local GPU's (cached per device
-    index), CPU_ARCH for the CPU interpreter, or env AUTOSSD_ARCH when set."""
-    env = env_arch()
-    if env:
-        return env
-    if device is None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cpu":
-        return CPU_ARCH
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    arch = _device_arch.get(idx)
-    if arch is None:
-        arch = _detect(idx)
-        _device_arch[idx] = arch
-    return arch
-
-
-def _detect(idx: int) -> str:
-    props = torch.cuda.get_device_properties(idx)
-    if getattr(torch.version, "hip", None):
-        name = props.gcnArchName.split(":")[0]
-        if name in ARCHS:
-            return name
-        log.warning("autossd: GPU arch %s has no tuning; using gfx942's records and defaults", name)
-        return "gfx942"
-    name = f"sm{props.major}{props.minor}"
-    if name in ARCHS:
-        return name
-    near = "sm90" if props.major >= 9 else "sm80"
-    log.warning("autossd: GPU arch %s has no tuning; using %s's records and defaults", name, near)
-    return near
 
 
 def get_kernel(problem_or_shape, arch: str | None = None, db=None, launch_mode: str = "eager",
@@ -354,9 +323,7 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
     with _kernels_lock:
         kernel = _kernels.get(norm)
     if kernel is None:
-        match = _with_rejections(pick(problem, load_records(arch_name, OP, url), arch_name,
-                                      launch_mode=launch_mode, device=device), url, arch_name)
-        match = _arch_said(match, arch_name)
+        match = _select.select(OP, problem, arch_name, device, launch_mode, url)
         kernel = Kernel(problem, arch_name, match, launch_mode)
         log.debug("autossd: %s (%s) -> %s", problem, launch_mode, match.reason)
     with _kernels_lock:
@@ -368,42 +335,6 @@ def _get_kernel_cold(problem_or_shape, arch, db, launch_mode, dev=None) -> Kerne
         except TypeError:
             pass
     return kernel
-
-
-def _arch_said(match: Match, arch: str) -> Match:
-    """`match`, its reason also saying why these records where the arch is the one a call naming
-    none gets without a GPU to tell it: AUTOSSD_ARCH's, or on a machine without a GPU the
-    interpreter's (arch.implicit_arch, whose words `autossd doctor` shows too). Said whether or
-    not the caller named it, as one Kernel serves both."""
-    try:
-        if (env_arch() is None and torch.cuda.is_available()) or implicit_arch()[0] != arch:
-            return match   # the GPU's own arch, or another one named: nothing to explain
-        why = implicit_arch()[1]
-    except ValueError:   # an unknown AUTOSSD_ARCH: refused where it is used, not here
-        return match
-    from dataclasses import replace
-    return replace(match, reason=f"{why}: {match.reason}")
-
-
-def _with_rejections(match: Match, url: str, arch: str) -> Match:
-    """`match`, its reason also saying how many records of the user and shipped databases were
-    refused by validation (and so never searched), with the first one's reason."""
-    from dataclasses import replace
-
-    from .db import lookup
-    from .db.records import rejected_rows
-    shipped = lookup.shipped_db_path(arch)
-    bad = rejected_rows(url, arch, OP) + (rejected_rows(str(shipped), arch, OP) if shipped else [])
-    if not bad:
-        return match
-    return replace(match, reason=f"{match.reason}; {len(bad)} record{'s' * (len(bad) != 1)} rejected "
-                                 f"({bad[0]}{'; ...' if len(bad) > 1 else ''})")
-
-
-def launch_mode_of(x: torch.Tensor) -> str:
-    """"graph" while the current CUDA stream captures a graph (the launches will be replayed,
-    so only GPU time counts), else "eager"."""
-    return "graph" if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing() else "eager"
 
 
 # --- the custom op and the drop-in ---------------------------------------------------------
@@ -537,50 +468,14 @@ def _ssd_fwd_eager(x: _Tensor, dt: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor, 
 ssd_fwd = torch.library.custom_op("autossd::ssd_fwd", mutates_args=())(_ssd_fwd_eager)
 
 
-_OP_ARGS = list(inspect.signature(_ssd_fwd_eager).parameters)
-_OP_GRAD_ARGS = [_OP_ARGS.index(k) for k in DIFFERENTIABLE]   # ssd_fwd argument positions, grad.py's order
-_OP_SAVED = DIFFERENTIABLE + ("seq_idx",)
-
-
 def _grad_call(chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, state_dtype,
                cu_seqlens, drop_in: bool = False) -> dict:
-    """What the backward needs of a call beyond its tensors (grad.forward_only's `call`).
+    """What the backward needs of a call beyond its tensors (`forward_only`'s `call`).
     drop_in: the call is the drop-in's, whose forward is the lookup's pick, so the forward may
     run the ungated problem instead and gate apart (a Kernel's call runs its own config)."""
     return dict(chunk_size=chunk_size, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
                 return_final_states=return_final_states, return_varlen_states=return_varlen_states,
                 state_dtype=state_dtype, cu_seqlens=cu_seqlens, drop_in=drop_in)
-
-
-def _ssd_fwd_setup(ctx, inputs, output):
-    a = dict(zip(_OP_ARGS, inputs))
-    ctx.save_for_backward(*(a[k] for k in _OP_SAVED))
-    ctx.scalars = (a["chunk_size"], a["dt_softplus"], a["dt_lo"], a["dt_hi"], a["state_dtype"],
-                   a["return_final_states"])
-    ctx.n_args = len(inputs)
-
-
-def _ssd_fwd_backward(ctx, dy, dfinal, dvarlen):
-    # the generated backward as its own custom op (grad.ssd_bwd): torch.compile traces it with a
-    # fake kernel, so forward and backward compile with no graph break. varlen_states carry no
-    # gradient (as mamba_ssm).
-    need = [ctx.needs_input_grad[i] for i in _OP_GRAD_ARGS]
-    out = [None] * ctx.n_args
-    if not any(need):
-        return tuple(out)
-    t = dict(zip(_OP_SAVED, ctx.saved_tensors))
-    chunk, softplus, lo, hi, state_dtype, final = ctx.scalars
-    if dy is None:
-        dy = torch.zeros_like(t["x"])
-    grads = torch.ops.autossd.ssd_bwd(dy, dfinal if final else None, *(t[k] for k in _OP_SAVED), chunk, softplus,
-                                      lo, hi, state_dtype, need)
-    for i, w, g in zip(_OP_GRAD_ARGS, need, grads):
-        if w:
-            out[i] = g
-    return tuple(out)
-
-
-ssd_fwd.register_autograd(_ssd_fwd_backward, setup_context=_ssd_fwd_setup)
 
 
 @ssd_fwd.register_fake

@@ -54,7 +54,7 @@ def child(impl: str, shape: str, dtype: str) -> dict:
             return {"skipped": "mamba_ssm is not installed"}
     from autossd.testing import make_inputs
     from autossd.tuner.shapes import parse_shape
-    prob = parse_shape(shape, dtype)
+    prob = parse_shape(shape, dtype, op="ssd_fwd")
     t = make_inputs(prob, "cuda", seed=0)
     torch.cuda.synchronize()
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from autossd.bench import floor_ms, measure_ceilings, run_meta
     from autossd.tuner.shapes import parse_shape
-    prob = parse_shape(a.shape, a.dtype)
+    prob = parse_shape(a.shape, a.dtype, op="ssd_fwd")
     ceilings = measure_ceilings()
     floor = floor_ms(prob, ceilings)
     trees = [Path(p).resolve() for p in a.trees.split(",")]

@@ -146,7 +146,7 @@ def default_in(space, prob):
 
 def problem_of(spec: str, dtype: str):
     from autossd.tuner.shapes import parse_shape
-    prob = parse_shape(spec, dtype)
+    prob = parse_shape(spec, dtype, op="ssd_fwd")
     return prob if prob.chunk_size is not None else dataclasses.replace(prob, chunk_size=256)
 
 

@@ -214,7 +214,7 @@ def test_schema_v1_database_opens_after_migration(tmp_path, caplog):
     v1_config = _at_schema(TUNED, v1_cols)
     _insert_old(url, [_old_row(rec(config=v1_config), v1_cols)])   # only schema 1's columns
     with caplog.at_level(logging.INFO, logger="autossd.db"):
-        (r,) = [r for r in load_records("sm90") if r.origin == "user"]  # migrated on open
+        (r,) = [r for r in load_records("sm90", "ssd_fwd") if r.origin == "user"]  # migrated on open
     assert r.config == v1_config and r.notes == "" and r.tflops is None
     with dbengine.get_engine(url).connect() as conn:
         assert dbengine.current_revision(conn) == HEAD

@@ -243,7 +243,7 @@ def test_a_fleet_of_static_tunes_shares_the_studies_and_stores_one_record_per_sh
     storage = open_storage(pg_url)
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     by_problem = {json.dumps(s.user_attrs["problem"], sort_keys=True): s.study_name for s in summaries}
-    problems = {s: parse_shape(s) for s in SHAPES}
+    problems = {s: parse_shape(s, op="ssd_fwd") for s in SHAPES}
     assert sorted(by_problem) == sorted(json.dumps(p.key(), sort_keys=True) for p in problems.values())
 
     best = {}

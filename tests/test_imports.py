@@ -32,7 +32,7 @@ def test_drop_in_call_path_imports_none_of_them(tmp_path):
     lines = _run(f"""
         import sys, torch, autossd
         from autossd.db import lookup
-        rec = lookup.load_records("sm90")[0]
+        rec = lookup.load_records("sm90", "ssd_fwd")[0]
         k = autossd.get_kernel(rec.problem, "sm90")
         print(k.source, k.provenance)
         g = torch.Generator().manual_seed(0)

@@ -36,12 +36,12 @@ def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
         assert str(lookup.shipped_db_path("sm90")).startswith({str(target)!r})
         assert str(engine.MIGRATIONS_DIR).startswith({str(target)!r})
         assert db.migrate(db.to_url({str(tmp_path / "fresh.sqlite")!r})) == db.HEAD
-        shipped = [r for r in db.load_records("sm90") if r.origin == "shipped"]
+        shipped = [r for r in db.load_records("sm90", "ssd_fwd") if r.origin == "shipped"]
         k = autossd.get_kernel(shipped[0].problem, "sm90")
         assert k.source == "exact" and k.record.origin == "shipped", k.reason
         for arch in ("sm80", "gfx90a", "gfx942"):   # the static grid databases, read from the install
             assert str(lookup.shipped_db_path(arch)).startswith({str(target)!r})
-            rec = [r for r in db.load_records(arch) if r.origin == "shipped"][0]
+            rec = [r for r in db.load_records(arch, "ssd_fwd") if r.origin == "shipped"][0]
             k = autossd.get_kernel(rec.problem, arch)
             assert k.source == "exact" and k.record.provenance == "static", k.reason
         from autossd import render

@@ -33,7 +33,7 @@ def test_the_sizes_span_prefill_and_training_under_the_token_cap():
 
 
 def test_grid_problems_are_the_layer_call_ordered_by_what_compiles_alike():
-    probs = grid()
+    probs = grid(op="ssd_fwd")
     assert len(probs) == len(grid_dims()) * len(grid_sizes()) * 2
     assert len({(p.dtype, *sorted(p.key().items())) for p in probs}) == len(probs)
     assert all(isinstance(p, Problem) and p.has_D and p.has_dt_bias and p.dt_softplus and not p.has_z
@@ -42,24 +42,25 @@ def test_grid_problems_are_the_layer_call_ordered_by_what_compiles_alike():
     keys = [(p.dtype, p.headdim, p.dstate) for p in probs]
     groups = [k for k, _ in itertools.groupby(keys)]
     assert len(groups) == len(set(groups))
-    assert [p.dtype for p in grid(("bf16",))] == ["bf16"] * (len(probs) // 2)
+    assert [p.dtype for p in grid(("bf16",), op="ssd_fwd")] == ["bf16"] * (len(probs) // 2)
 
 
 def test_presets_keep_the_benchmark_shapes_and_add_grid():
-    assert [(p.batch, p.seqlen) for p in preset("mamba2-2.7b")] == PRESET_SHAPES["mamba2-2.7b"]
-    z = preset("zamba2-7b", "bf16")
+    assert [(p.batch, p.seqlen) for p in preset("mamba2-2.7b", op="ssd_fwd")] == PRESET_SHAPES["mamba2-2.7b"]
+    z = preset("zamba2-7b", "bf16", op="ssd_fwd")
     assert [(p.batch, p.seqlen) for p in z] == grid_sizes()
     assert {(p.nheads, p.headdim, p.dstate, p.ngroups, p.dtype) for p in z} == {(112, 64, 64, 2, "bf16")}
-    assert preset("grid", "bf16") == grid(("bf16",))
+    assert preset("grid", "bf16", op="ssd_fwd") == grid(("bf16",), op="ssd_fwd")
     assert preset("grid", "fp16", op="ssd_bwd") == grid(("fp16",), op="ssd_bwd")
     with pytest.raises(ShapeError, match="grid"):
-        preset("gpt-9")
+        preset("gpt-9", op="ssd_fwd")
 
 
 
 def test_the_decode_and_packed_prefill_grids_cover_every_layer_in_both_cache_types():
     from autossd.ops.ssd.decode_knobs import DecodeProblem
-    from autossd.tuner.shapes import GRID_DECODE_BATCHES, GRID_VARLEN
+    from autossd.ops.ssd.decode_knobs import GRID_DECODE_BATCHES
+    from autossd.ops.ssd.varlen_knobs import GRID_VARLEN
     dec = grid(op="ssd_decode")
     assert all(isinstance(p, DecodeProblem) and p.has_D and p.has_dt_bias and p.dt_softplus and not p.has_z
                for p in dec)
@@ -74,5 +75,5 @@ def test_the_decode_and_packed_prefill_grids_cover_every_layer_in_both_cache_typ
 
 
 def test_a_model_prefix_sets_its_layer():
-    p = parse_shape("falcon-h1-34b:b=2,l=4k", "bf16")
+    p = parse_shape("falcon-h1-34b:b=2,l=4k", "bf16", op="ssd_fwd")
     assert (p.batch, p.seqlen, p.nheads, p.headdim, p.dstate, p.ngroups) == (2, 4096, 32, 128, 256, 2)

@@ -34,7 +34,7 @@ def test_the_file_holds_one_static_record_per_grid_shape(arch):
     recs = read_records(str(lookup.shipped_db_path(arch)), arch, "ssd_fwd", immutable=True)
     assert {r.provenance for r in recs} == {"static"}
     by_problem = {r.problem: r for r in recs}
-    missing = [p for p in grid() if p not in by_problem]
+    missing = [p for p in grid(op="ssd_fwd") if p not in by_problem]
     assert not missing, f"{len(missing)} grid shapes have no record, e.g. {missing[0]}"
     # fresh: made by the triton and the kernel code running now (a change to a template the
     # records' configs launch makes them stale: the grid is then re-tuned and the file rebuilt)
@@ -45,7 +45,7 @@ def test_the_file_holds_one_static_record_per_grid_shape(arch):
 
 @pytest.mark.parametrize("arch", STATIC_ARCHS)
 def test_get_kernel_at_every_grid_shape_returns_the_exact_fresh_static_record(arch):
-    for p in grid():   # ~10 ms a lookup
+    for p in grid(op="ssd_fwd"):   # ~10 ms a lookup
         k = autossd.get_kernel(p, arch)
         assert k.source == "exact", (p, k.match.reason)
         rec = k.match.record
@@ -92,7 +92,7 @@ TRAINING = ["mamba2-2.7b:b=8,l=2048", "mamba2-2.7b:b=4,l=16384", "mamba2-2.7b:b=
 @pytest.mark.parametrize("arch", STATIC_ARCHS)
 def test_the_backward_at_training_shapes_finds_its_exact_fresh_static_record(arch):
     from autossd.ops.ssd.backward import config_for
-    probs = parse_shapes(TRAINING, "fp16", "ssd_bwd") + parse_shapes(TRAINING, "bf16", "ssd_bwd")
+    probs = parse_shapes(TRAINING, "fp16", op="ssd_bwd") + parse_shapes(TRAINING, "bf16", op="ssd_bwd")
     recs = lookup.load_records(arch, "ssd_bwd")
     for p in probs:
         m = lookup.pick(p, recs, arch, op="ssd_bwd")
@@ -115,12 +115,8 @@ def _sm90_choice(op, p, mode):
         k = autossd.get_kernel(p, "sm90", launch_mode=mode, device="NVIDIA H200")
         return k.config, k.source == "exact" and k.match.record.device == "NVIDIA H200"
     from autossd.ops.ssd import decode, varlen
-    if op == "ssd_decode":
-        config, why = decode.choose(p, "sm90", device="NVIDIA H200")
-        return config, why.startswith("exact match: measured") and "on NVIDIA H200" in why
-    config, why = varlen.choose(p, "sm90", device="NVIDIA H200")
-    at = f"at {p.tokens} tokens / {p.seqs} sequences on NVIDIA H200"
-    return config, why.startswith("measured record") and why.endswith(at)
+    config, why = (decode if op == "ssd_decode" else varlen).choose(p, "sm90", device="NVIDIA H200")
+    return config, why.startswith("exact match: measured") and "on NVIDIA H200" in why
 
 
 @pytest.mark.parametrize("op", sorted(SM90_GRID_MEASURED))
@@ -153,7 +149,7 @@ DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 def test_sm90_ships_each_gpus_measurements_and_each_gpu_takes_its_own(dtype):
     recs = lookup.load_records("sm90", "ssd_fwd")
     now = lookup._freshness()
-    for p in parse_shapes(BENCH, dtype):
+    for p in parse_shapes(BENCH, dtype, op="ssd_fwd"):
         mine = {d: [r for r in recs if r.problem == p and r.device == d] for d in DEVICES}
         for device, own in mine.items():
             assert own and all(r.provenance == "measured" and not r.stale_reasons(*now) for r in own), (p, device)
@@ -178,10 +174,10 @@ def test_get_kernel_takes_the_gpus_own_records_and_one_cards_where_it_has_none(m
     counts = {d: sum(r.device == d for r in recs) for d in DEVICES}
     most = max(DEVICES, key=lambda d: counts[d])
     # an H800 whose user database holds one record of its own, at another shape
-    p0 = parse_shapes(["mamba2-2.7b:b=3,l=1000"], dtype)[0]
+    p0 = parse_shapes(["mamba2-2.7b:b=3,l=1000"], dtype, op="ssd_fwd")[0]
     own = replace(make_record(p0, default_config("sm90", p0), "sm90", provenance="measured", time_ms=1.0,
                               device="NVIDIA H800"), origin="user")
-    for p in parse_shapes(BENCH, dtype):
+    for p in parse_shapes(BENCH, dtype, op="ssd_fwd"):
         for mode in ("eager", "graph"):
             m = lookup.pick(p, recs + [own], "sm90", launch_mode=mode, device="NVIDIA H800")
             assert m.kind == "exact" and m.record.device == most, (p, mode, m.reason)
@@ -196,7 +192,7 @@ def test_get_kernel_takes_the_gpus_own_records_and_one_cards_where_it_has_none(m
     autossd.clear_cache()
     monkeypatch.setattr(runtime, "_current_device", lambda: 0)
     monkeypatch.setattr(runtime, "device_name", lambda dev: "NVIDIA H200")
-    p = parse_shapes(BENCH[:1], dtype)[0]
+    p = parse_shapes(BENCH[:1], dtype, op="ssd_fwd")[0]
     assert autossd.get_kernel(p, "sm90", launch_mode="graph").match.record.device == "NVIDIA H200"
     autossd.clear_cache()
 

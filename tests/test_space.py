@@ -258,3 +258,50 @@ def test_no_tune_offers_chunk_states_narrower_than_the_inputs_and_a_static_one_n
             offered = {d.name: set(d.values) for d in space.dims}.get("state_dtype", {space.pinned.get("state_dtype")})
             assert offered <= allowed[(dtype, static)], (op, arch, dtype, offered)
             assert dtype in offered or "fp32" in offered
+
+
+def test_a_knob_group_is_taken_with_an_ops_own_defaults_modes_and_values_only():
+    from autossd.knobs import take
+    from autossd.ops.ssd.stage_knobs import CHUNK_STATE, STATE_PASSING
+    (blk,) = take(STATE_PASSING, ("pass_block",), defaults={"pass_block": 1024}, values={"pass_block": (256, 1024)},
+                  depths=("stage",))
+    assert (blk.name, blk.values, blk.default, blk.depths, blk.stage) == ("pass_block", (256, 1024), 1024, ("stage",),
+                                                                          "state_passing")
+    assert [k.name for k in take(CHUNK_STATE)] == [k.name for k in CHUNK_STATE]
+    with pytest.raises(ValueError, match="no knobs of the group"):
+        take(STATE_PASSING, ("scan_block_m",))
+    with pytest.raises(ValueError, match="not a subset"):
+        take(STATE_PASSING, values={"pass_block": (4096,)})
+
+
+def test_the_ops_share_each_stage_knob_as_declared_once():
+    """A knob name two ops use is one group's knob: the same stage, and values from one set."""
+    from autossd.ops.registry import get_op, op_names
+    from autossd.ops.ssd import stage_knobs
+    groups = {k.name: k for g in (stage_knobs.CHUNK, stage_knobs.CUMSUM, stage_knobs.BMM, stage_knobs.CHUNK_STATE,
+                                  stage_knobs.STATE_PASSING, stage_knobs.CHUNK_SCAN) for k in g}
+    for name in op_names():
+        for k in get_op(name).space.knobs:
+            if k.name in groups:
+                assert k.stage == groups[k.name].stage and set(k.values) <= set(groups[k.name].values), (name, k.name)
+
+
+def test_a_value_no_arch_capability_offers_is_named_by_the_one_check():
+    bad = Config(scan_maxnreg=128)   # a register cap: a CUDA compiler option
+    assert violations(bad, "gfx942")[0] == "scan_maxnreg=128 is not offered on gfx942"
+
+
+def test_a_value_renamed_reads_by_its_old_name_too():
+    """A knob's value renamed keeps its old name as an alias: a record stored with the old name
+    (config JSON validated on read) reads as the new value, and stores the new name."""
+    from autossd.knobs import BaseConfig, Knob, KnobSpace
+    space = KnobSpace("renamed", (Knob("mode", ("stage", "inline"), "stage", "where", aliases=(("staged", "stage"),)),
+                                  Knob("tile", (16, 32), 16, "a tile", depths=("stage",))), mode_knob="mode")
+
+    class Cfg(BaseConfig):
+        __slots__ = ()
+    Cfg.space = space
+    old = Cfg.from_json('{"mode": "staged", "tile": 32}')
+    assert old == Cfg(mode="stage", tile=32) and old.key() == '{"mode": "stage", "tile": 32}'
+    with pytest.raises(ConfigError, match="mode"):
+        Cfg(mode="stages")

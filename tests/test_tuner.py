@@ -58,13 +58,13 @@ class FakeRunner:
 # --- shapes -----------------------------------------------------------------------------------
 
 def test_parse_shape_and_presets():
-    p = parse_shape("b=1,l=16384,h=80,p=64,n=128,g=1", "bf16")
+    p = parse_shape("b=1,l=16384,h=80,p=64,n=128,g=1", "bf16", op="ssd_fwd")
     assert (p.batch, p.seqlen, p.nheads, p.headdim, p.dstate, p.ngroups, p.dtype) == (1, 16384, 80, 64, 128, 1, "bf16")
     assert p.has_D and p.dt_softplus and not p.has_z
-    q = parse_shape("mamba2-2.7b:b=4,l=16k,z=1")
+    q = parse_shape("mamba2-2.7b:b=4,l=16k,z=1", op="ssd_fwd")
     assert (q.batch, q.seqlen, q.nheads, q.has_z) == (4, 16384, 80, True)
-    assert len(parse_shapes(["b=1,l=64,h=2,p=16,n=16,g=1; codestral-7b:l=1k"])) == 2
-    assert [(x.batch, x.seqlen) for x in preset("mamba2-2.7b")] == [(1, 2048), (8, 2048), (4, 16384), (1, 131072)]
+    assert len(parse_shapes(["b=1,l=64,h=2,p=16,n=16,g=1; codestral-7b:l=1k"], op="ssd_fwd")) == 2
+    assert [(x.batch, x.seqlen) for x in preset("mamba2-2.7b", op="ssd_fwd")] == [(1, 2048), (8, 2048), (4, 16384), (1, 131072)]
 
 
 @pytest.mark.parametrize("text, msg", [
@@ -82,7 +82,7 @@ def test_parse_shape_and_presets():
 ])
 def test_parse_shape_errors(text, msg):
     with pytest.raises(ShapeError, match=msg):
-        parse_shapes([text])
+        parse_shapes([text], op="ssd_fwd")
 
 
 def test_decode_and_packed_prefill_shapes_take_their_own_keys_and_the_model_call_flags():
@@ -114,7 +114,7 @@ def test_decode_and_packed_prefill_shape_errors(op, text, msg):
     with pytest.raises(ShapeError, match=msg):
         parse_shapes([text], "bf16", op=op)
     with pytest.raises(ShapeError, match="no state dtype"):
-        parse_shape("b=1,l=64,h=2,p=16,n=16,g=1", state_dtype="bf16")   # the forward's problems name none
+        parse_shape("b=1,l=64,h=2,p=16,n=16,g=1", op="ssd_fwd", state_dtype="bf16")   # the forward's problems name none
 
 
 # --- space ------------------------------------------------------------------------------------

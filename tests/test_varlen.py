@@ -4,6 +4,8 @@ part chunk, several chunks), per-sequence initial states, final and per-chunk st
 poisoned intermediates; the chunk table; the batch drop-in as a second reference; bad input."""
 from __future__ import annotations
 
+import math
+
 import os
 import subprocess
 import sys
@@ -237,20 +239,47 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     assert [c.stage for c in costs] == list(op.sequences["staged"])
 
 
-def test_a_record_near_in_size_is_picked_else_the_default(monkeypatch):
+def test_a_record_near_in_size_is_picked_else_the_default(isolated_db, no_shipped_db):
+    from autossd.db import add_records, make_record
     pr = vl.problem_for(4096, 4, 8, 16, 16, 1, 64, "fp32")
     tuned = VarlenConfig(scan_warps=8, state_warps=2)
+    add_records(str(isolated_db), [make_record(pr.replace(tokens=5000, chunks=82), vl.fit(tuned, pr), "sm90",
+                                               provenance="measured", time_ms=0.1, op="ssd_varlen")])
+    cfg, why = vl.choose(pr, "sm90")
+    assert cfg == vl.fit(tuned, pr) and why.startswith("nearest match")   # its tiles cut to this problem's sizes
+    other = pr.replace(dtype="fp16")   # another input type than the record's fp32: no record applies
+    cfg, why = vl.choose(other, "sm90")
+    assert cfg == default_config("sm90", other) and why.startswith("default config"), why
 
-    class Rec:   # what load_records returns, as far as the pick reads it
-        arch, op, origin, provenance, launch_mode, time_ms = "sm90", "ssd_varlen", "user", "measured", "eager", 0.1
-        device = "NVIDIA H100 80GB HBM3"
-        problem, config = pr.replace(tokens=5000, chunks=82), tuned
 
-    import autossd.db.lookup as lookup
-    monkeypatch.setattr(lookup, "load_records", lambda arch, op, db=None: [Rec()])
-    assert vl.choose(pr, "sm90")[0] == vl.fit(tuned, pr)   # its tiles cut to this problem's sizes
-    other = pr.replace(headdim=32)   # other dimensions: no record applies
-    assert vl.choose(other, "sm90")[0] == default_config("sm90", other)
+@pytest.mark.usefixtures("isolated_db")
+def test_the_shipped_packed_prefill_records_serve_their_own_and_nearby_batches():
+    """Through the one selector (the lookup's tiers), each shipped packed-prefill record answers
+    its own problem (exact), a batch of 1.3x its tokens (nearest: the token count is a size,
+    not a key), and one of 1/16 of its tokens (past the nearest bound: the record of that shape
+    nearest in size, carried over); never the default."""
+    from autossd.db import lookup
+    path = lookup.shipped_db_path("sm90")
+    if path is None:
+        pytest.skip("no shipped sm90 database")
+    from autossd.db.records import read_records
+    recs = [r for r in read_records(str(path), "sm90", "ssd_varlen", immutable=True) if r.launch_mode == "eager"]
+    assert recs
+    for r in recs[::7]:
+        p = r.problem
+        cfg, why = vl.choose(p, "sm90")
+        assert why.startswith("exact match") and cfg == vl.fit(r.config, p), why
+        more = p.replace(tokens=int(p.tokens * 1.3))
+        cfg, why = vl.choose(more, "sm90")
+        assert why.startswith("nearest match") and cfg == vl.fit(r.config, more), why
+        fewer = p.replace(tokens=p.tokens // 16)
+        cfg, why = vl.choose(fewer, "sm90")
+        assert why.startswith(("nearest", "transfer")), why
+        same = [q for q in recs if {k: v for k, v in q.problem.key().items() if k not in ("tokens", "seqs", "chunks")}
+                == {k: v for k, v in p.key().items() if k not in ("tokens", "seqs", "chunks")}]
+        nearest = min(same, key=lambda q: abs(math.log2(q.problem.tokens / fewer.tokens))
+                      + 0.5 * abs(math.log2(q.problem.seqs / fewer.seqs)))
+        assert f"t={nearest.problem.tokens}" in why and cfg == vl.fit(nearest.config, fewer), why
 
 
 def test_tuner_hooks_agree_with_the_reference():

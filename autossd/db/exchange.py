@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .engine import (HEAD, TuningDBError, current_revision, dispose_engines, finalize_sqlite, get_engine,
                      migrate, reader_uri, shown, sqlite_path, to_url)
-from .lookup import PROVENANCE_RANK, _freshness, record_time
+from .records import PROVENANCE_RANK, _freshness, record_time
 from .records import Record, add_records, read_records
 
 

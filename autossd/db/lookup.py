@@ -21,6 +21,8 @@ Match tiers, in order
        at a distance
            d = sum |log2(a/b)| over (batch, seqlen, nheads, ngroups)
                + FLAG_PENALTY (0.5) per differing soft flag
+       (a problem type may name its own size dimensions and weights instead, `DISTANCE_WEIGHTS`:
+       packed prefill's tokens, and at half the weight its sequences)
        of at most `max_distance` (default MAX_DISTANCE = 2.0: e.g. 4x the sequence length, or 2x
        batch and 2x seqlen, or 2x seqlen and two soft flags). headdim and dstate must match
        (distance infinite): tile sizes are chosen for them and do not transfer. Soft flags are
@@ -99,10 +101,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..knobs import BaseConfig
-from ..ops.registry import get_op
+from ..ops.registry import get_op, op_of
 from ..problem import Problem
 from .engine import ReadOnlyWALError, TuningDBError, sqlite_path, to_url, upgrade_if_older, writable
-from .records import Record, on_write, read_records
+from .records import PROVENANCE_RANK, Record, _freshness, on_write, read_records, record_time  # noqa: F401
 
 log = logging.getLogger("autossd.db")
 
@@ -116,7 +118,6 @@ DISTANCE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
 # mamba2-2.7b 8x2048 bf16 with z, the config tuned without z ran the forward in ~300 us where
 # the arch default took ~520 us.
 FLAG_PENALTY = 0.5
-PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}
 ORIGIN_RANK = {"user": 0, "shipped": 1}
 CALLER_MODES = ("eager", "graph")   # how a caller launches: the launch modes a lookup asks for
 USER_DB_FILE = "tuning.sqlite"
@@ -204,7 +205,12 @@ def _load_shipped(arch: str, op: str) -> list[Record]:
     return read_records(str(path), arch, op, strict=False, readonly=True, immutable=True, origin="shipped")
 
 
-def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None) -> list[Record]:
+def loaded(arch: str, op: str, url: str) -> list[Record] | None:
+    """The records `load_records` holds for (arch, op, user database URL), or None."""
+    return _records.get((arch, op, url))
+
+
+def load_records(arch: str, op: str, db: str | os.PathLike | None = None) -> list[Record]:
     """Validated records for (arch, op): the user database's first, then the shipped one's.
     Cached per process; an unreadable database is skipped with a warning."""
     url = user_db_url(db)
@@ -233,12 +239,22 @@ def load_records(arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = 
 
 # --- picking -------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _fields(ptype: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the DISTANCE_DIMS a problem type has, its other fields): each op's problem type (the
-    forward's and backward's Problem, the decode step's, packed prefill's) keys its records."""
+def _fields(ptype: type) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]]:
+    """((field, weight) of each size dimension a problem type has, its other fields): each op's
+    problem type (the forward's and backward's Problem, the decode step's, packed prefill's) keys
+    its records. A type names its own size dimensions and their weights in
+    `DISTANCE_WEIGHTS` (packed prefill: tokens, half as much the sequences, and not its chunk
+    count, which follows from them); else the DISTANCE_DIMS it has count once each."""
     names = ptype.field_names()
-    dims = tuple(f for f in DISTANCE_DIMS if f in names)
-    return dims, tuple(f for f in names if f not in dims)
+    weights = getattr(ptype, "DISTANCE_WEIGHTS", None)
+    if weights is None:
+        weights = {f: 1.0 for f in DISTANCE_DIMS if f in names}
+    dims = tuple((f, float(w)) for f, w in weights.items())
+    return dims, tuple(f for f in names if f not in weights)
+
+
+def _size_distance(a, b, dims) -> float:
+    return sum(w * abs(math.log2(getattr(a, f) / getattr(b, f))) for f, w in dims if w)
 
 
 def _compare(a, b, soft: frozenset) -> tuple[float, tuple[str, ...]]:
@@ -255,7 +271,7 @@ def _compare(a, b, soft: frozenset) -> tuple[float, tuple[str, ...]]:
             if f not in soft:
                 return math.inf, ()
             flags.append(f)
-    d = sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in dims)
+    d = _size_distance(a, b, dims)
     return d + FLAG_PENALTY * len(flags), tuple(flags)
 
 
@@ -273,7 +289,7 @@ def _transfer_distance(a, b) -> float:
     if type(a) is not type(b):
         return math.inf
     dims, keyed = _fields(type(a))
-    d = sum(abs(math.log2(getattr(a, f) / getattr(b, f))) for f in dims)
+    d = _size_distance(a, b, dims)
     for f in keyed:
         va, vb = getattr(a, f), getattr(b, f)
         if f == "chunk_size" or va == vb:
@@ -287,14 +303,14 @@ def _transfer_distance(a, b) -> float:
     return d
 
 
-def transfer(config: BaseConfig, arch: str, problem, op: str = "ssd_fwd", source=None) -> BaseConfig | None:
+def transfer(config: BaseConfig, arch: str, problem, op: str | None = None, source=None) -> BaseConfig | None:
     """`config` carried over to `problem`: its requested chunk size, states kept in the record's
     own 16-bit input type (`source`: the record's problem) kept in the query's (a bf16 call
     never gets fp16 states, whose range is narrower, nor an fp16 call bf16 ones, whose precision
     is), tiles shrunk to the problem's caps (Op.caps), then, while the op's `violations` name
     reasons, the knob they name (else any knob) set back to the arch default's value where that
     leaves fewer reasons. None when no such step is left (the default itself then serves)."""
-    o = get_op(op)
+    o = get_op(op or config.op)
     violations = o.fn("violations")
     default = o.fn("default_config")(arch, problem)
     c = config
@@ -328,27 +344,13 @@ def soft_flags(op: str) -> frozenset:
     return frozenset(get_op(op).soft_flags)
 
 
-def distance(a: Problem, b: Problem, op: str = "ssd_fwd") -> float:
+def distance(a: Problem, b: Problem, op: str | None = None) -> float:
     """The nearest tier's distance for `op`'s records: sum |log2(a/b)| over DISTANCE_DIMS plus
     FLAG_PENALTY per differing soft flag of the op; infinite when any other field differs. `a`
     is the query, `b` the record: a record tuned with the chunk size free (chunk_size None)
     answers any requested chunk size, since every chunk size computes the same function. 0 only
     where every field is equal (the exact tier)."""
-    return _compare(a, b, soft_flags(op))[0]
-
-
-def _freshness() -> tuple[str, str]:
-    import triton
-
-    from ..render import template_hash
-    return triton.__version__, template_hash()
-
-
-def record_time(rec: Record) -> float:
-    """The time a record ranks by: measured, else the static model's prediction, else inf."""
-    if rec.time_ms is not None:
-        return rec.time_ms
-    return rec.predicted_ms if rec.predicted_ms is not None else math.inf
+    return _compare(a, b, soft_flags(op_of(a, op)))[0]
 
 
 RANK_DISTANCE = 5   # where _rank's tuple holds the distance
@@ -425,17 +427,19 @@ def device_order(records: list[Record], arch: str, op: str, device: str | None) 
 
 
 def pick(problem: Problem, records: list[Record], arch: str, max_distance: float = MAX_DISTANCE,
-         launch_mode: str = "eager", op: str = "ssd_fwd", transfer: bool = True,
+         launch_mode: str = "eager", op: str | None = None, transfer: bool = True,
          device: str | None = None) -> Match:
     """Choose the config for `problem` from `records` (see the module docstring for the rules).
     launch_mode: "eager" or "graph", how the caller launches (the records timed that way first).
-    op: the op asked for (its records only; its default config where none applies).
+    op: the op asked for (its records only; its default config where none applies); default:
+    the one the problem's type names (`ProblemFields.default_op`).
     transfer: False leaves out the transfer tier (exact, nearest, else the default).
     device: the GPU's name (torch.cuda.get_device_name): its measured records rank before those
     of another device of the arch, within each tier (`device_order`: then one other card's
     before the next's, the card with the most records first)."""
     if launch_mode not in CALLER_MODES:
         raise ValueError(f"launch_mode: expected one of {CALLER_MODES}, got {launch_mode!r}")
+    op = op_of(problem, op)
     devices = device_order(records, arch, op, device)
     triton_v, th = _freshness()
     soft = soft_flags(op)
@@ -530,6 +534,7 @@ def _transferred(problem, records: list[Record], arch: str, launch_mode: str, op
     return None
 
 
-def choose(problem: Problem, arch: str, op: str = "ssd_fwd", db: str | os.PathLike | None = None,
+def choose(problem: Problem, arch: str, op: str | None = None, db: str | os.PathLike | None = None,
            max_distance: float = MAX_DISTANCE, launch_mode: str = "eager") -> Match:
+    op = op_of(problem, op)
     return pick(problem, load_records(arch, op, db), arch, max_distance, launch_mode, op)

@@ -173,6 +173,23 @@ def legacy_kernel_hash(config: BaseConfig, arch: str) -> str:
     return legacy(config, get_arch(arch).backend)
 
 
+PROVENANCE_RANK = {"measured": 0, "static": 1, "default": 2}   # how records rank: measured first
+
+
+def _freshness() -> tuple[str, str]:
+    import triton
+
+    from ..render import template_hash
+    return triton.__version__, template_hash()
+
+
+def record_time(rec: Record) -> float:
+    """The time a record ranks by: measured, else the static model's prediction, else inf."""
+    if rec.time_ms is not None:
+        return rec.time_ms
+    return rec.predicted_ms if rec.predicted_ms is not None else math.inf
+
+
 def _versions() -> tuple[str, str]:
     import triton
 
@@ -186,7 +203,7 @@ def _hostname() -> str:
 
 
 def make_record(problem, config: BaseConfig, arch: str, *, provenance: str,
-                time_ms: float | None = None, op: str = "ssd_fwd", device: str = "",
+                time_ms: float | None = None, op: str | None = None, device: str = "",
                 predicted_ms: float | None = None, notes: str = "",
                 launch_mode: str | None = None, made: Mapping[str, str] | None = None) -> Record:
     """A record for the current code (triton version, autossd version, kernel hash, now,
@@ -195,7 +212,8 @@ def make_record(problem, config: BaseConfig, arch: str, *, provenance: str,
     for a measured record, "any" for a static or default one (a prediction of GPU time).
     made: what a record copied from another store says of the code, time and host that made it
     (any of triton_version, autossd_version, template_hash, created_at, host): kept, so that a
-    stale record stays stale and keeps its date."""
+    stale record stays stale and keeps its date. op: default the config's."""
+    op = op or config.op
     if launch_mode is None:
         launch_mode = "eager" if provenance == "measured" else "any"
     triton_v, autossd_v = _versions()

@@ -8,23 +8,18 @@ looks records up by op. None of them names an op; they ask `get_op(config.op)` o
 name as a parameter.
 
 An op's declaration lives beside its kernels (`autossd/ops/<family>/<op>.py`) and registers
-itself when imported; `_BUILTIN` says which module declares each shipped op, so `get_op` can
-import it on first use (nothing here imports torch or triton).
+itself when imported, with the functions themselves (an editor follows them; a wrong name fails
+at import); `_BUILTIN` says which module declares each shipped op, so `get_op` can import it on
+first use (nothing here imports torch or triton).
 """
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..knobs import BaseConfig, KnobSpace
-
-
-def _resolve(path: str) -> Callable:
-    """'package.module:function' -> the function (imported on first use)."""
-    mod, _, name = path.partition(":")
-    return getattr(importlib.import_module(mod), name)
 
 
 @dataclass(frozen=True)
@@ -48,8 +43,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class Op:
-    """An op's declaration. The callables are named as 'module:function' and imported on first
-    use, so declaring an op costs no import of its kernels."""
+    """An op's declaration: its knob space, stages and templates, and the functions the pipeline
+    calls (the declaring module is imported on the op's first use: see `get_op`)."""
     name: str
     space: KnobSpace
     config_type: type[BaseConfig]
@@ -59,35 +54,35 @@ class Op:
     problem_type: type           # its key() is the record's problem; type(**key) validates it back
     # (config, backend) -> the template files the config's module includes, in order: the
     # kernels of its mode and the helpers they call (a record's freshness hashes this rendering)
-    includes: str
+    includes: Callable
     # (config, backend) -> extra template variables beyond cfg, backend and launch
-    render_context: str
-    plan: str                    # (problem, config, tensors, buffers, backend) -> launches
-    meta_launches: str           # (problem, config, backend) -> launches on meta tensors (cross-compile report)
+    render_context: Callable
+    plan: Callable               # (problem, config, tensors, buffers, backend) -> launches
+    meta_launches: Callable      # (problem, config, backend) -> launches on meta tensors (cross-compile report)
     # the tuner's correctness gate and timing: (problem, device, seed) -> inputs; (problem,
     # inputs) -> float64 outputs (first the checked output, then an optional second, or None);
     # (problem, config, inputs, backend) -> outputs of the generated kernels
-    tune_inputs: str
-    tune_reference: str
-    tune_run: str
-    reference: str               # float64 reference of the op's outputs
-    cost_model: str              # (problem, config) -> [tuner.model.StageCost]: the static model's inputs
-    default_config: str          # (arch, problem=None) -> config: used where no record applies
-    violations: str              # (config, arch, problem=None) -> reasons it cannot run
+    tune_inputs: Callable
+    tune_reference: Callable
+    tune_run: Callable
+    reference: Callable          # float64 reference of the op's outputs
+    cost_model: Callable         # (problem, config) -> [core.cost.StageCost]: the static model's inputs
+    default_config: Callable     # (arch, problem=None) -> config: used where no record applies
+    violations: Callable         # (config, arch, problem=None) -> reasons it cannot run
     amd_options: tuple = ()      # knobs passed to the AMD compiler as launch options
     # the tuner's hooks (optional): (problem) -> {knob: largest useful value}; (problem) ->
     # {knob: values never offered}; (arch, problem, search space) -> seed configs, default first
-    caps: str | None = None
-    excluded: str | None = None
-    seeds: str | None = None
+    caps: Callable | None = None
+    excluded: Callable | None = None
+    seeds: Callable | None = None
     # (arch) -> {knob: values whose correctness has never been shown on that arch's hardware}:
     # a tune for an arch not `hardware_validated` leaves them out unless the user opts in
-    unvalidated: str | None = None
+    unvalidated: Callable | None = None
     # (problem, config, inputs, backend) -> outputs: what the measured runner times, where it
     # differs from tune_run (None: tune_run). An op that updates an input in place has tune_run
     # work on a copy so the gate sees fresh inputs; the copy is no part of the op's time, so its
     # timed call updates the inputs themselves (the runner gates on a copy of its own)
-    tune_time: str | None = None
+    tune_time: Callable | None = None
     # problem fields (flags) that only change the kernels' prologue or epilogue, never a main
     # loop's tiles or math: the lookup's nearest tier lets a record that differs from the query in
     # them serve it, at a distance penalty per differing flag (autossd.db.lookup). Every other
@@ -97,14 +92,13 @@ class Op:
     # where it does not beat the op's default: a static tune says it before it starts
     static_caveat: str = ""
     doc: str = ""
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def fn(self, role: str) -> Callable:
         """The callable declared for `role` ("plan", "reference", "cost_model", ...)."""
-        hit = self._cache.get(role)
-        if hit is None:
-            hit = self._cache[role] = _resolve(getattr(self, role))
-        return hit
+        f = getattr(self, role)
+        if not callable(f):
+            raise ValueError(f"op {self.name!r}: declares no {role}")
+        return f
 
     @property
     def mode_knob(self) -> str:
@@ -129,6 +123,8 @@ class Op:
 
 
 _OPS: dict[str, Op] = {}
+# records and trial logs written before ops were named are the forward's (autossd.tuner.sinks)
+LEGACY_OP = "ssd_fwd"
 # which module declares each shipped op (imported by get_op on first use)
 _BUILTIN = {"ssd_fwd": "autossd.ops.ssd.fwd", "ssd_bwd": "autossd.ops.ssd.bwd", "ssd_varlen": "autossd.ops.ssd.varlen",
             "ssd_decode": "autossd.ops.ssd.decode"}
@@ -158,6 +154,16 @@ def get_op(name: str) -> Op:
     if op is None:
         raise ValueError(f"op: unknown op {name!r}; known: {sorted(set(_OPS) | set(_BUILTIN))}")
     return op
+
+
+def op_of(problem, op: str | None = None) -> str:
+    """`op`, else the op a problem of its type keys records for (`ProblemFields.default_op`)."""
+    if op is not None:
+        return op
+    named = getattr(type(problem), "default_op", None)
+    if named is None:
+        raise ValueError(f"op: a {type(problem).__name__} names no op of its own; pass op")
+    return named
 
 
 def op_names() -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The tuner: Optuna studies over `autossd.ops.ssd.fwd_knobs.KNOBS`, measured on the local GPU or predicted
+"""The tuner: Optuna studies over an op's knob space (`autossd.ops.registry`), measured on the local GPU or predicted
 for an absent arch (static mode), results stored through a small sink seam."""
 from .api import choose_mode, make_runner, tune
 from .sinks import JsonlSink, make_result, open_sink

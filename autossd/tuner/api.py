@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from ..arch import get_arch, local_arch
-from ..ops.registry import get_op
+from ..ops.registry import get_op, op_of
 from ..problem import Problem
 from .sinks import Sink
 from .storage import kept_journals
@@ -37,7 +37,7 @@ def choose_mode(arch: str, mode: str = "auto", local: str | None = "detect") -> 
 
 
 def make_runner(mode: str, arch: str, problem: Problem, compile_workers: int = 2,
-                timeout: float = 60.0, op: str = "ssd_fwd", **kw: Any):
+                timeout: float = 60.0, op: str | None = None, **kw: Any):
     """The runner of a tune: cross-compiled and model-ranked (static), or measured on the local
     GPU against the op's float64 reference (measured)."""
     if mode == "static":
@@ -150,6 +150,8 @@ def _tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sin
     """`tune`'s work, without its cleanup."""
     arch = get_arch(arch).name
     runner_kw = dict(runner_kw or {})
+    if settings.op is None and problems:   # the workers build problems from their keys: name the type's op
+        settings = dataclasses.replace(settings, op=op_of(problems[0]))
     results = []
     with kept_journals():   # each shape's study opens the journal: replayed once, not per shape
         if workers > 1:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..knobs import BaseConfig as Config
-from ..ops.registry import get_op
+from ..ops.registry import get_op, op_of
 from ..problem import Problem
 from ..testing import grad_tolerance, tolerance
 
@@ -48,18 +48,18 @@ class GateResult:
         return asdict(self)
 
 
-def make_inputs(problem: Problem, device="cpu", seed: int = 0, op: str = "ssd_fwd") -> dict:
+def make_inputs(problem: Problem, device="cpu", seed: int = 0, op: str | None = None) -> dict:
     """Fresh random inputs of `op` for `problem` (the op's `tune_inputs`)."""
-    return get_op(op).fn("tune_inputs")(problem, device, seed)
+    return get_op(op_of(problem, op)).fn("tune_inputs")(problem, device, seed)
 
 
 def input_bytes(t: dict) -> int:
     return sum(v.numel() * v.element_size() for v in t.values() if isinstance(v, torch.Tensor))
 
 
-def reference(problem: Problem, t: dict, op: str = "ssd_fwd"):
+def reference(problem: Problem, t: dict, op: str | None = None):
     """The float64 outputs the gate compares with (the op's `tune_reference`)."""
-    return get_op(op).fn("tune_reference")(problem, t)
+    return get_op(op_of(problem, op)).fn("tune_reference")(problem, t)
 
 
 def default_run(problem: Problem, config: Config, t: dict, backend: str = "cuda", poison: bool = False):
@@ -100,8 +100,8 @@ def compare(out, ref, dtype: str, state_dtype: str = "fp32", tol: float | None =
 def check(problem: Problem, config: Config, t: dict, ref, run: Runner = poisoned_run) -> GateResult:
     """Run the candidate once and compare with `ref` (from `reference`). An exception in the
     candidate is a failed gate, not a crash of the tuner. A reference may cover the leading rows
-    of the batch and a subset of the heads (ssd_fwd's reference_rows / reference_heads, for
-    large problems): those are compared, and every element of the outputs must be finite."""
+    of the batch and a subset of the heads (an op's tune_reference may, for large problems:
+    the forward's does): those are compared, and every element of the outputs must be finite."""
     try:
         out = run(problem, config, t)
     except Exception as e:  # a candidate's error is a verdict on the candidate
@@ -123,7 +123,7 @@ def check(problem: Problem, config: Config, t: dict, ref, run: Runner = poisoned
         hs = torch.tensor(heads, device=y.device)
         y = y.index_select(2, hs)
         final = final.index_select(1, hs) if final is not None else None
-    # a reference of a large batch may cover only its leading sequences (ssd_fwd reference_rows)
+    # a reference of a large batch may cover only its leading sequences (an op's tune_reference)
     rows = y_ref.shape[0] if y.dim() == y_ref.dim() and y.shape[1:] == y_ref.shape[1:] else None
     res = compare(y[:rows], y_ref, problem.dtype, state_dtype)
     if res.ok and final_ref is not None:

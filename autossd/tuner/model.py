@@ -2,7 +2,7 @@
 present, from the problem, the launch plan and the cross-compile report. It ranks candidates;
 its absolute numbers are estimates (the CLI labels them as predictions).
 
-Per stage s (the five launches of `ops.ssd.chunk.plan`, grids taken from the plan itself):
+Per stage s (each launch of the op's plan, as its cost model describes it, `Op.cost_model`):
 
     bytes_s = unique_s + reread_s
         unique_s: DRAM traffic if every tensor the stage touches were read/written once —
@@ -67,11 +67,12 @@ from dataclasses import dataclass
 
 from ..arch import Arch, get_arch
 from ..compile import CompileReport, StageReport
+from ..core.cost import SECTOR, StageCost  # noqa: F401 (the cost types, offered here as ever)
+from ..core.cost import cdiv as _cdiv
 from ..knobs import BaseConfig as Config
 from ..ops.registry import get_op
 from ..problem import Problem
 
-SECTOR = 32        # bytes per DRAM sector
 
 
 @dataclass(frozen=True)
@@ -148,24 +149,6 @@ def constants_for(arch: Arch | str) -> Constants:
 
 
 @dataclass
-class StageCost:
-    stage: str
-    grid: int
-    unique_bytes: float
-    reread_bytes: float
-    flops: float
-    block: tuple[int, int, int] = (64, 64, 64)   # (m, n, k) tile of its main dot
-    stages: int = 1
-    sector_eff: float = 1.0
-    chain: int = 0                                # dependent steps per program (state passing)
-    ordered: bool = False                         # chain crosses programs (fused depths' hand-off)
-    # Streaming stages (the decode step): bytes one resident program has loading at once. Non-zero
-    # switches stage_time from the warp-count view of latency hiding to a bytes-in-flight bound.
-    inflight: float = 0.0
-    resident_cap: int = 0                         # programs per SM the launch itself keeps to (0: none)
-
-
-@dataclass
 class StageTime:
     stage: str
     seconds: float
@@ -173,10 +156,6 @@ class StageTime:
     t_comp: float
     occupancy_blocks: float
     waves: int
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _blocks_per_sm(arch: Arch, rep: StageReport) -> float:

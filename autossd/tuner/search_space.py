@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 
 from ..arch import Arch, get_arch
 from ..knobs import BaseConfig as Config
-from ..ops.registry import Op, get_op
+from ..ops.registry import Op, get_op, op_of
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class SearchSpace:
     # default for the knobs it cannot rank: the sm90 chunk scan's register cap is 128 at five
     # and three launches, none at one)
     pinned_at: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    op: str = "ssd_fwd"
+    op: str = ""   # (build_space sets it: the op whose knobs these are)
 
     @property
     def _op(self) -> Op:
@@ -149,13 +149,14 @@ class SearchSpace:
 
 
 def build_space(arch: Arch | str, problem, fixed: Mapping[str, Any] | None = None,
-                static: bool = False, op: str = "ssd_fwd", allow_unvalidated: bool = False) -> SearchSpace:
+                static: bool = False, op: str | None = None, allow_unvalidated: bool = False) -> SearchSpace:
     """The search space of `op` for `problem` on `arch`. `fixed` pins knobs (validated like a
     config). `static` (model-ranked, no GPU): knobs the model cannot rank (Knob.measured_only)
     keep each mode's default unless fixed. On an arch whose hardware never ran autossd, the
     values whose correctness only a run there could show (Op.unvalidated) are left out unless
     `allow_unvalidated` (or a `fixed` pin asks for one)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
+    op = op_of(problem, op)
     o = get_op(op)
     mode = o.mode_knob
     fixed = dict(fixed or {})

@@ -1,22 +1,21 @@
 """Problem shapes from the command line: "b=1,l=16384,h=80,p=64,n=128,g=1" or a model preset
-(the benchmark's table of model shapes), optionally with overrides: "mamba2-2.7b:b=4,l=16384".
+(the benchmark's table of model shapes), optionally with overrides: "mamba2-2.7b:b=4,l=16k".
 
-Each problem type has its own form (`ShapeForm`, looked up by the op's problem type): the
-forward's and the backward's batch x sequence shapes above; the decode step's "b=64[,t=1]" (rows
-per call, tokens per row) and packed prefill's "t=8192,s=16[,q=256]" (total tokens, sequences,
-chunk length), both with a model prefix for h p n g or the keys themselves. The state dtype of
-the decode step's and packed prefill's problems comes from the caller (`state_dtype`), not a key:
-the same letters mean other things in the forms.
+Each problem type brings its own form (`knobs.ShapeForm`, the type's `shape_form`): its keys and
+flags, its presets and grid, its help. The forward's and the backward's batch x sequence shapes
+(autossd/problem.py); the decode step's "b=64[,t=1]" (rows per call, tokens per row) and packed
+prefill's "t=8192,s=16[,q=256]" (total tokens, sequences, chunk length), both with a model
+prefix for h p n g or the keys themselves (beside their problem types in autossd/ops/ssd/). The
+state dtype of a form whose problems name one comes from the caller (`state_dtype`), not a key:
+the same letters mean other things in the forms. Nothing here names an op or its problem type.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-from ..ops.ssd.decode_knobs import DecodeProblem
-from ..ops.ssd.varlen_knobs import VarlenProblem
-from ..problem import Problem, check_grid
+from ..knobs import ShapeForm
+from ..ops.registry import get_op, op_names
+# the forward's grammar and grid, offered here as they always were
+from ..problem import (FLAGS, GRID_BATCHES, GRID_MAX_TOKENS, GRID_SEQLENS, KEYS, MODEL_FLAGS,  # noqa: F401
+                       PRESET_SHAPES, grid_sizes)
 
 # model -> (nheads, headdim, dstate, ngroups) of its SSD layers, the dims a --shapes prefix sets.
 # Mamba-2: d_model 768 / 1024 / 1536 / 2048 / 2560, expand 2, headdim 64, d_state 128, one group,
@@ -51,34 +50,7 @@ MODELS: dict[str, tuple[int, int, int, int]] = {
     "bamba-9b": (128, 64, 128, 1),
 }
 
-# The grid the shipped databases cover: every distinct SSD layer above x (batch, seqlen) across
-# prefill and training x fp16 and bf16. Batch and length step by 4x, so a shape between grid
-# points is within 2x of one in each: the lookup's nearest tier (same dims and dtype, at most
-# 2 in summed |log2| ratios) reaches it. The token cap keeps the largest calls to what one GPU
-# holds in a training step (64 x 8k, 16 x 32k, 4 x 128k).
-GRID_BATCHES = (1, 4, 16, 64)
-GRID_SEQLENS = (512, 2048, 8192, 32768, 131072)
-GRID_MAX_TOKENS = 2 ** 19
 GRID_DTYPES = ("fp16", "bf16")
-# The decode step's grid: rows per step from one sequence to a served batch, each with its cache
-# in fp32 or in the inputs' 16-bit type. The lookup's nearest tier reaches other batches.
-GRID_DECODE_BATCHES = (1, 16, 64)
-# Packed prefill's grid: (tokens, sequences) of an engine's prefill step, many short sequences
-# and few long ones; states in fp32 (the engines' default cache).
-GRID_VARLEN = ((8192, 16), (65536, 64))
-
-# (batch, seqlen) shapes per model: the benchmark's for the first three; the grid's for the rest
-PRESET_SHAPES: dict[str, list[tuple[int, int]]] = {
-    "mamba2-130m": [(1, 2048), (1, 131072)],
-    "mamba2-2.7b": [(1, 2048), (8, 2048), (4, 16384), (1, 131072)],
-    "codestral-7b": [(1, 131072)],
-}
-KEYS = {"b": "batch", "l": "seqlen", "h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups",
-        "q": "chunk_size"}
-FLAGS = {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus",
-         "final": "return_final_states"}
-# What Mamba-2's layer passes: D (h,), dt_bias, softplus; z is applied by the gated norm.
-MODEL_FLAGS = {"has_D": True, "has_dt_bias": True, "dt_softplus": True}
 
 
 class ShapeError(ValueError):
@@ -91,66 +63,9 @@ def _int(raw: str) -> int:
     return int(raw[:-1]) * 1024 if raw.endswith("k") else int(raw)
 
 
-def _forward(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> Problem:
-    prob = Problem(dtype=dtype, **vals, **flags)
-    check_grid(prob.batch, prob.seqlen, prob.nheads)   # what the runtime could never run
-    return prob
-
-
-def _decode(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> DecodeProblem:
-    return DecodeProblem(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
-
-
-def _varlen(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> VarlenProblem:
-    if vals["tokens"] < vals["seqs"]:
-        raise ValueError(f"t={vals['tokens']} tokens cannot hold s={vals['seqs']} sequences "
-                         "(each sequence has at least one token)")
-    from ..ops.ssd.varlen import problem_for   # imports torch: only when a packed shape is asked for
-    # the chunk count follows from the sequence lengths the tuner draws (tune_inputs)
-    return problem_for(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
-
-
-@dataclass(frozen=True)
-class ShapeForm:
-    """How one problem type is written on the command line."""
-    keys: dict[str, str]              # key -> problem field (sizes)
-    flags: dict[str, str]             # key -> problem field (0/1)
-    flag_defaults: dict[str, bool]    # what the model's call passes
-    model_sizes: dict[str, int]       # sizes a model prefix sets besides h p n g
-    optional: tuple[str, ...]         # keys that may be left out: the field's `defaults`, else the type's
-    example: str
-    build: Callable[[dict, dict, str, str | None], Any]   # (sizes, flags, dtype, state dtype)
-    states: bool = False              # its problems name the dtype their states are kept in
-    defaults: dict[str, int] = field(default_factory=dict)   # field -> value when its key is left out
-    presets: list[dict[str, int]] = field(default_factory=list)   # sizes of each preset shape
-
-
-_MODEL_KEYS = {"h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups"}
-FORWARD = ShapeForm(KEYS, FLAGS, MODEL_FLAGS, {"batch": 1, "seqlen": 2048}, ("q",),
-                    "b=1,l=16384,h=80,p=64,n=128,g=1", _forward)
-# Mamba-2's decode step passes D, dt_bias and softplus; z only when the layer has no gated norm
-# (the default layer has one, as the forward's presets assume). b: rows per call; t: tokens per
-# row of a multi-token step. Presets: the batches scripts/bench_decode.py measures.
-DECODE = ShapeForm({"b": "batch", "t": "tokens", **_MODEL_KEYS},
-                   {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus"},
-                   MODEL_FLAGS, {"batch": 1}, ("t",), "b=64,h=80,p=64,n=128,g=1", _decode,
-                   states=True, defaults={"tokens": 1}, presets=[{"batch": b} for b in (1, 16, 64)])
-# An engine's packed prefill passes D, dt_bias, softplus and each sequence's initial state (zeros
-# for a fresh one). t: tokens of every sequence together; s: sequences; q: the model's chunk
-# length (256 for Mamba-2). Presets: packed batches scripts/bench_varlen.py times.
-VARLEN = ShapeForm({"t": "tokens", "s": "seqs", "q": "chunk_size", **_MODEL_KEYS},
-                   {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus",
-                    "init": "has_init"},
-                   {**MODEL_FLAGS, "has_init": True}, {"tokens": 2048, "seqs": 1}, ("q",),
-                   "t=8192,s=16,h=80,p=64,n=128,g=1", _varlen, states=True, defaults={"chunk_size": 256},
-                   presets=[{"tokens": t, "seqs": n} for t, n in ((8192, 1), (8192, 16), (8192, 64), (65536, 64))])
-FORMS: dict[type, ShapeForm] = {Problem: FORWARD, DecodeProblem: DECODE, VarlenProblem: VARLEN}
-
-
-def form_of(op: str = "ssd_fwd") -> ShapeForm:
+def form_of(op: str) -> ShapeForm:
     """The shape form of `op`'s problems; ShapeError when --shapes cannot describe them."""
-    from ..ops.registry import get_op
-    form = FORMS.get(get_op(op).problem_type)
+    form = get_op(op).problem_type.shape_form
     if form is None:
         raise ShapeError(f"op {op!r}: its problems have no --shapes form")
     return form
@@ -158,25 +73,57 @@ def form_of(op: str = "ssd_fwd") -> ShapeForm:
 
 def shaped_ops() -> list[str]:
     """The ops whose problems --shapes describes."""
-    from ..ops.registry import get_op, op_names
-    return [n for n in op_names() if get_op(n).problem_type in FORMS]
+    return [n for n in op_names() if get_op(n).problem_type.shape_form is not None]
+
+
+def stated_ops() -> list[str]:
+    """The ops whose problems name the dtype their states are kept in (--state-dtype)."""
+    return [n for n in shaped_ops() if form_of(n).states]
 
 
 def describe(problem) -> str:
     """A problem as a summary line: its sizes in its form's keys, the dtype (and state dtype)."""
-    if isinstance(problem, Problem):
-        p = problem
-        return f"b={p.batch},l={p.seqlen},h={p.nheads},p={p.headdim},n={p.dstate},g={p.ngroups} {p.dtype}"
-    form = FORMS.get(type(problem))
+    form = type(problem).shape_form
     if form is None:
         return str(problem.key())
-    sizes = ",".join(f"{k}={getattr(problem, f)}" for k, f in form.keys.items())
+    keys = form.summary or tuple(form.keys)
+    sizes = ",".join(f"{k}={getattr(problem, form.keys[k])}" for k in keys)
     state = f" state {problem.state_dtype}" if form.states else ""
     return f"{sizes} {problem.dtype}{state}"
 
 
-def parse_shape(text: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype: str | None = None):
-    """One shape of `op`'s problem type (the forward's by default). Forward keys: b l h p n g
+def _forms() -> list[tuple[ShapeForm, list[str]]]:
+    """Each form, with the ops whose problems it describes (in the registry's order)."""
+    out: list[tuple[ShapeForm, list[str]]] = []
+    for name in shaped_ops():
+        form = form_of(name)
+        for f, names in out:
+            if f is form:
+                names.append(name)
+                break
+        else:
+            out.append((form, [name]))
+    return out
+
+
+def shapes_help(default_op: str) -> str:
+    """The --shapes help: `default_op`'s grammar, then each other form's, named by its ops."""
+    forms = sorted(_forms(), key=lambda fn: default_op not in fn[1])
+    return ". ".join(f.help if default_op in names else f"--op {' / '.join(names)}: {f.help}" for f, names in forms)
+
+
+def preset_help(default_op: str) -> str:
+    """The --preset help: what a model's preset and the grid hold, per form."""
+    forms = sorted(_forms(), key=lambda fn: default_op not in fn[1])
+    each = "; ".join(f.preset_help + ("" if default_op in names else f" for {' / '.join(names)}") for f, names in forms)
+    grids = "; ".join(f.grid_help + ("" if default_op in names else f" for {' / '.join(names)}") for f, names in forms)
+    return (f"every shape benchmarked for a model ({each}). grid: the model grid the shipped databases "
+            f"cover, every distinct SSD layer of the models in autossd/tuner/shapes.py x {grids}; fp16 and "
+            "bf16 unless --dtype is given")
+
+
+def parse_shape(text: str, dtype: str = "fp16", *, op: str, state_dtype: str | None = None):
+    """One shape of `op`'s problem type. Forward keys: b l h p n g
     (required unless a model prefix gives h p n g), q (pins the chunk size), flags d z bias
     softplus final (0/1; default d=1 bias=1 softplus=1). Other forms: see the module docstring
     and `ShapeForm`. `state_dtype`: the state dtype of a form whose problems name one (default
@@ -226,13 +173,13 @@ def parse_shape(text: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype
         raise ShapeError(str(e)) from None
 
 
-def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16", op: str = "ssd_fwd",
+def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16", *, op: str,
                  state_dtype: str | None = None) -> list:
     """Several shapes: repeated options and/or ';'-separated."""
     out = []
     for t in texts:
         for one in filter(None, (s.strip() for s in t.split(";"))):
-            out.append(parse_shape(one, dtype, op, state_dtype))
+            out.append(parse_shape(one, dtype, op=op, state_dtype=state_dtype))
     return out
 
 
@@ -242,43 +189,31 @@ def grid_dims() -> list[tuple[int, int, int, int]]:
     return sorted(set(MODELS.values()), key=lambda d: (d[1], d[2], d[3], d[0]))
 
 
-def grid_sizes() -> list[tuple[int, int]]:
-    """The grid's (batch, seqlen) pairs: GRID_BATCHES x GRID_SEQLENS up to GRID_MAX_TOKENS."""
-    return [(b, l) for l in GRID_SEQLENS for b in GRID_BATCHES if b * l <= GRID_MAX_TOKENS]
-
-
-def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, op: str = "ssd_fwd",
-         state_dtype: str | None = None) -> list:
-    """Every grid shape as a problem of `op`, with the flags Mamba-2's layer passes: for the
-    forward and the backward the layers x `grid_sizes()`; for the decode step the layers x
-    GRID_DECODE_BATCHES x a cache in fp32 and in the inputs' type (or `state_dtype`); for packed
-    prefill the layers x GRID_VARLEN, states in fp32 (or `state_dtype`). Ordered for a tune: by
-    dtype, then headdim and dstate (the kernels' tile sizes), then groups and heads, then size,
-    so that shapes whose candidates compile to the same kernels come one after another and the
-    later ones find them in Triton's cache."""
+def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, *, op: str, state_dtype: str | None = None) -> list:
+    """Every grid shape as a problem of `op`, with the flags Mamba-2's layer passes: the layers
+    of MODELS x the form's grid points, at each dtype and each state dtype the form gives it
+    (the forward and the backward: (batch, seqlen) up to a token cap; the decode step: batches x
+    a cache in fp32 and in the inputs' type, or `state_dtype`; packed prefill: packed batches,
+    states in fp32, or `state_dtype`). Ordered for a tune: by dtype (and state dtype), then
+    headdim and dstate (the kernels' tile sizes), then groups and heads, then size, so that
+    shapes whose candidates compile to the same kernels come one after another and the later
+    ones find them in Triton's cache."""
     form = form_of(op)
-    dims = grid_dims()
-    if form is DECODE:
-        return [parse_shape(f"b={b},h={h},p={p},n={n},g={g}", dtype, op, sd)
-                for dtype in dtypes for sd in ((state_dtype,) if state_dtype else ("fp32", dtype))
-                for h, p, n, g in dims for b in GRID_DECODE_BATCHES]
-    if form is VARLEN:
-        return [parse_shape(f"t={t},s={n_seq},h={h},p={p},n={n},g={g}", dtype, op, state_dtype or "fp32")
-                for dtype in dtypes for h, p, n, g in dims for t, n_seq in GRID_VARLEN]
-    return [parse_shape(f"b={b},l={l},h={h},p={p},n={n},g={g}", dtype, op)
-            for dtype in dtypes for h, p, n, g in dims for b, l in grid_sizes()]
+    keys = {f: k for k, f in form.keys.items()}
+    return [parse_shape(",".join([*(f"{keys[f]}={v}" for f, v in point.items()), f"h={h},p={p},n={n},g={g}"]),
+                        dtype, op=op, state_dtype=sd)
+            for dtype in dtypes for sd in form.grid_states(dtype, state_dtype)
+            for h, p, n, g in grid_dims() for point in form.grid]
 
 
-def preset(name: str, dtype: str = "fp16", op: str = "ssd_fwd", state_dtype: str | None = None) -> list:
+def preset(name: str, dtype: str = "fp16", *, op: str, state_dtype: str | None = None) -> list:
     """Every shape of a model's preset for `op`'s problem type; "grid": the grid at `dtype`."""
     if name == "grid":
-        return grid((dtype,), op, state_dtype)
+        return grid((dtype,), op=op, state_dtype=state_dtype)
     if name not in MODELS:
         raise ShapeError(f"unknown preset {name!r}; expected one of {sorted(MODELS) + ['grid']}")
     form = form_of(op)
-    if form is FORWARD:
-        sizes = PRESET_SHAPES.get(name, grid_sizes())
-        return [parse_shape(f"{name}:b={b},l={l}", dtype, op) for b, l in sizes]
     keys = {f: k for k, f in form.keys.items()}
-    return [parse_shape(f"{name}:" + ",".join(f"{keys[f]}={v}" for f, v in sizes.items()), dtype, op, state_dtype)
-            for sizes in form.presets]
+    return [parse_shape(f"{name}:" + ",".join(f"{keys[f]}={v}" for f, v in sizes.items()), dtype, op=op,
+                        state_dtype=state_dtype)
+            for sizes in form.model_presets.get(name, form.presets)]

@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..ops.registry import LEGACY_OP
 from ..problem import Problem
 from ..knobs import BaseConfig as Config
 
-OP = "ssd_fwd"
 PROVENANCES = ("measured", "static")
 
 
@@ -251,7 +251,7 @@ class DbSink:
                     if record.get(src)}
         from ..db.records import device_text
         from ..ops.registry import get_op
-        op = get_op(record.get("op", OP))
+        op = get_op(record.get("op", LEGACY_OP))
         return self.layer.make_record(
             op.problem_type(**record["problem"]), op.config(record["config"]), record["arch"],
             op=op.name, provenance=record["provenance"], time_ms=None if static else record["time_ms"],

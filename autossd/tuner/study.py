@@ -41,9 +41,9 @@ from ..arch import get_arch
 from ..problem import Problem
 from ..render import template_hash
 from ..knobs import BaseConfig as Config
-from ..ops.registry import get_op
+from ..ops.registry import LEGACY_OP, get_op, op_of
 from .model import floor_ms
-from .sinks import _UNSAFE, OP, DbSink, Sink, make_result, mode_of
+from .sinks import _UNSAFE, DbSink, Sink, make_result, mode_of
 from .search_space import SearchSpace, build_space, seed_configs, space_default
 from . import failures
 from .storage import open_storage, study_lock
@@ -66,7 +66,7 @@ class Settings:
     worker: int = 0                  # progress-bar row when several workers share a study
     workers: int = 1                 # the workers sharing each study (worker i finishes problem j when j % workers == i)
     confirm: int = 3                 # measured: each mode's N fastest re-timed before storing (0: off)
-    op: str = OP                     # the op tuned (autossd.ops.registry)
+    op: str | None = None            # the op tuned (autossd.ops.registry; default: the problem type's)
     # offer configs whose correctness was never shown on this arch's hardware (Op.unvalidated)
     allow_unvalidated: bool = False
 
@@ -107,7 +107,7 @@ def _config(op: str, values) -> Config:
 
 def _op_of(study: optuna.Study) -> str:
     """The op a study tunes (a study from before ops were named tuned the forward)."""
-    return getattr(study, "user_attrs", {}).get("op", OP)
+    return getattr(study, "user_attrs", {}).get("op", LEGACY_OP)
 
 
 def _pow2(n: int) -> int:
@@ -156,7 +156,7 @@ def _key_bucket(key: Mapping[str, Any]) -> str:
 
 
 def study_name(arch: str, problem: Problem, mode: str, device: str, objective: str | None = None,
-               pinned: Mapping[str, Any] | None = None, op: str = OP) -> str:
+               pinned: Mapping[str, Any] | None = None, op: str | None = None) -> str:
     """pinned: the knobs the user fixed (--fix). A study searches one space, so other pins make
     another study: a resumed study never stores a best that breaks the pins asked for now."""
     where = mode if mode == "static" else f"{mode}@{device.replace(' ', '_')}"
@@ -164,7 +164,7 @@ def study_name(arch: str, problem: Problem, mode: str, device: str, objective: s
         where += f"-{objective}"
     if pinned:
         where += "-x" + hashlib.sha256(json.dumps(sorted(pinned.items()), default=str).encode()).hexdigest()[:8]
-    return f"{op}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
+    return f"{op_of(problem, op)}:{arch}:{bucket(problem)}:{where}:t{template_hash()[:8]}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -237,7 +237,7 @@ def say_resumed(study: optuna.Study) -> None:
 def _record_identity(rec: dict) -> str:
     device = _UNSAFE.sub("-", rec.get("device") or "")[:128]   # as DbSink stores it
     return json.dumps([rec["op"], rec["arch"], device, rec["problem"], mode_of(rec), rec["provenance"],
-                       _config(rec.get("op", OP), rec["config"]).key()], sort_keys=True, default=str)
+                       _config(rec.get("op", LEGACY_OP), rec["config"]).key()], sort_keys=True, default=str)
 
 
 def _already_stored(sink: Sink, rec: dict) -> bool:
@@ -259,16 +259,17 @@ def _already_stored(sink: Sink, rec: dict) -> bool:
 def open_study(arch: str, problem: Problem, mode: str, device: str, settings: Settings,
                space: SearchSpace | None = None, objective: str | None = None
                ) -> tuple[optuna.Study, SearchSpace]:
-    space = space or build_space(arch, problem, settings.fixed, static=mode == "static", op=settings.op,
+    op = op_of(problem, settings.op)
+    space = space or build_space(arch, problem, settings.fixed, static=mode == "static", op=op,
                                  allow_unvalidated=settings.allow_unvalidated or mode == "measured")
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    name = study_name(arch, problem, mode, device, objective, settings.fixed, settings.op)
+    name = study_name(arch, problem, mode, device, objective, settings.fixed, op)
     # under the lock: workers starting together would otherwise write the attributes at once
     with study_lock(settings.storage, name):
         study = optuna.create_study(study_name=name, storage=open_storage(settings.storage), sampler=sampler,
                                     direction="minimize", load_if_exists=True)
         if "problem" not in study.user_attrs:
-            for k, v in {"arch": arch, "op": settings.op, "problem": problem.key(), "mode": mode,
+            for k, v in {"arch": arch, "op": op, "problem": problem.key(), "mode": mode,
                          "device": device, "space": {d.name: list(d.values) for d in space.dims},
                          "pinned": dict(space.pinned)}.items():
                 study.set_user_attr(k, v)

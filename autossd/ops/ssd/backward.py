@@ -29,9 +29,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ... import problem as _problem
+from ...core import select as _select
 from ...render import launch_options, load
 from .bwd_knobs import STATE_DTYPES, BwdConfig
+from .naive import ssd_chunked, ssd_recurrent
 from .plan import Launch
 
 _TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
@@ -362,7 +363,6 @@ def reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_
             and reference_bytes(b, l, h, p, B.shape[-1], chunk_size) > max_bytes):
         return _reference_by_heads(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                    dt_softplus, dt_limit, dout, dfinal, max_bytes)
-    from .naive import ssd_chunked, ssd_recurrent
     f64 = torch.float64
     given = {k: v for k, v in dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                    initial_states=initial_states).items() if v is not None}
@@ -409,106 +409,9 @@ def _reference_by_heads(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_state
     return out
 
 
-# --- the entry the autograd wrappers call (grad.py) ------------------------------------------
-_configs: dict = {}
-
-
+# --- the config (the autograd glue, autossd/grad.py, runs the backward) --------------------------
 def config_for(prob, arch: str, device: str | None = None) -> BwdConfig:
     """The backward's config for a problem on an arch: a tuned ssd_bwd record where the lookup
-    finds one (the records measured on `device`, a GPU's name, first), else the arch default.
-    Cached per process."""
-    key = (prob, arch, device)
-    hit = _configs.get(key)
-    if hit is None:
-        from ...db.lookup import load_records, pick
-        try:
-            hit = pick(prob, load_records(arch, "ssd_bwd"), arch, op="ssd_bwd", device=device).config
-        except Exception:   # no usable store: the default is always correct
-            from .bwd_knobs import default_config
-            hit = default_config(arch, prob)
-        if len(_configs) > 4096:
-            _configs.clear()
-        _configs[key] = hit
-    return hit
-
-
-def _problem_of(t: dict, call: dict, final: bool):
-    return _problem.from_args(t["x"], t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), t.get("z"),
-                              t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx"), None,
-                              call["dt_softplus"], call["dt_limit"], final, False, call.get("state_dtype"))
-
-
-def forward_saving(t: dict, call: dict):
-    """The forward run with buffers of its own, kept for the backward (save_states = 1): returns
-    (the forward's outputs as the drop-in returns them, Saved), or None where the backward's
-    config recomputes, or the forward's config does not leave every chunk's entering state in
-    its buffer (the fused depths and the Gluon walk keep them elsewhere): the caller then runs the
-    forward as usual and the backward recomputes."""
-    from ...db.lookup import device_name
-    from ...runtime import _unit_stride, arch_of_device, get_kernel
-    from .chunk import _execute
-    from .workspace import allocate as fwd_allocate
-    if call.get("cu_seqlens") is not None or call.get("return_varlen_states"):
-        return None
-    x = t["x"]
-    final = bool(call.get("return_final_states"))
-    prob = _problem_of(t, call, final)
-    arch = arch_of_device(x.device)
-    cfg = config_for(prob, arch, device_name(x.device))
-    if not cfg.save_states:
-        return None
-    kern = get_kernel(prob, arch, device=x.device.index)
-    fcfg = kern.config
-    if fcfg.launches != 5 or fcfg.state_walk or fcfg.chunk_size != cfg.chunk_size:
-        return None
-    fcfg = fcfg.replace(state_dtype=cfg.state_dtype)
-    buf = fwd_allocate(prob, fcfg, x.device)
-    module = load(fcfg, kern.backend)
-    ft = {k: t.get(k) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")}
-    for k in ("x", "z", "B", "C"):   # as the drop-in: a strided last dimension is copied
-        ft[k] = _unit_stride(ft[k])
-    out = _execute(prob, fcfg, ft,
-                   buf, None, call["dt_limit"], None, kern.backend, module, None)
-    return out, Saved(states=buf.states, dt=buf.dt, dA=buf.dA)
-
-
-def forward_ungated(t: dict, call: dict, outputs: bool = False):
-    """The forward of a call without its gate (z's gradient needs its output y'): y', or with
-    `outputs` everything the call asked for (y' first), from the drop-in's workspace."""
-    from ...runtime import _forward
-    return _forward(t["x"], t["dt"], t["A"], t["B"], t["C"], call["chunk_size"], t.get("D"), None, t.get("dt_bias"),
-                    t.get("initial_states"), t.get("seq_idx"), call.get("cu_seqlens") if outputs else None,
-                    call["dt_softplus"], call["dt_limit"], outputs and call["return_final_states"],
-                    outputs and call["return_varlen_states"], call.get("state_dtype"), keep=outputs)
-
-
-def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None) -> dict:
-    """Gradients (name -> tensor) of the inputs named in `need`, from the gradient wrt y and wrt
-    the final states (None where not returned). t: the forward's inputs by name; call: its
-    chunk_size, dt_softplus, dt_limit (a pair of floats) and state_dtype. t["y_pre"], where
-    given, is the ungated output the forward kept; it is taken out of `t` (the backward frees it
-    once read), and computed again where z's gradient is needed and it is not given."""
-    from ...arch import get_arch
-    from ...db.lookup import device_name
-    from ...runtime import arch_of_device
-    x = t["x"]
-    prob = _problem_of(t, call, dfinal is not None)
-    arch = arch_of_device(x.device)
-    config = config_for(prob, arch, device_name(x.device))
-    backend = get_arch(arch).backend
-    kept = t.pop("y_pre", None)
-    t = dict(t)
-    if kept is not None and "z" in need:
-        t["y_pre"] = kept
-    del kept
-    if t.get("z") is not None and "z" in need and "y_pre" not in t:
-        # z's gradient needs the ungated output: the forward again, without the gate
-        with torch.no_grad():
-            t["y_pre"] = forward_ungated(t, call)
-    if dfinal is not None:
-        dfinal = dfinal.float()
-    if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
-        with torch.cuda.device(x.device):
-            return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend,
-                           drop_y_pre=True)
-    return execute(prob, config, t, dout, dfinal, need, call["dt_limit"], saved, backend, drop_y_pre=True)
+    finds one (the records measured on `device`, a GPU's name, first), else the arch default
+    (also where no store can be read: the default is always correct). Cached per process."""
+    return _select.select("ssd_bwd", prob, arch, device, safe=True).config

@@ -3,8 +3,16 @@ reference, cost model, defaults and constraints. The kernels are templates/ssd_b
 (allocation, launches, the fixed-order sums of partials) is ops/ssd/backward.py."""
 from __future__ import annotations
 
+import torch
+
+from ...compile import meta_inputs
+from ...core.cost import StageCost
+from ...core.cost import cdiv as _cdiv
 from ...problem import DTYPE_BYTES, Problem
+from ...testing import call_kwargs, make_inputs
 from ..registry import Op, Stage, register
+from . import backward, bwd_knobs
+from .naive import ssd_chunked
 from .bwd_knobs import SPACE, STATE_DTYPES, BwdConfig
 
 # Every launch, in the order of a module's LAUNCH table. The gate runs only with z; cumsum,
@@ -45,7 +53,6 @@ def render_context(cfg: BwdConfig, backend: str) -> dict:
 def stage_costs(problem: Problem, config: BwdConfig) -> list:
     """Bytes and FLOPs of each stage, for the static model: each stage's main operands read once
     (re-reads of shared B / C tiles ignored), its matmuls' causal FLOPs."""
-    from ...tuner.model import StageCost, _cdiv
     b, l, h, p, n, g = (problem.batch, problem.seqlen, problem.nheads, problem.headdim,
                         problem.dstate, problem.ngroups)
     q = config.chunk_size
@@ -101,10 +108,6 @@ def stage_costs(problem: Problem, config: BwdConfig) -> list:
 def tune_inputs(problem: Problem, device="cpu", seed: int = 0) -> dict:
     """The forward's inputs (testing.make_inputs), the incoming gradients dout (like y) and
     dfinal (where final states are returned), and the ungated output y' where z is given."""
-    import torch
-
-    from ...testing import call_kwargs, make_inputs
-    from .naive import ssd_chunked
     t = make_inputs(problem, device, seed)
     g = torch.Generator(device="cpu").manual_seed(seed + 7919)
     t["dout"] = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).to(device)
@@ -127,10 +130,8 @@ def tune_reference(problem: Problem, t: dict):
     """The float64 reference's gradients, by name, of every input the call differentiates: the
     tuner's gate checks each (a stage's rounding may show in one only: dA and dt_bias sum every
     token's)."""
-    from ...testing import call_kwargs
-    from .backward import reference
     kw = call_kwargs(problem, t)
-    ref = reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+    ref = backward.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
                     initial_states=t["initial_states"], seq_idx=t["seq_idx"], dt_softplus=problem.dt_softplus,
                     dt_limit=kw.get("dt_limit", (0.0, float("inf"))), dout=t["dout"], dfinal=t["dfinal"],
                     max_bytes=REF_BYTES)
@@ -143,27 +144,22 @@ def tune_run(problem: Problem, config: BwdConfig, t: dict, backend: str = "cuda"
     """The generated backward of `config` on `t`: every gradient tune_reference holds, by name
     (what a training step asks for; the timed call too). poison: the buffers the kernels write
     whole start NaN-filled (the gate's run)."""
-    from ...testing import call_kwargs
-    from .backward import GRAD_NAMES, execute
     kw = call_kwargs(problem, t)
-    return execute(problem, config, t, t["dout"], t["dfinal"], need={k for k in GRAD_NAMES if t.get(k) is not None},
-                   dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, poison=poison)
+    return backward.execute(problem, config, t, t["dout"], t["dfinal"],
+                            need={k for k in backward.GRAD_NAMES if t.get(k) is not None},
+                            dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, poison=poison)
 
 
 def meta_launches(problem: Problem, config: BwdConfig, backend: str) -> list:
     """The plan's launches at `problem`'s shapes on meta tensors (the cross-compile report)."""
-    import torch
-
-    from ...compile import meta_inputs
-    from .backward import GRAD_NAMES, allocate, plan
     t = meta_inputs(problem)
     dout = torch.empty_like(t["x"])
     dfinal = (torch.empty(problem.batch, problem.nheads, problem.headdim, problem.dstate, device="meta")
               if problem.return_final_states else None)
     if t["z"] is not None:
         t["y_pre"] = torch.empty_like(t["x"])
-    buf = allocate(problem, config, t, dout, dfinal, set(GRAD_NAMES), None)
-    return plan(problem, config, t, buf, backend,
+    buf = backward.allocate(problem, config, t, dout, dfinal, set(backward.GRAD_NAMES), None)
+    return backward.plan(problem, config, t, buf, backend,
                 (0.001, 0.1) if problem.has_dt_limit else (0.0, float("inf")), dout, dfinal, False)
 
 
@@ -175,18 +171,18 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_bwd",
     problem_type=Problem,
-    includes="autossd.ops.ssd.bwd:includes",
-    render_context="autossd.ops.ssd.bwd:render_context",
-    plan="autossd.ops.ssd.backward:plan",
-    meta_launches="autossd.ops.ssd.bwd:meta_launches",
-    tune_inputs="autossd.ops.ssd.bwd:tune_inputs",
-    tune_reference="autossd.ops.ssd.bwd:tune_reference",
-    tune_run="autossd.ops.ssd.bwd:tune_run",
-    reference="autossd.ops.ssd.backward:reference",
-    cost_model="autossd.ops.ssd.bwd:stage_costs",
-    default_config="autossd.ops.ssd.bwd_knobs:default_config",
-    excluded="autossd.ops.ssd.bwd_knobs:excluded",
-    caps="autossd.ops.ssd.bwd_knobs:caps",
-    violations="autossd.ops.ssd.bwd_knobs:violations",
+    includes=includes,
+    render_context=render_context,
+    plan=backward.plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=backward.reference,
+    cost_model=stage_costs,
+    default_config=bwd_knobs.default_config,
+    excluded=bwd_knobs.excluded,
+    caps=bwd_knobs.caps,
+    violations=bwd_knobs.violations,
     doc="Mamba-2 SSD backward: gradients of x, dt, A, B, C, D, z, dt_bias, initial_states",
 ))

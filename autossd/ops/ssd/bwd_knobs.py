@@ -7,33 +7,30 @@ from __future__ import annotations
 
 from ...arch import Arch, get_arch
 from ...knobs import (BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink,  # noqa: F401 (ConfigError: re-exported)
-                      state_dtype_excluded)
+                      state_dtype_excluded, take)
+from .stage_knobs import BMM, CHUNK, CHUNK_STATE, CUMSUM, STATE_PASSING, TILES
 
-TILES = (16, 32, 64, 128)
-MAXNREG = (0, 96, 128)
+MAXNREG = (0, 96, 128)   # the dx and dCB kernels' register caps
 
 KNOBS: tuple[Knob, ...] = (
     Knob("cb", ("stage", "inline"), "stage",
          "C·Bᵀ for the dx kernel: a stage of its own (stored once per chunk and group) or recomputed inline"),
-    Knob("chunk_size", (64, 128, 256), 128, "tokens per chunk"),
+    *take(CHUNK, ("chunk_size",), defaults={"chunk_size": 128}),
     # the entering state of every chunk: recomputed by the backward (two launches, nothing kept
     # between forward and backward) or kept from the forward's own state passing (memory held from
     # forward to backward: b x chunks x h x p x n in state_dtype)
     Knob("save_states", (0, 1), 0, "1: the forward keeps its chunk states for the backward; 0: recompute them"),
-    Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
-         "storage dtype of the chunk states the backward reads (recomputed or saved)"),
-    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 4, "heads per program (dt cumsum and the ddt reduction)", "cumsum"),
-    Knob("state_block_m", TILES, 64, "headdim per program (chunk states and their gradients)", "chunk_state"),
-    Knob("state_block_n", TILES, 64, "dstate per program (chunk states and their gradients)", "chunk_state"),
-    Knob("state_block_k", TILES, 64, "time step (chunk states and their gradients)", "chunk_state"),
-    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
-    Knob("state_stages", (1, 2, 3), 2, "num_stages", "chunk_state"),
-    Knob("pass_block", (64, 128, 256, 512, 1024), 1024, "state elements per program (both state passings)",
-         "state_passing"),
-    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
-    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=("stage",)),
-    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=("stage",)),
-    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=("stage",)),
+    *take(CHUNK, ("state_dtype",), docs={
+        "state_dtype": "storage dtype of the chunk states the backward reads (recomputed or saved)"}),
+    *take(CUMSUM, defaults={"cumsum_block_h": 4}, docs={
+        "cumsum_block_h": "heads per program (dt cumsum and the ddt reduction)"}),
+    # the tiles serve the chunk states and their gradients; the state passings' blocks both of
+    # them (forward and reverse); the backward's kernels take no 4-stage pipeline nor 2048-element
+    # passing blocks
+    *take(CHUNK_STATE, ("state_block_m", "state_block_n", "state_block_k", "state_warps", "state_stages"),
+          values={"state_stages": (1, 2, 3)}),
+    *take(STATE_PASSING, defaults={"pass_block": 1024}, values={"pass_block": (64, 128, 256, 512, 1024)}),
+    *take(BMM, ("bmm_block_m", "bmm_block_n", "bmm_warps"), depths=("stage",)),
     # the staged C·Bᵀ in the inputs' 16-bit type: half the buffer and half the dx program's
     # registers for its tile (the fp32 tile held dx at 173 registers and 2 blocks per SM on the
     # H100), at one more rounding of C·Bᵀ before the decay (dx's causal product rounds the
@@ -125,10 +122,7 @@ def caps(problem) -> dict[str, int]:
 def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
     """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    why = []
-    for knob in KNOBS:
-        if config[knob.name] not in knob.values_on(arch):
-            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    why = SPACE.arch_violations(config, arch)
     q = config.chunk_size
     for name in _CHUNK_TILES:
         if config[name] > q:

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ... import problem as _problem
-from ...grad import forward_only
+from ...core import select as _select
+from ...core.autograd import forward_only
 from ...render import interpreting, load
 from ..common import launch_cache as _lc
 from ..common.launch_cache import DescArg as _DescArg  # noqa: F401
@@ -21,7 +22,7 @@ from ..common.launch_cache import TMA_DESCRIPTORS as _TMA_DESCRIPTORS  # noqa: F
 from ..common.launch_cache import remember
 from ..common.launch_cache import replay as _replay
 from . import workspace as _ws
-from .fwd_knobs import Config
+from .fwd_knobs import Config, default_config
 from .plan import (Launch, _gluon_scan, _gluon_walk, _walk_join, chains,  # noqa: F401
                    gluon_scan_gaps, plan, walk_gaps, walk_programs, walk_segments)
 from .workspace import (_TORCH_STATE, SYNC_SCRATCH, WORKSPACE_BYTES, WORKSPACE_MAX_ONE,  # noqa: F401
@@ -102,7 +103,6 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
                 config: Config | None = None, backend: str = "cuda", poison: bool = False):
     """Validate, pick the config (the given one, else the arch default), and run the five
     stages. Returns y, or a tuple with final_states / varlen_states as mamba_ssm does."""
-    from .fwd_knobs import default_config
     prob = _problem.from_args(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                               cu_seqlens, dt_softplus, dt_limit, return_final_states,
                               return_varlen_states, state_dtype)
@@ -115,7 +115,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
              seq_idx=seq_idx)
     return forward_only(lambda: execute(prob, config, t, cu_seqlens=cu_seqlens, dt_limit=dt_limit,
                                         state_dtype=state_dtype, backend=backend, poison=poison,
-                                        keep=True), t)
+                                        keep=True), t, DIFFERENTIABLE)
 
 
 # --- launch cache -------------------------------------------------------------------------
@@ -129,14 +129,19 @@ def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 # The recording and replay live in ops.common.launch_cache, which turns itself off (and every call
 # takes run()'s path) where this triton lacks an internal they use.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+DIFFERENTIABLE = INPUTS[:-1]   # the inputs with a gradient (seq_idx is an index)
 _BUFFERS = ("y", "dt", "dA", "cb", "states", "final", "sync", "w", "gam", "gseg", "seg", "sen")
 _launch_cache: dict[tuple, list] = {}
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept (one per sequence length and config); then start over
 
 
+@_select.on_clear
 def clear_launch_cache() -> None:
     """Forget the recorded calls."""
     _launch_cache.clear()
+
+
+_select.on_clear(clear_workspaces)
 
 
 def input_sig(t: dict) -> tuple:

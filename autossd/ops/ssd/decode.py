@@ -24,10 +24,18 @@ import threading
 
 import torch
 
-from ...problem import DTYPES, as_flag
+from ...arch import get_arch
+from ...core import select as _select
+from ...core.cost import StageCost
+from ...core.device import arch_of_device
+from ...db import lookup as _lookup
+from ...problem import DTYPES, TORCH_DTYPES, as_flag
+from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
+from .naive import state_update_ref
+from .plan import Launch
 from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_config,  # noqa: F401
                            pow2_at_least, violations)
 
@@ -70,7 +78,6 @@ def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, ba
          dt_softplus: bool | None = None, pad_slot_id: int = PAD_SLOT_ID) -> list:
     """The one launch of a call on validated tensors `t` (names of NAMES; x, dt, B, C, z and out
     as the caller passed them)."""
-    from .plan import Launch
     st, x, dt, B, C = t["state"], t["x"], t["dt"], t["B"], t["C"]
     multi = problem.tokens > 1 or x.dim() == 4
     dt_head_only = dt.dim() == (3 if multi else 2)
@@ -231,7 +238,8 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
 
 # --- config choice --------------------------------------------------------------------------
 def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None):
-    """(config, why): the shared lookup's pick (`autossd.db.lookup.pick`) among the decode records
+    """(config, why): the one selector's pick (`autossd.core.select`, by `autossd.db.lookup`'s
+    rules; a database that cannot be read is passed over with a warning) among the decode records
     of the tuning databases (user first, then shipped): an exact record, else the nearest in
     batch, heads and groups (a batch of 32 takes the record of 16 or 64), else a record's config
     carried over (transfer), else the arch default. device: the GPU's name, whose own
@@ -241,15 +249,7 @@ def choose(problem: DecodeProblem, arch: str, db=None, device: str | None = None
     is one launch, so an eager timing adds the host's launch cost (about 13 us on an H200, where
     the step's GPU time is 3-90 us) whatever the config, and ranks configs by host noise; the
     graph timing is the GPU time either way of launching has to pay."""
-    recs = []
-    try:
-        from ...db.lookup import load_records
-        recs = load_records(arch, "ssd_decode", db)
-    except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
-        import logging
-        logging.getLogger("autossd").warning("autossd: decode records unreadable (%s); using defaults", e)
-    from ...db.lookup import pick
-    m = pick(problem, recs, arch, launch_mode="graph", op="ssd_decode", device=device)
+    m = _select.select("ssd_decode", problem, arch, device, "graph", db, safe=True)
     return m.config, m.reason
 
 
@@ -272,6 +272,7 @@ CALLS_MAX = 4096
 _recent = _lc.RecentCalls(NAMES)
 
 
+@_select.on_clear
 def clear_cache() -> None:
     """Forget every call key's config and launch record (e.g. after a tuning-database write)."""
     with _calls_lock:
@@ -280,19 +281,15 @@ def clear_cache() -> None:
 
 
 def _prepare(t: dict, dt_softplus, pad_slot_id, config: DecodeConfig | None) -> _Call:
-    from ...render import interpreting, load
     prob = problem_of(t, dt_softplus, pad_slot_id)
     dev = t["state"].device
     if dev.type == "cpu" and not interpreting():
         raise RuntimeError("autossd: the inputs are on the CPU, but the decode kernel needs a CUDA or ROCm "
                            "GPU. Move the tensors to the GPU, or set TRITON_INTERPRET=1 before importing "
                            "triton to run Triton's (slow) CPU interpreter.")
-    from ...runtime import arch_of_device
-    from ...arch import get_arch
     arch = arch_of_device(dev)
     if config is None:
-        from ...db.lookup import device_name
-        config, why = choose(prob, arch, device=device_name(dev))
+        config, why = choose(prob, arch, device=_lookup.device_name(dev))
     else:
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config: expected a DecodeConfig, got {type(config).__name__}")
@@ -393,7 +390,6 @@ def kernel_for(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=
 def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
     """Fresh random inputs (never zeros) in the forms Mamba-2 passes them: dt, A, D and dt_bias
     expanded over headdim (and dstate) with stride 0."""
-    from ...problem import TORCH_DTYPES
     g = torch.Generator(device="cpu").manual_seed(seed)
     b, T, h, p, n, ng = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
                          problem.ngroups)
@@ -417,7 +413,6 @@ def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
 
 def tune_reference(problem: DecodeProblem, t: dict):
     """float64 (out, new state)."""
-    from .naive import state_update_ref
     return state_update_ref(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"], t["dt_bias"],
                             problem.dt_softplus)
 
@@ -447,7 +442,6 @@ def meta_launches(problem: DecodeProblem, config: DecodeConfig, backend: str) ->
 
 
 def _meta_inputs(problem: DecodeProblem) -> dict:
-    from ...problem import TORCH_DTYPES
     b, T, h, p, n, g = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
                         problem.ngroups)
     lead = (b, T) if T > 1 else (b,)
@@ -481,7 +475,6 @@ def stage_costs(problem: DecodeProblem, config: DecodeConfig) -> list:
     - tiled: one (BLOCK_P, BLOCK_N) slice at a time; the slices of a head are a loop of loads.
     - persistent: each program keeps `stages` tiles loading (its software-pipelined walk), and the
       launch holds programs to about IN_FLIGHT_PER_SM bytes per SM (`programs`)."""
-    from ...tuner.model import StageCost
     heads = 1 if config.layout == "persistent" else config.heads   # the walk: one head a tile
     grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // heads)
     width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
@@ -506,19 +499,19 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_decode",
     problem_type=DecodeProblem,
-    includes="autossd.ops.ssd.decode:includes",
-    render_context="autossd.ops.ssd.decode:render_context",
-    plan="autossd.ops.ssd.decode:plan",
-    meta_launches="autossd.ops.ssd.decode:meta_launches",
-    tune_inputs="autossd.ops.ssd.decode:tune_inputs",
-    tune_reference="autossd.ops.ssd.decode:tune_reference",
-    tune_run="autossd.ops.ssd.decode:tune_run",
-    tune_time="autossd.ops.ssd.decode:tune_time",
-    reference="autossd.ops.ssd.naive:state_update_ref",
-    cost_model="autossd.ops.ssd.decode:stage_costs",
-    default_config="autossd.ops.ssd.decode_knobs:default_config",
-    violations="autossd.ops.ssd.decode_knobs:violations",
-    caps="autossd.ops.ssd.decode_knobs:caps",
+    includes=includes,
+    render_context=render_context,
+    plan=plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    tune_time=tune_time,
+    reference=state_update_ref,
+    cost_model=stage_costs,
+    default_config=default_config,
+    violations=violations,
+    caps=caps,
     static_caveat="against the H200 sweeps of the decode step (sm90, whole-dstate tiles, batch 1 to 64) the "
                   "model ranked configs at Spearman 0.68 to 0.87, but its top-1 ran up to 1.04x the best at "
                   "batch 64 where the default was within 0.1%: a searched static record may be slower than "

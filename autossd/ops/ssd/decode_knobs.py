@@ -12,9 +12,11 @@ software-pipelined loop, the next tile's state loading while one is updated (one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
+from ...problem import MODEL_FLAGS
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, ShapeForm, pow2_at_least  # noqa: F401 (ConfigError: re-exported)
 
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -64,6 +66,7 @@ class DecodeProblem(ProblemFields):
     """One decode call's shape, dtypes and flags: what the records key on. `batch` is the rows of
     the call (not the cache slots of the state); `tokens` is T, the tokens per row of a
     multi-token step (1: the ordinary decode step)."""
+    default_op: ClassVar[str] = "ssd_decode"
     batch: int
     nheads: int
     headdim: int
@@ -76,6 +79,11 @@ class DecodeProblem(ProblemFields):
     has_dt_bias: bool = False
     dt_softplus: bool = False
     tokens: int = 1
+
+    @classmethod
+    def example(cls) -> "DecodeProblem":
+        return cls(batch=3, nheads=4, headdim=16, dstate=16, ngroups=1, dtype="fp32", state_dtype="bf16",
+                   has_D=True, has_dt_bias=True, dt_softplus=True)
 
     def __post_init__(self) -> None:
         for f in ("batch", "nheads", "headdim", "dstate", "ngroups", "tokens"):
@@ -119,10 +127,7 @@ def caps(problem: DecodeProblem) -> dict[str, int]:
 def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | None = None) -> list[str]:
     """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    why = []
-    for knob in KNOBS:
-        if config[knob.name] not in knob.values_on(arch):
-            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    why = SPACE.arch_violations(config, arch)
     threads = config.warps * arch.warp_size
     if threads > 1024:
         why.append(f"warps={config.warps} x warp {arch.warp_size} > 1024 threads")
@@ -169,3 +174,29 @@ def default_config(arch: Arch | str, problem: DecodeProblem | None = None,
     warps = block_p * n2 // (per_thread * arch.warp_size)
     warps = max(v for v in KNOB_BY_NAME["warps"].values if v <= max(1, warps))
     return base.replace(layout=layout or "whole", block_p=block_p, warps=warps)
+
+
+# --- how a decode problem is written on the command line (autossd.tuner.shapes) ----------------
+# The decode step's grid: rows per step from one sequence to a served batch, each with its cache
+# in fp32 or in the inputs' 16-bit type. The lookup's nearest tier reaches other batches.
+GRID_DECODE_BATCHES = (1, 16, 64)
+
+
+def _build(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> DecodeProblem:
+    return DecodeProblem(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
+
+
+# Mamba-2's decode step passes D, dt_bias and softplus; z only when the layer has no gated norm
+# (the default layer has one, as the forward's presets assume). b: rows per call; t: tokens per
+# row of a multi-token step. Presets: the batches scripts/bench_decode.py measures.
+FORM = ShapeForm(
+    {"b": "batch", "t": "tokens", "h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups"},
+    {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus"},
+    MODEL_FLAGS, {"batch": 1}, ("t",), "b=64,h=80,p=64,n=128,g=1", _build, states=True, defaults={"tokens": 1},
+    presets=[{"batch": b} for b in (1, 16, 64)], grid=[{"batch": b} for b in GRID_DECODE_BATCHES],
+    grid_states=lambda dtype, state_dtype: (state_dtype,) if state_dtype else ("fp32", dtype),
+    help='"mamba2-2.7b:b=64" or "b=64,h=80,p=64,n=128,g=1"; keys b (rows per call), t (tokens per row, '
+         "default 1), h p n g; flags d z bias softplus, default d=1,bias=1,softplus=1 (z=0: the gated norm "
+         "applies z)",
+    preset_help="batches 1, 16, 64", grid_help="batch 1, 16, 64 x a cache in fp32 and in the inputs' type")
+DecodeProblem.shape_form = FORM

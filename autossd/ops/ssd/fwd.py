@@ -3,8 +3,17 @@ reference, cost model, defaults and constraints. Everything else takes them from
 `autossd.ops.registry.get_op("ssd_fwd")`."""
 from __future__ import annotations
 
+import torch
+
+from ... import knobs, testing
+from ...compile import meta_inputs
+from ...testing import call_kwargs
 from ...problem import Problem
 from ..registry import Op, Stage, register
+from . import fwd_cost, fwd_knobs, fwd_seeds, naive
+from . import plan as plan_mod
+from .chunk import execute
+from .workspace import allocate
 from .fwd_knobs import SPACE, STATE_DTYPES, Config
 
 # Every launch, in the order of a module's LAUNCH table, and the launches of each fusion depth in
@@ -82,10 +91,7 @@ def render_context(cfg: Config, backend: str) -> dict:
 def meta_launches(problem: Problem, config: Config, backend: str) -> list:
     """The plan's launches at `problem`'s shapes with meta tensors: what the cross-compile
     report compiles, with no device."""
-    from ...compile import meta_inputs
-    from .plan import plan
-    from .workspace import allocate
-    return plan(problem, config, meta_inputs(problem), allocate(problem, config, "meta"), backend)
+    return plan_mod.plan(problem, config, meta_inputs(problem), allocate(problem, config, "meta"), backend)
 
 
 # float64 bytes the gate's reference may hold in chunk states (its own, and each chunk's entering
@@ -125,10 +131,6 @@ def tune_reference(problem: Problem, t: dict):
     """(float64 y, the final states when the problem returns them, the heads they cover: None for
     all) of the leading `reference_rows` sequences and the `reference_heads` heads (the gate
     compares those, and checks the whole output for values never written or not finite)."""
-    import torch
-
-    from ...testing import call_kwargs
-    from .naive import ssd_chunked
     rows = reference_rows(problem)
     if rows < problem.batch and t.get("cu_seqlens") is None:
         batched = ("x", "dt", "B", "C", "z", "initial_states", "seq_idx")
@@ -141,7 +143,7 @@ def tune_reference(problem: Problem, t: dict):
         by_head = {"x": 2, "dt": 2, "z": 2, "A": 0, "D": 0, "dt_bias": 0, "initial_states": 1}
         t = {k: (v.index_select(by_head[k], hs) if k in by_head and v is not None else v) for k, v in t.items()}
     kw = call_kwargs(problem, t)
-    y, final, _ = ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=kw["D"],
+    y, final, _ = naive.ssd_chunked(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=kw["D"],
                               z=kw["z"], dt_bias=kw["dt_bias"], initial_states=kw["initial_states"],
                               seq_idx=kw["seq_idx"], cu_seqlens=kw["cu_seqlens"],
                               dt_softplus=problem.dt_softplus,
@@ -153,8 +155,6 @@ def tune_run(problem: Problem, config: Config, t: dict, backend: str = "cuda", p
     """The generated kernels of `config` on inputs `t`, intermediates kept (the tuner times it);
     poison: into fresh NaN-filled buffers instead (the gate's run: an element no kernel writes
     stays NaN, where a kept or reused buffer could hold an earlier candidate's right answer)."""
-    from ...testing import call_kwargs
-    from .chunk import execute
     kw = call_kwargs(problem, t)
     return execute(problem, config, t, cu_seqlens=kw["cu_seqlens"],
                    dt_limit=kw.get("dt_limit", (0.0, float("inf"))), backend=backend, keep=not poison,
@@ -169,22 +169,22 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_fwd",
     problem_type=Problem,
-    includes="autossd.ops.ssd.fwd:includes",
-    render_context="autossd.ops.ssd.fwd:render_context",
-    plan="autossd.ops.ssd.plan:plan",
-    meta_launches="autossd.ops.ssd.fwd:meta_launches",
-    tune_inputs="autossd.testing:make_inputs",
-    tune_reference="autossd.ops.ssd.fwd:tune_reference",
-    tune_run="autossd.ops.ssd.fwd:tune_run",
-    reference="autossd.ops.ssd.naive:ssd_chunked",
-    cost_model="autossd.ops.ssd.fwd_cost:stage_costs",
-    default_config="autossd.ops.ssd.fwd_knobs:default_config",
-    violations="autossd.ops.ssd.fwd_knobs:violations",
+    includes=includes,
+    render_context=render_context,
+    plan=plan_mod.plan,
+    meta_launches=meta_launches,
+    tune_inputs=testing.make_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=naive.ssd_chunked,
+    cost_model=fwd_cost.stage_costs,
+    default_config=fwd_knobs.default_config,
+    violations=fwd_knobs.violations,
     amd_options=("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
-    caps="autossd.ops.ssd.fwd_seeds:search_caps",
-    excluded="autossd.knobs:state_dtype_excluded",
-    seeds="autossd.ops.ssd.fwd_seeds:seed_configs",
-    unvalidated="autossd.ops.ssd.fwd_seeds:unvalidated",
+    caps=fwd_seeds.search_caps,
+    excluded=knobs.state_dtype_excluded,
+    seeds=fwd_seeds.seed_configs,
+    unvalidated=fwd_seeds.unvalidated,
     soft_flags=SOFT_FLAGS,
     doc="Mamba-2 SSD forward: y (and final / varlen states) from x, dt, A, B, C, D, z",
 ))

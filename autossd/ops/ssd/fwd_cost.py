@@ -5,7 +5,8 @@ the model and its constants)."""
 from __future__ import annotations
 
 from ...problem import DTYPE_BYTES, Problem
-from ...tuner.model import SECTOR, StageCost, _cdiv
+from ...core.cost import SECTOR, StageCost
+from ...core.cost import cdiv as _cdiv
 from .fwd_knobs import Config
 from .plan import chains as ssd_chains
 

@@ -8,11 +8,8 @@ the fusion depth.
 from __future__ import annotations
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
-
-TILES = (16, 32, 64, 128)
-# per-thread register caps: 65536 registers / (128 threads x cap) = 8, 6, 5, 4, 3 CTAs per SM
-MAXNREG = (0, 64, 80, 96, 128, 168)
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
+from .stage_knobs import BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, MAXNREG, STATE_PASSING, TILES  # noqa: F401
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -20,27 +17,12 @@ KNOBS: tuple[Knob, ...] = (
     # 3: bmm | cumsum + chunk state + ordered state passing | chunk scan;
     # 1: everything in one launch, state passing ordered across programs (see fused.jinja)
     Knob("launches", (5, 3, 1), 5, "fusion depth: number of kernel launches for the forward"),
-    Knob("chunk_size", (64, 128, 256), 256, "tokens per chunk"),
-    Knob("state_dtype", ("fp32", "bf16", "fp16"), "fp32",
-         "storage dtype of the inter-chunk states (local chunk states and passed states)"),
-    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum", depths=(5,)),
-    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=(5, 3)),
-    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=(5, 3)),
-    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm", depths=(5, 3)),
-    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=(5, 3)),
-    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm", depths=(5, 3)),
-    Knob("state_block_m", TILES, 64, "headdim per program", "chunk_state"),
-    Knob("state_block_n", TILES, 64, "dstate per program", "chunk_state"),
-    Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
-    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state", depths=(5, 3)),
-    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state", depths=(5, 3)),
-    # register cap per thread (ptxas -maxnreg), 0 = ptxas's choice. Left alone, ptxas takes up to
-    # 255 registers for ILP; these kernels are latency-bound, and the cap buys resident CTAs
-    # (the chunk scan compiles to 64 instead of 120 without spilling: 8 CTAs per SM, not 4).
-    # measured_only: a cap raises occupancy in the compile report, but what it costs in code
-    # (H100: 64 registers made the chunk scan 1.47x slower at twice the CTAs) only a GPU shows
-    Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
-         depths=(5, 3), measured_only=True, needs=("maxnreg",)),
+    *take(CHUNK),
+    *take(CUMSUM, depths=(5,)),
+    *take(BMM, depths=(5, 3)),
+    # the state tiles shape every depth's chunk state; its launch options only the depths
+    # that launch it alone
+    *take(CHUNK_STATE, depths={"state_warps": (5, 3), "state_stages": (5, 3), "state_maxnreg": (5, 3)}),
     # >0: the Gluon chunk-state kernel, its x and B tiles staged in shared memory with this many
     # elements of padding per row (tl cannot choose a shared layout); 0: the tl kernel.
     Knob("smem_pad", (0, 2, 4, 8), 0, "shared-memory pad per row (elements), 0 = compiler's layout",
@@ -90,26 +72,15 @@ KNOBS: tuple[Knob, ...] = (
     # its rounds (-17% walk time at 2.7b 4x16384 on the H100). measured_only: the static model cannot rank it.
     Knob("walk_block", (128, 64), 128, "tokens per block of the Gluon walk's TMA ring (sm90)",
          "chunk_state", depths=(5,), measured_only=True, needs=("tma", "wgmma")),
-    Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program",
-         "state_passing", depths=(5,)),
-    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing", depths=(5,)),
+    *take(STATE_PASSING, depths=(5,)),
     # the state passing's chain waits on each chunk's load with only the next chunk's in flight
     # (2.1x its bytes' time at the copy rate at 130m 1x131072 on the H100); a deeper cp.async ring keeps more
     # bytes in flight per SM. 1: the prefetch of one chunk in registers, as before
     # measured_only: the static model cannot rank a load pipeline's depth against a latency chain
     Knob("pass_stages", (1, 2, 3, 4, 6), 1, "chunks in the state passing's load pipeline (tl.range num_stages)",
          "state_passing", depths=(5,), measured_only=True),
-    Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
-    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan", depths=(5, 3)),
-    Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
-    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state product", "chunk_scan", depths=(5, 3)),
-    Knob("decay_split", (False, True), False,
-         "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
-         "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
-    Knob("scan_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_scan"),
-    Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice (at launches=1: "
-         "the fused kernel's)", "chunk_scan", measured_only=True, needs=("maxnreg",)),
+    *take(CHUNK_SCAN, depths={"scan_block_n": (5, 3), "scan_block_d": (5, 3)},
+         docs={"scan_maxnreg": "register cap per thread, 0 = compiler's choice (at launches=1: the fused kernel's)"}),
     # 1: the chunk scan in Gluon (chunk_scan_gluon.jinja): every MMA operand by TMA into one 48 KB
     # ring, CB's decay applied to the MMA's register operand; sm90 only (TMA, wgmma). It uses
     # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
@@ -179,10 +150,7 @@ def violations(config: Config, arch: Arch | str, problem=None) -> list[str]:
     """Reasons a config cannot run on an arch (and problem); empty when it is feasible.
     Cheap checks only: the compile report catches what these miss (registers, exact smem)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    why = []
-    for knob in KNOBS:
-        if config[knob.name] not in knob.values_on(arch):
-            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    why = SPACE.arch_violations(config, arch)
     q = config.chunk_size
     for name in _CHUNK_TILES:
         if config[name] > q:

@@ -9,17 +9,34 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 
 from ... import problem as _problem
 from ...render import interpreting, launch_options
-from .fwd_knobs import Config
+from .fwd_knobs import Config, gluon_scan_violations, walk_violations
 
-if TYPE_CHECKING:   # workspace imports this module (the buffers' sizes follow the plan's chains)
-    from .workspace import Buffers
+
+@dataclass
+class Buffers:
+    """The forward's intermediates and outputs of one call (allocated by workspace.allocate)."""
+    y: torch.Tensor
+    dt: torch.Tensor        # (b, h, c, q) fp32, processed dt
+    dA: torch.Tensor        # (b, h, c, q) fp32, within-chunk cumsum of dt * A
+    cb: torch.Tensor | None      # (b, c, g, q, q), launches 5 and 3
+    states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
+    final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
+    # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
+    sync: torch.Tensor | None = None
+    w: torch.Tensor | None = None   # (b, h, c, q) fp32, the walk's per-token weights (walk_weights)
+    # walk_split > 1: the decay from its segment's start to each chunk (b, h, c) and over each
+    # segment (b, h, s), fp32; the segments' final states (b, h, s, p, n) fp32, and their entering
+    # states, in the states' dtype
+    gam: torch.Tensor | None = None
+    gseg: torch.Tensor | None = None
+    seg: torch.Tensor | None = None
+    sen: torch.Tensor | None = None
 
 
 @dataclass
@@ -233,7 +250,6 @@ def gluon_scan_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffer
     """Why this call cannot run a Gluon chunk scan (scan_gluon = 1, 2 or 3); empty when it can. The
     config's and problem's limits (space.gluon_scan_violations), then the call's: an sm90 GPU,
     and x, C, CB and the states laid out as the TMA descriptors' 2-D views need them."""
-    from .fwd_knobs import gluon_scan_violations
     x, C = t["x"], t["C"]
     b, l, h, p, n, g, q = (prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups,
                            config.chunk_size)
@@ -252,7 +268,6 @@ def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
     """Why this call cannot run the Gluon walk (state_walk = 1); empty when it can: the config's
     and problem's limits (space.walk_violations), an sm90 GPU, x and B as TMA-addressable 2-D
     views, contiguous states, and the final states as the walk writes them."""
-    from .fwd_knobs import walk_violations
     x, B = t["x"], t["B"]
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     why = walk_violations(config, prob) + _sm90_gaps("the Gluon walk", x, backend)

@@ -17,16 +17,21 @@ at its last token, and optionally every chunk's end state.
 """
 from __future__ import annotations
 
-import logging
-import threading
-
 import torch
 
+from ...arch import get_arch
+from ...core import select as _select
+from ...core.cost import StageCost
+from ...core.device import arch_of_device
+from ...db import lookup as _lookup
 from ...problem import DTYPES, TORCH_DTYPES, as_flag, parse_dt_limit
+from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
-from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, default_config, fit,  # noqa: F401
-                           violations)
+from .naive import varlen_ref
+from .plan import Launch
+from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, chunks_for, default_config, fit,  # noqa: F401
+                           lengths_for, problem_for, violations)
 
 STAGES = (
     Stage("cumsum"),
@@ -227,7 +232,6 @@ def _st(v, n):
 def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backend: str = "cuda",
          dt_limit=(0.0, float("inf"))) -> list:
     """The launches of a call on validated tensors `t` and buffers `buf` (`allocate`)."""
-    from .plan import Launch
     opts = OP.launch_options(config, backend)
     k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
                         problem.ngroups)
@@ -290,78 +294,45 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
 
 
 # --- config choice --------------------------------------------------------------------------
-_SIZE = ("tokens", "seqs", "chunks")
+def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None, launch_mode: str = "eager"):
+    """(config, why): the one selector's pick (`autossd.core.select`, by the lookup's rules)
+    among the packed-prefill records of the tuning databases: an exact record, else the nearest
+    in log2 tokens and (at half the weight) sequences with every other field equal (packed
+    batches change length every call, so an exact match on the token count would almost never
+    hit), else a record's config carried over (transfer), else the arch default. device: the
+    GPU's name, whose own measurements rank first. A database that cannot be read is passed
+    over with a warning."""
+    m = _select.select("ssd_varlen", problem, arch, device, launch_mode, db, safe=True)
+    return fit(m.config, problem), m.reason
 
 
-def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None):
-    """(config, why): a record of the tuning databases for the same dimensions, dtypes and flags
-    (user first, then shipped; measured before static; measured on `device`, a GPU's name, before
-    another card's, then one card's before the next's, as the shared lookup orders them), the one
-    nearest in log2 tokens and sequences, else the arch default. Packed batches change length every call, so an exact match
-    on the token count would almost never hit."""
-    import math
-    recs = []
-    try:
-        from ...db.lookup import load_records
-        recs = load_records(arch, "ssd_varlen", db)
-    except Exception as e:  # noqa: BLE001 - a broken database must not stop the user's program
-        logging.getLogger("autossd").warning("autossd: varlen records unreadable (%s); using defaults", e)
-    same = {k: v for k, v in problem.key().items() if k not in _SIZE}
-    rank = {"measured": 0, "static": 1, "default": 2}
-
-    def dist(r):
-        return (abs(math.log2(r.problem.tokens / problem.tokens))
-                + 0.5 * abs(math.log2(r.problem.seqs / problem.seqs)))
-    hits = [r for r in recs if r.arch == arch and r.op == "ssd_varlen"
-            and {k: v for k, v in r.problem.key().items() if k not in _SIZE} == same
-            and not violations(fit(r.config, problem), arch, problem)]
-    if hits:
-        from ...db.lookup import device_order
-        order = device_order(recs, arch, "ssd_varlen", device)
-        hits.sort(key=lambda r: (r.origin != "user", rank.get(r.provenance, 3),
-                                 order.get(r.device, len(order)) if r.provenance == "measured" else 0,
-                                 round(dist(r), 3),
-                                 r.launch_mode != "eager", r.time_ms if r.time_ms is not None else float("inf"),
-                                 r.config.key()))
-        r = hits[0]
-        on = f" on {r.device}" if r.provenance == "measured" and r.device else ""
-        return fit(r.config, problem), (f"{r.provenance} record ({r.origin or 'given'} db) at "
-                                        f"{r.problem.tokens} tokens / {r.problem.seqs} sequences{on}")
-    return default_config(arch, problem), f"default config for {arch}"
-
-
-# --- the entries ------------------------------------------------------------------------------
+# (problem, arch, device) -> (config, why, backend): a call's choice without the selector's key
+# (its database URL and GPU name cost more host time than the kernels of a short prefill)
 _choices: dict = {}
-_lock = threading.Lock()
 CHOICES_MAX = 4096
 
 
+@_select.on_clear
 def clear_cache() -> None:
-    with _lock:
-        _choices.clear()
+    _choices.clear()
 
 
 def _config_for(problem: VarlenProblem, device) -> tuple[VarlenConfig, str, str]:
-    from ...arch import get_arch
-    from ...db.lookup import device_name
-    from ...runtime import arch_of_device
     arch = arch_of_device(device)
     key = (problem, arch, device)
     hit = _choices.get(key)
     if hit is None:
-        config, why = choose(problem, arch, device=device_name(device))
+        config, why = choose(problem, arch, device=_lookup.device_name(device))
         hit = (config, why, get_arch(arch).backend)
-        with _lock:
-            if len(_choices) >= CHOICES_MAX:
-                _choices.clear()
-            _choices[key] = hit
+        if len(_choices) >= CHOICES_MAX:
+            _choices.clear()
+        _choices[key] = hit
     return hit
 
 
 def run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str, dt_limit=(0.0, float("inf")),
         poison: bool = False) -> dict:
     """Launch a call's kernels; returns the buffers (y is t["out"])."""
-    from ...render import load
     module = load(config, backend)
     buf = allocate(problem, config, t["x"].device, poison)
     dev = t["x"].device
@@ -418,7 +389,6 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     problem = problem_of(t, chunk_size, dt_softplus, TORCH_DTYPES[sdt] if sdt else None)
     dt_limit = parse_dt_limit(dt_limit)
     dev = x.device
-    from ...render import interpreting
     if dev.type == "cpu" and not interpreting():
         raise RuntimeError("autossd: the inputs are on the CPU, but the kernels need a CUDA or ROCm GPU. Move "
                            "the tensors to the GPU, or set TRITON_INTERPRET=1 before importing triton to run "
@@ -428,14 +398,12 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
         if t[k] is not None and t[k].stride(-1) != 1:
             t[k] = t[k].contiguous()
     if callers_table:   # values unchecked on the host: a clamped copy keeps the kernels in bounds
-        from .varlen_guard import guard_table
+        from .varlen_guard import guard_table   # its kernel is defined at import: only where used
         t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"] = guard_table(
             *(t[k].contiguous() for k in ("cu_chunk_seqlens", "last_chunk_indices", "seq_idx")),
             problem.tokens, problem.chunk_size)
     if t["out"] is None:
         t["out"] = torch.empty(x.shape, dtype=x.dtype, device=dev)
-    from ...arch import get_arch
-    from ...runtime import arch_of_device
     if config is None:
         config, _, backend = _config_for(problem, dev)
     else:
@@ -470,22 +438,6 @@ def mamba_chunk_scan_combined_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, cu_
 
 
 # --- the tuner's and the compile report's hooks -------------------------------------------------
-def lengths_for(problem: VarlenProblem, seed: int = 0) -> list[int]:
-    """Sequence lengths summing to problem.tokens over problem.seqs sequences, drawn at random
-    (seeded): a serving batch's mix, every sequence at least one token."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.rand(problem.seqs, generator=g) + 0.05
-    extra = problem.tokens - problem.seqs
-    lens = (w / w.sum() * extra).floor().long() + 1
-    lens[0] += problem.tokens - int(lens.sum())
-    return [int(v) for v in lens]
-
-
-def chunks_for(tokens_per_seq: list[int], chunk_size: int) -> int:
-    """Rows of the chunk table `varlen_chunks` cuts these lengths into."""
-    return sum(-(-n // chunk_size) for n in tokens_per_seq)
-
-
 def tune_inputs(problem: VarlenProblem, device="cpu", seed: int = 0) -> dict:
     """Fresh random inputs (never zeros) for a packed batch of problem.seqs sequences, with the
     chunk table `varlen_chunks` cuts (its length must be problem.chunks: the lengths are drawn
@@ -513,19 +465,8 @@ def tune_inputs(problem: VarlenProblem, device="cpu", seed: int = 0) -> dict:
                 seq_idx=seq.to(device), out=None)
 
 
-def problem_for(tokens: int, seqs: int, nheads: int, headdim: int, dstate: int, ngroups: int = 1,
-                chunk_size: int = 256, dtype: str = "bf16", seed: int = 0, **flags) -> VarlenProblem:
-    """The problem of a packed batch of `seqs` sequences and `tokens` tokens as `tune_inputs`
-    draws it (its chunk count follows from the drawn lengths)."""
-    base = VarlenProblem(tokens=tokens, seqs=seqs, chunks=max(1, -(-tokens // chunk_size)), nheads=nheads,
-                         headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size, dtype=dtype,
-                         **flags)
-    return base.replace(chunks=chunks_for(lengths_for(base, seed), chunk_size))
-
-
 def tune_reference(problem: VarlenProblem, t: dict):
     """float64 (y, final states)."""
-    from .naive import varlen_ref
     y, final, _ = varlen_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], t["cu_chunk_seqlens"],
                              t["last_chunk_indices"], t["seq_idx"], D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
                              initial_states=t["initial_states"], dt_softplus=problem.dt_softplus)
@@ -564,7 +505,6 @@ def meta_launches(problem: VarlenProblem, config: VarlenConfig, backend: str) ->
 def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
     """Each launch's bytes, FLOPs, grid and tile for the static model (`autossd.tuner.model`): the
     forward's stages at the chunk table's size (every chunk taken as full)."""
-    from ...tuner.model import StageCost
     k, q, T, h, p, n, g = (problem.chunks, problem.chunk_size, problem.tokens, problem.nheads, problem.headdim,
                            problem.dstate, problem.ngroups)
     e = 4 if problem.dtype == "fp32" else 2
@@ -601,19 +541,19 @@ OP = register(Op(
     sequences=SEQUENCES,
     template_dir="ssd_varlen",
     problem_type=VarlenProblem,
-    includes="autossd.ops.ssd.varlen:includes",
-    render_context="autossd.ops.ssd.varlen:render_context",
-    plan="autossd.ops.ssd.varlen:plan",
-    meta_launches="autossd.ops.ssd.varlen:meta_launches",
-    tune_inputs="autossd.ops.ssd.varlen:tune_inputs",
-    tune_reference="autossd.ops.ssd.varlen:tune_reference",
-    tune_run="autossd.ops.ssd.varlen:tune_run",
-    reference="autossd.ops.ssd.naive:varlen_ref",
-    cost_model="autossd.ops.ssd.varlen:stage_costs",
-    default_config="autossd.ops.ssd.varlen_knobs:default_config",
-    violations="autossd.ops.ssd.varlen_knobs:violations",
+    includes=includes,
+    render_context=render_context,
+    plan=plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=varlen_ref,
+    cost_model=stage_costs,
+    default_config=default_config,
+    violations=violations,
     amd_options=(),
-    caps="autossd.ops.ssd.varlen_knobs:caps",
+    caps=caps,
     static_caveat="against an H200 sweep of packed prefill (sm90, 66 configs) the model's top-1 ran 1.15x "
                   "the best and the arch default 1.05x: a static record may be slower than the default it "
                   "replaces",

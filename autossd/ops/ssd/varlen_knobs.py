@@ -12,49 +12,29 @@ model's chunk_size, and prefix caching stores a state per chunk of that length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
 
 from ...arch import Arch, get_arch
-from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, pow2_at_least, shrink  # noqa: F401 (ConfigError: re-exported)
+from ...problem import MODEL_FLAGS
+from .stage_knobs import BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, MAXNREG, STATE_PASSING, TILES  # noqa: F401
+from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, ShapeForm, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
 
 DTYPES = ("fp32", "bf16", "fp16")
-TILES = (16, 32, 64, 128)
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
-MAXNREG = (0, 64, 80, 96, 128, 168)
 
 KNOBS: tuple[Knob, ...] = (
     Knob("cb", ("staged", "inline"), "staged",
          "where the chunk scan gets C·Bᵀ: a launch of its own, or computed in the scan"),
-    Knob("cumsum_block_h", (1, 2, 4, 8, 16), 8, "heads per program", "cumsum"),
-    Knob("bmm_block_m", TILES, 64, "C rows (time) per program", "bmm", depths=("staged",)),
-    Knob("bmm_block_n", TILES, 64, "B rows (time) per program", "bmm", depths=("staged",)),
-    Knob("bmm_block_k", TILES, 64, "dstate step", "bmm", depths=("staged",)),
-    Knob("bmm_warps", (2, 4, 8), 4, "num_warps", "bmm", depths=("staged",)),
-    Knob("bmm_stages", (1, 2, 3, 4), 2, "num_stages", "bmm", depths=("staged",)),
-    Knob("state_block_m", TILES, 64, "headdim per program", "chunk_state"),
-    Knob("state_block_n", TILES, 64, "dstate per program", "chunk_state"),
-    Knob("state_block_k", TILES, 64, "time step", "chunk_state"),
-    Knob("state_warps", (2, 4, 8), 4, "num_warps", "chunk_state"),
-    Knob("state_stages", (1, 2, 3, 4), 2, "num_stages", "chunk_state"),
-    # register caps per thread (ptxas -maxnreg), 0 = ptxas's choice: a cap buys resident programs
-    # for these latency-bound loops at the risk of spills, which only a GPU run can weigh
-    Knob("state_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_state",
-         measured_only=True, needs=("maxnreg",)),
-    Knob("pass_block", (64, 128, 256, 512, 1024, 2048), 256, "state elements per program", "state_passing"),
-    Knob("pass_warps", (1, 2, 4, 8), 4, "num_warps", "state_passing"),
-    Knob("scan_block_m", TILES, 64, "output rows (time) per program", "chunk_scan"),
-    Knob("scan_block_n", TILES, 64, "headdim per program", "chunk_scan"),
-    Knob("scan_block_k", TILES, 64, "time step of the intra-chunk product", "chunk_scan"),
-    Knob("scan_block_d", TILES + (256,), 64, "dstate step of the C·state (and inline C·Bᵀ) products",
-         "chunk_scan"),
-    Knob("decay_split", (False, True), False,
-         "intra-chunk blocks before the diagonal take the decay as row x column factors (M+K exps, "
-         "x rows scaled) instead of per element (M x K exps on the CB tile)", "chunk_scan"),
-    Knob("scan_warps", (2, 4, 8), 4, "num_warps", "chunk_scan"),
-    # 1 by default: at 2.7b, 8192 tokens in 16 sequences (bf16, H200) the scan took 0.457 ms of
+    *take(CUMSUM),
+    *take(BMM, depths=("staged",)),
+    *take(CHUNK_STATE),
+    *take(STATE_PASSING),
+    # scan_stages 1: at 2.7b, 8192 tokens in 16 sequences (bf16, H200) the scan took 0.457 ms of
     # graph-timed call time at 1 stage against 0.625 at 2 (the other knobs at their defaults)
-    Knob("scan_stages", (1, 2, 3, 4), 1, "num_stages", "chunk_scan"),
-    Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_scan",
-         measured_only=True, needs=("maxnreg",)),
+    *take(CHUNK_SCAN, defaults={"scan_stages": 1},
+         docs={"scan_block_d": "dstate step of the C·state (and inline C·Bᵀ) products"}),
 )
 SPACE = KnobSpace("ssd_varlen", KNOBS, mode_knob="cb")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
@@ -71,6 +51,12 @@ class VarlenProblem(ProblemFields):
     """One packed prefill's shape, dtypes and flags: what the records key on. `tokens` is the
     packed length (every sequence's tokens), `seqs` the number of sequences, `chunks` the rows of
     the chunk table (at least tokens / chunk_size, at most that plus one per sequence)."""
+    default_op: ClassVar[str] = "ssd_varlen"
+    # the lookup's size distance (autossd.db.lookup): packed batches change length every call, so
+    # a record serves nearby token counts (and, at half the weight, sequence counts); the chunk
+    # count follows from those, and every other field must match
+    DISTANCE_WEIGHTS: ClassVar[dict[str, float]] = {"tokens": 1.0, "seqs": 0.5, "chunks": 0.0}
+
     tokens: int
     seqs: int
     chunks: int
@@ -87,6 +73,11 @@ class VarlenProblem(ProblemFields):
     has_dt_bias: bool = False
     dt_softplus: bool = False
     has_init: bool = False
+
+    @classmethod
+    def example(cls) -> "VarlenProblem":
+        return problem_for(60, 3, 4, 16, 16, 1, 16, "fp32", has_D=True, has_dt_bias=True, dt_softplus=True,
+                           has_init=True)
 
     def __post_init__(self) -> None:
         for f in ("tokens", "seqs", "chunks", "nheads", "headdim", "dstate", "ngroups"):
@@ -156,10 +147,7 @@ def _smem(config: VarlenConfig, elem: int) -> dict[str, int]:
 def violations(config: VarlenConfig, arch: Arch | str, problem: VarlenProblem | None = None) -> list[str]:
     """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    why = []
-    for knob in KNOBS:
-        if config[knob.name] not in knob.values_on(arch):
-            why.append(f"{knob.name}={config[knob.name]} is not offered on {arch.name}")
+    why = SPACE.arch_violations(config, arch)
     for name in ("bmm_warps", "state_warps", "pass_warps", "scan_warps"):
         if config[name] * arch.warp_size > 1024:
             why.append(f"{name}={config[name]} x warp {arch.warp_size} > 1024 threads")
@@ -204,3 +192,61 @@ def default_config(arch: Arch | str, problem: VarlenProblem | None = None, cb: s
         cfg = cfg.replace(scan_stages=max(1, cfg.scan_stages - 1), state_stages=max(1, cfg.state_stages - 1),
                           bmm_stages=max(1, cfg.bmm_stages - 1))
     return cfg
+
+
+# --- a packed batch's problem, and how one is written on the command line (autossd.tuner.shapes)
+def lengths_for(problem: VarlenProblem, seed: int = 0) -> list[int]:
+    """Sequence lengths summing to problem.tokens over problem.seqs sequences, drawn at random
+    (seeded): a serving batch's mix, every sequence at least one token."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(problem.seqs, generator=g) + 0.05
+    extra = problem.tokens - problem.seqs
+    lens = (w / w.sum() * extra).floor().long() + 1
+    lens[0] += problem.tokens - int(lens.sum())
+    return [int(v) for v in lens]
+
+
+def chunks_for(tokens_per_seq: list[int], chunk_size: int) -> int:
+    """Rows of the chunk table `varlen_chunks` cuts these lengths into."""
+    return sum(-(-n // chunk_size) for n in tokens_per_seq)
+
+
+def problem_for(tokens: int, seqs: int, nheads: int, headdim: int, dstate: int, ngroups: int = 1,
+                chunk_size: int = 256, dtype: str = "bf16", seed: int = 0, **flags) -> VarlenProblem:
+    """The problem of a packed batch of `seqs` sequences and `tokens` tokens as `tune_inputs`
+    draws it (its chunk count follows from the drawn lengths)."""
+    base = VarlenProblem(tokens=tokens, seqs=seqs, chunks=max(1, -(-tokens // chunk_size)), nheads=nheads,
+                         headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size, dtype=dtype,
+                         **flags)
+    return base.replace(chunks=chunks_for(lengths_for(base, seed), chunk_size))
+
+
+# Packed prefill's grid: (tokens, sequences) of an engine's prefill step, many short sequences
+# and few long ones; states in fp32 (the engines' default cache).
+GRID_VARLEN = ((8192, 16), (65536, 64))
+
+
+def _build(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> VarlenProblem:
+    if vals["tokens"] < vals["seqs"]:
+        raise ValueError(f"t={vals['tokens']} tokens cannot hold s={vals['seqs']} sequences "
+                         "(each sequence has at least one token)")
+    # the chunk count follows from the sequence lengths the tuner draws (tune_inputs)
+    return problem_for(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
+
+
+# An engine's packed prefill passes D, dt_bias, softplus and each sequence's initial state (zeros
+# for a fresh one). t: tokens of every sequence together; s: sequences; q: the model's chunk
+# length (256 for Mamba-2). Presets: packed batches scripts/bench_varlen.py times.
+FORM = ShapeForm(
+    {"t": "tokens", "s": "seqs", "q": "chunk_size", "h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups"},
+    {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus", "init": "has_init"},
+    {**MODEL_FLAGS, "has_init": True}, {"tokens": 2048, "seqs": 1}, ("q",), "t=8192,s=16,h=80,p=64,n=128,g=1",
+    _build, states=True, defaults={"chunk_size": 256},
+    presets=[{"tokens": t, "seqs": n} for t, n in ((8192, 1), (8192, 16), (8192, 64), (65536, 64))],
+    grid=[{"tokens": t, "seqs": n} for t, n in GRID_VARLEN],
+    grid_states=lambda dtype, state_dtype: (state_dtype or "fp32",),
+    help='"mamba2-2.7b:t=8192,s=16"; keys t (tokens of all sequences), s (sequences), q (chunk length, '
+         "default 256), h p n g; flags d z bias softplus init, default d=1,bias=1,softplus=1,init=1 (an "
+         "engine passes each sequence's initial state)",
+    preset_help="packed batches", grid_help="8192 tokens in 16 sequences and 64k in 64")
+VarlenProblem.shape_form = FORM

@@ -5,36 +5,15 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 import triton
 
 from ... import problem as _problem
 from .fwd_knobs import STATE_DTYPES, Config
-from .plan import chains, walk_programs, walk_segments
+from .plan import Buffers, chains, walk_programs, walk_segments  # noqa: F401 (Buffers: offered here as ever)
 
 _TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
-
-
-@dataclass
-class Buffers:
-    y: torch.Tensor
-    dt: torch.Tensor        # (b, h, c, q) fp32, processed dt
-    dA: torch.Tensor        # (b, h, c, q) fp32, within-chunk cumsum of dt * A
-    cb: torch.Tensor | None      # (b, c, g, q, q), launches 5 and 3
-    states: torch.Tensor | None  # (b, c, h, p, n) state dtype: local states, then passed states
-    final: torch.Tensor | None   # (b, h, p, n) fp32; the fused depths' running state (carry)
-    # int64, zeroed once: ticket counter, then one flag per chain; both only grow (fused_common.jinja)
-    sync: torch.Tensor | None = None
-    w: torch.Tensor | None = None   # (b, h, c, q) fp32, the walk's per-token weights (walk_weights)
-    # walk_split > 1: the decay from its segment's start to each chunk (b, h, c) and over each
-    # segment (b, h, s), fp32; the segments' final states (b, h, s, p, n) fp32, and their entering
-    # states, in the states' dtype
-    gam: torch.Tensor | None = None
-    gseg: torch.Tensor | None = None
-    seg: torch.Tensor | None = None
-    sen: torch.Tensor | None = None
 
 
 SYNC_SCRATCH = 1024   # >= the lanes of a fused program (8 warps x 64 on AMD)

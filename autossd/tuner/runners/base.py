@@ -40,7 +40,7 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def compile_job(config: dict, arch: str, problem: dict, op: str = "ssd_fwd") -> dict:
+def compile_job(config: dict, arch: str, problem: dict, op: str) -> dict:
     """Runs in a pool process: cross-compile one config and return its report as plain data
     (Config objects do not pickle; dicts do)."""
     from dataclasses import asdict

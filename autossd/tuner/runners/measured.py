@@ -33,7 +33,7 @@ from typing import Any
 
 from ...problem import Problem
 from ...knobs import BaseConfig as Config
-from ...ops.registry import get_op
+from ...ops.registry import get_op, op_of
 from .base import Outcome, report_from, shared_pool
 
 READY_TIMEOUT = 600.0   # s: inputs and the float64 reference of a large problem
@@ -65,7 +65,7 @@ def _copy(t: dict) -> dict:
     return {k: one(v) for k, v in t.items()}
 
 
-def _input_sets(problem: Problem, device: str, max_sets: int = 8, op: str = "ssd_fwd") -> list[dict]:
+def _input_sets(problem: Problem, device: str, max_sets: int, op: str) -> list[dict]:
     """The first set, plus copies enough to exceed twice the L2 when one set fits in it."""
     from ..gate import input_bytes, make_inputs
     first = make_inputs(problem, device, seed=0, op=op)
@@ -196,7 +196,7 @@ def _problem_state(problem: dict, op: str, device: str):
     """(problem, input sets, float64 reference, the gate's input set) of one problem."""
     from ..gate import reference
     prob = get_op(op).problem_type(**problem)
-    sets = _input_sets(prob, device, op=op)
+    sets = _input_sets(prob, device, 8, op)
     ref = reference(prob, sets[0], op)
     # an op whose timed call updates its inputs in place (Op.tune_time) is gated on a copy that
     # no timing touches, so each candidate's gate sees the inputs the reference was computed from
@@ -231,7 +231,7 @@ def worker_main(conn, problem: dict, opts: dict) -> None:
     die_with_parent(*opts.get("lifeline", (None,)))   # a killed tuner takes this worker with it
     device = opts["device"]
     backend = opts.get("backend", "cuda")
-    op = opts.get("op", "ssd_fwd")
+    op = opts["op"]
     prob, sets, ref, gate_set = _problem_state(problem, op, device)
     timed = get_op(op).tune_time
     time_fn = get_op(op).fn("tune_time") if timed else None
@@ -450,7 +450,7 @@ class MeasuredRunner:
     def __init__(self, arch: str, problem: Problem, device: str = "cuda", compile_workers: int = 2,
                  timeout: float = 60.0, inject: dict[str, str] | None = None,
                  warmup_ms: int = 25, rep_ms: int = 100, precompile: bool = True,
-                 objective: str = "graph", op: str = "ssd_fwd") -> None:
+                 objective: str = "graph", op: str | None = None) -> None:
         from ...arch import get_arch
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
@@ -471,7 +471,8 @@ class MeasuredRunner:
             import logging
             logging.getLogger("autossd").warning("autossd tune: %s", self.objective_note)
         self.worker = shared_eval_worker(problem, {"device": device, "backend": backend, "no_graphs": no_graphs,
-                                                   "warmup_ms": warmup_ms, "rep_ms": rep_ms, "op": op})
+                                                   "warmup_ms": warmup_ms, "rep_ms": rep_ms,
+                                                   "op": op_of(problem, op)})
         self.device = _device_name(device)
 
     def prepare(self, configs: list[Config]) -> list[Any]:
