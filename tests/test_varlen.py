@@ -63,7 +63,7 @@ def check(t, q, cfg, dtype=torch.float32, dt_limit=(0.0, float("inf")), computed
     return y, fin, st
 
 
-@pytest.mark.parametrize("cb,split", [("staged", False), ("inline", True), ("staged", True)])
+@pytest.mark.parametrize("cb,split", [("stage", False), ("inline", True), ("stage", True)])
 def test_mixed_lengths_match_float64(cb, split):
     """One token, a part chunk, an exact chunk and several chunks, each from its own state; chunks
     of two row tiles, so that decay_split has blocks before the diagonal to factor."""
@@ -219,7 +219,7 @@ def test_every_knob_changes_the_rendered_kernel():
         other = next(v for v in knob.values if v != base[knob.name])
         assert render.kernel_hash(base.replace(**{knob.name: other}), "cuda") != h0, knob.name
     inline = VarlenConfig(cb="inline")
-    assert inline.replace(bmm_block_m=16) == inline   # the C·Bᵀ launch's knobs shape only "staged"
+    assert inline.replace(bmm_block_m=16) == inline   # the C·Bᵀ launch's knobs shape only "stage"
 
 
 def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
@@ -228,7 +228,7 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
         for pr in (big, few, VarlenProblem(3, 1, 1, 3, 5, 7, 1, 16, "fp32")):
             assert violations(default_config(arch, pr), arch, pr) == [], (arch, pr)
-    assert default_config("sm90", few).cb == "inline" and default_config("sm90", big).cb == "staged"
+    assert default_config("sm90", few).cb == "inline" and default_config("sm90", big).cb == "stage"
     assert any("scan_block_m" in w for w in violations(VarlenConfig(scan_block_m=128), "sm90", big.replace(chunk_size=64)))
     assert any("shared memory" in w for w in violations(
         VarlenConfig(scan_block_m=128, scan_block_n=128, scan_block_k=128, scan_block_d=256, scan_stages=4), "sm90", big))
@@ -236,7 +236,7 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     op = get_op("ssd_varlen")
     assert op.problem_type is VarlenProblem and op.config_type is VarlenConfig
     costs = op.fn("cost_model")(big, default_config("sm90", big))
-    assert [c.stage for c in costs] == list(op.sequences["staged"])
+    assert [c.stage for c in costs] == list(op.sequences["stage"])
 
 
 def test_a_record_near_in_size_is_picked_else_the_default(isolated_db, no_shipped_db):
@@ -292,7 +292,7 @@ def test_tuner_hooks_agree_with_the_reference():
     yr, fr = op.fn("tune_reference")(pr, t)
     assert rel(y, yr) < 1e-4 and rel(fin, fr) < 1e-4
     launches = op.fn("meta_launches")(pr, VarlenConfig(**SMALL), "cuda")
-    assert [ln.stage for ln in launches] == list(op.sequences["staged"])
+    assert [ln.stage for ln in launches] == list(op.sequences["stage"])
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ STAGES = (
     Stage("state_passing", "pass_warps"),
     Stage("chunk_scan", "scan_warps", "scan_stages", "scan_maxnreg"),
 )
-SEQUENCES = {"staged": ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
+SEQUENCES = {"stage": ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
              "inline": ("cumsum", "chunk_state", "state_passing", "chunk_scan")}
 MAX_GRID_YZ = 65535
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -50,7 +50,7 @@ _INTS = (torch.int32, torch.int64)
 def includes(cfg: VarlenConfig, backend: str) -> list[str]:
     """The template files a config's module holds, in launch order."""
     out = ["cumsum.jinja"]
-    if cfg.cb == "staged":
+    if cfg.cb == "stage":
         out.append("bmm.jinja")
     return out + ["chunk_state.jinja", "state_passing.jinja", "chunk_scan.jinja"]
 
@@ -216,7 +216,7 @@ def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool 
     def new(*shape, dtype):
         return make(shape, float("nan"), dtype=dtype, **kw) if poison else make(shape, dtype=dtype, **kw)
     return dict(dtp=new(h, k, q, dtype=torch.float32), dA=new(h, k, q, dtype=torch.float32),
-                cb=new(k, g, q, q, dtype=TORCH_DTYPES[problem.dtype]) if config.cb == "staged" else None,
+                cb=new(k, g, q, q, dtype=TORCH_DTYPES[problem.dtype]) if config.cb == "stage" else None,
                 states=new(k, h, p, n, dtype=sdt), final=new(problem.seqs, h, p, n, dtype=sdt))
 
 
@@ -249,7 +249,7 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                             s_o_h=dtp.stride(0), s_o_c=dtp.stride(1)),
                        dict(CHUNK=q, HAS_BIAS=bias is not None, SOFTPLUS=problem.dt_softplus,
                             HAS_LIMIT=(lo, hi) != (0.0, float("inf"))), opts["cumsum"])]
-    if config.cb == "staged":
+    if config.cb == "stage":
         tiles = cdiv(q, config.bmm_block_m) * cdiv(q, config.bmm_block_n)
         launches.append(Launch("bmm", "varlen_bmm", (g * tiles, k),
                                dict(C_ptr=C, B_ptr=B, cu_chunk_ptr=cuc, cb_ptr=cb, N=n,
@@ -514,7 +514,7 @@ def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
     c = config
     out = [StageCost("cumsum", k * cdiv(h, c.cumsum_block_h), T * h * e + ddA, 0.0, 0.0)]
     tri = q * (q + 1) / 2
-    if c.cb == "staged":
+    if c.cb == "stage":
         tiles = cdiv(q, c.bmm_block_m) * cdiv(q, c.bmm_block_n)
         out.append(StageCost("bmm", g * tiles * k, 2 * bc + k * g * q * q * e, 0.0, 2.0 * k * g * tri * n,
                              (c.bmm_block_m, c.bmm_block_n, c.bmm_block_k), c.bmm_stages))

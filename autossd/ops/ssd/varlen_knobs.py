@@ -1,7 +1,7 @@
 """Packed prefill's knobs (`ssd_varlen`), declared once, its problem, and the rules that tie them
 to an arch and a problem.
 
-The mode knob is `cb`, where the chunk scan gets C·Bᵀ: "staged" computes it once per chunk and
+The mode knob is `cb`, where the chunk scan gets C·Bᵀ: "stage" computes it once per chunk and
 group in a launch of its own (five launches), "inline" inside the chunk scan (four launches, and
 C·Bᵀ computed once per head instead of once per group: fewer launches for a prefill of a few
 tokens, more FLOPs for a long one).
@@ -25,10 +25,13 @@ DTYPES = ("fp32", "bf16", "fp16")
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("cb", ("staged", "inline"), "staged",
-         "where the chunk scan gets C·Bᵀ: a launch of its own, or computed in the scan"),
+    # "staged" was this mode's name before the backward's "stage" became the one name: stored
+    # records read on
+    Knob("cb", ("stage", "inline"), "stage",
+         "where the chunk scan gets C·Bᵀ: a launch of its own, or computed in the scan",
+         aliases=(("staged", "stage"),)),
     *take(CUMSUM),
-    *take(BMM, depths=("staged",)),
+    *take(BMM, depths=("stage",)),
     *take(CHUNK_STATE),
     *take(STATE_PASSING),
     # scan_stages 1: at 2.7b, 8192 tokens in 16 sequences (bf16, H200) the scan took 0.457 ms of
@@ -139,7 +142,7 @@ def _smem(config: VarlenConfig, elem: int) -> dict[str, int]:
     out = {"chunk_state": c.state_stages * (c.state_block_m + c.state_block_n) * c.state_block_k * elem,
            "chunk_scan": c.scan_stages * (c.scan_block_m * c.scan_block_d + c.scan_block_d * c.scan_block_n
                                           + c.scan_block_m * c.scan_block_k * 4 + c.scan_block_k * c.scan_block_n) * elem}
-    if c.cb == "staged":
+    if c.cb == "stage":
         out["bmm"] = c.bmm_stages * (c.bmm_block_m + c.bmm_block_n) * c.bmm_block_k * elem
     return out
 
