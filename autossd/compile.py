@@ -7,6 +7,7 @@ meta tensors, so the compiled and the launched signatures agree.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -225,26 +226,46 @@ def _report_stage(arch: Arch, launch, compiled) -> StageReport:
 _pool = None
 
 
-def _compile_pool():
-    """One spawned worker with the interpreter off. Triton decides at import whether its own
-    helpers are interpreted, so a process running kernels under TRITON_INTERPRET=1 cannot also
-    compile; it sends the work here."""
+@contextlib.contextmanager
+def _interpreter_off():
+    """TRITON_INTERPRET=0 while the compile worker starts: it inherits the environment, and
+    Triton decides at import whether its own helpers are interpreted."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET")
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _compile_elsewhere(*args) -> "CompileReport":
+    """compile_config(*args) in one spawned worker with the interpreter off: a process running
+    kernels under TRITON_INTERPRET=1 cannot also compile. A process pool executor rather than
+    multiprocessing's Pool: where the worker dies or a result cannot be read back, the executor
+    says so (BrokenProcessPool) instead of leaving the caller waiting forever for a lost task;
+    a broken worker is replaced once, then its error is raised."""
     global _pool
-    if _pool is None:
-        import multiprocessing as mp
-        old = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "0"
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from .lifeline import die_with_parent, initargs   # the worker dies with this process
+    for attempt in (0, 1):
         try:
-            from .lifeline import die_with_parent, initargs   # it dies with this process
-            _pool = mp.get_context("spawn").Pool(1, initializer=die_with_parent, initargs=initargs())
-            import atexit   # closed before interpreter teardown, not by Pool.__del__ after it
-            atexit.register(_pool.terminate)
-        finally:
-            if old is None:
-                os.environ.pop("TRITON_INTERPRET")
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-    return _pool
+            with _interpreter_off():   # the executor starts its worker at the first submit
+                if _pool is None:
+                    _pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"),
+                                                initializer=die_with_parent, initargs=initargs())
+                future = _pool.submit(compile_config, *args)
+            return future.result()
+        except BrokenProcessPool:
+            _pool.shutdown(wait=False, cancel_futures=True)
+            _pool = None
+            if attempt:
+                raise
 
 
 def compile_config(config: Config, arch: Arch | str, problem: Problem,
@@ -253,7 +274,7 @@ def compile_config(config: Config, arch: Arch | str, problem: Problem,
     `problem`'s signature, with meta tensors (no device), and report."""
     from .render import interpreting
     if interpreting():
-        return _compile_pool().apply(compile_config, (config, arch, problem, stages))
+        return _compile_elsewhere(config, arch, problem, stages)
     import triton
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource

@@ -356,3 +356,26 @@ def test_a_cubin_seen_before_takes_its_resource_report_from_memory(monkeypatch):
     assert comp._nvidia_resources(b"cubin-a") == (7, 0)
     assert comp._nvidia_resources(b"cubin-bb") == (8, 0)
     assert calls == [b"cubin-a", b"cubin-bb"]
+
+
+def test_a_compile_worker_that_dies_is_replaced_rather_than_waited_for():
+    """In the interpreter, compiles go to a spawned worker. One killed between two compiles (or
+    one whose result cannot be read back) must not leave the caller waiting forever for a lost
+    task, as multiprocessing's Pool did: the next compile gets a new worker."""
+    import threading
+
+    from autossd import compile as comp
+    from autossd.render import interpreting
+    if not interpreting():
+        pytest.skip("compiles run in this process, not in a worker")
+    p = Problem(1, 256, 2, 64, 64, 1, "fp16")
+    cfg = default_config("sm90", p)
+    assert compile_config(cfg, "sm90", p).ok
+    for proc in list(comp._pool._processes.values()):
+        proc.kill()
+        proc.join()
+    got = []
+    t = threading.Thread(target=lambda: got.append(compile_config(cfg, "sm90", p)), daemon=True)
+    t.start()
+    t.join(600)   # generous: a loaded machine is only slow; a lost task never ends
+    assert got and got[0].ok
