@@ -283,6 +283,13 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
         for cfg in (default_config(arch, pr), DecodeConfig(layout="tiled", block_p=8, heads=2), walk, *pdl):
             rep = compile_config(cfg, arch, pr)
             assert rep.ok and rep.stages and all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
+        # a dense A: Mamba 2.8b's layer in the Mamba-1 form (one head of 5120 channels), and the
+        # Mamba-2 form's shapes with a dense A
+        for dense in (DecodeProblem(16, 1, 5120, 16, 1, "bf16", "bf16", **DENSE), pr.replace(A_dense=True)):
+            for cfg in (default_config(arch, dense), default_config(arch, dense, layout="tiled"),
+                        default_config(arch, dense, layout="persistent")):
+                rep = compile_config(cfg, arch, dense)
+                assert rep.ok and rep.stages and all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
 
 
 def test_a_kept_key_replays_without_building_the_key(monkeypatch):
