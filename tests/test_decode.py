@@ -635,3 +635,34 @@ def test_mamba_ssm_form_with_heads(dim, dstate, ngroups, tie_hdim, has_z, itype,
     problem = dec.kernel_for(state, x, dt, A, B, C, D, z, dt_bias, True, idx)[0]
     assert problem.A_dense is not tie_hdim
     _check_mamba_ssm_form(state, x, dt, A, B, C, D, z, dt_bias, idx, itype)
+
+
+def test_a_kept_key_of_the_mamba1_form_replays_with_its_own_tensors(monkeypatch):
+    """The GPU routing with the launches stubbed, as for the Mamba-2 form: a second call of a
+    Mamba-1 key replays with the new call's own (2-D and 3-D) tensors' pointers and a fresh
+    out of x's shape."""
+    from autossd.ops.common import launch_cache as lc
+    pr = DecodeProblem(2, 1, 16, 16, 1, "bf16", "fp32", **DENSE)
+    cfg = DecodeConfig(block_p=8, a_dense=1)
+    dec.clear_cache()
+    seen = {"launch": 0, "replay": []}
+
+    def launch(call, t):
+        seen["launch"] += 1
+        call.record = ["record"]
+
+    monkeypatch.setattr(dec, "_launch", launch)
+    monkeypatch.setattr(lc, "pointers_only", lambda record: record == ["record"])
+    monkeypatch.setattr(lc, "replay_ptrs",
+                        lambda record, names, ptrs, device: seen["replay"].append(dict(zip(names, ptrs))) or True)
+    for seed in (1, 2):
+        t = _mamba1(tune_inputs(pr, DEV, seed=seed))
+        y = selective_state_update(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
+                                   t["dt_bias"], True, config=cfg)
+    assert seen["launch"] == 1 and len(seen["replay"]) == 1
+    assert seen["replay"][0] == {"state": t["state"].data_ptr(), "x": t["x"].data_ptr(), "dt": t["dt"].data_ptr(),
+                                 "A": t["A"].data_ptr(), "B": t["B"].data_ptr(), "C": t["C"].data_ptr(),
+                                 "D": t["D"].data_ptr(), "z": t["z"].data_ptr(), "dt_bias": t["dt_bias"].data_ptr(),
+                                 "out": y.data_ptr()}
+    assert y.shape == t["x"].shape == (2, 16)
+    dec.clear_cache()
