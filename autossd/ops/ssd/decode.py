@@ -1,5 +1,8 @@
 """The decode step (`ssd_decode`), declared once, and its entry `selective_state_update`: a
-drop-in for mamba_ssm's function of that name in its Mamba-2 form.
+drop-in for mamba_ssm's function of that name, in its Mamba-2 form (state (batch, nheads,
+headdim, dstate)) and its Mamba-1 form (state (batch, dim, dstate): one head of headdim = dim,
+whose dt, dt_bias and D vary over the channel and whose A is dense). A dense A, in either form,
+runs the kernels rendered with `a_dense` (an exp per state element).
 
 One launch per call. Each program owns one row (batch entry), BLOCK_P headdim rows of HEADS heads
 and either all of dstate ("whole") or dstate in slices ("tiled"), or ("persistent") walks such
@@ -36,15 +39,14 @@ from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
 from .naive import state_update_ref
 from .plan import Launch
-from .decode_knobs import (SPACE, DecodeConfig, DecodeProblem, caps, default_config,  # noqa: F401
-                           pow2_at_least, violations)
+from .decode_knobs import (MAX_GRID_YZ, SPACE, DecodeConfig, DecodeProblem, caps,  # noqa: F401
+                           default_config, excluded, pow2_at_least, violations)
 
 PAD_SLOT_ID = -1   # what vLLM marks a padded row of a continuous batch with
 STAGES = (Stage("decode", "warps", "stages"),)
 SEQUENCES = {"whole": ("decode",), "tiled": ("decode",), "persistent": ("decode",)}
 # every tensor a launch takes, by the names the plan and the launch cache use
 NAMES = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "idx", "out")
-MAX_GRID_YZ = 65535
 
 
 def includes(cfg: DecodeConfig, backend: str) -> list[str]:
@@ -74,35 +76,71 @@ def _s2(t) -> tuple[int, int]:
     return (s[0], 0) if t.dim() == 1 else (s[0], s[1])
 
 
+def _m1_s4(t) -> tuple[int, int, int, int]:
+    """The Mamba-1 form's x, dt, z, out, B or C, (batch, [tokens,] dim or dstate), as (row,
+    token, head, col) strides of its one head."""
+    s = t.stride()
+    return (s[0], 0, 0, s[1]) if t.dim() == 2 else (s[0], s[1], 0, s[2])
+
+
+def _m1_s2(t) -> tuple[int, int]:
+    """The Mamba-1 form's D or dt_bias, (dim,) or (1, dim): (head, col) strides; none: (0, 0)."""
+    if t is None:
+        return (0, 0)
+    return (0, t.stride(0)) if t.dim() == 1 else tuple(t.stride())
+
+
+def strides(t: dict, multi: bool) -> dict[str, tuple[int, ...]]:
+    """Each tensor's strides in the kernel's order: the state (slot, head, row, col), A (head,
+    row, col), D and dt_bias (head, col), the others (row, token, head, col). A 3-D state is the
+    Mamba-1 form: one head, whose axis no tensor has (A and the per-channel parameters may carry
+    it with size 1). multi: a Mamba-2 form's x is (batch, T, nheads, headdim)."""
+    st, A = t["state"], t["A"]
+    z = t.get("z")
+    if st.dim() == 3:
+        s = st.stride()
+        return dict(state=(s[0], 0, s[1], s[2]),
+                    A=(0,) + tuple(A.stride()) if A.dim() == 2 else tuple(A.stride()),
+                    D=_m1_s2(t.get("D")), dt_bias=_m1_s2(t.get("dt_bias")),
+                    z=_m1_s4(z) if z is not None else (0, 0, 0, 0),
+                    **{k: _m1_s4(t[k]) for k in ("x", "dt", "B", "C", "out")})
+    dt = t["dt"]
+    return dict(state=tuple(st.stride()),
+                A=(A.stride(0), 0, 0) if A.dim() == 1 else tuple(A.stride()),
+                D=_s2(t.get("D")), dt_bias=_s2(t.get("dt_bias")),
+                z=_s4(z) if z is not None else (0, 0, 0, 0),
+                dt=_s4(dt, dt.dim() == (3 if multi else 2)),
+                **{k: _s4(t[k]) for k in ("x", "B", "C", "out")})
+
+
 def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, backend: str = "cuda",
          dt_softplus: bool | None = None, pad_slot_id: int = PAD_SLOT_ID) -> list:
     """The one launch of a call on validated tensors `t` (names of NAMES; x, dt, B, C, z and out
-    as the caller passed them)."""
-    st, x, dt, B, C = t["state"], t["x"], t["dt"], t["B"], t["C"]
-    multi = problem.tokens > 1 or x.dim() == 4
-    dt_head_only = dt.dim() == (3 if multi else 2)
+    as the caller passed them, in the Mamba-2 form or the Mamba-1 form)."""
+    st, x = t["state"], t["x"]
     heads = config.heads
     h, p, n = problem.nheads, problem.headdim, problem.dstate
     grid = (problem.batch, -(-p // config.block_p), -(-h // heads))
     if config.layout == "persistent":
         grid = (programs(problem, config, st.device), 1, 1)
-    zero4 = (0, 0, 0, 0)
     args = dict(
-        state_ptr=st, x_ptr=x, dt_ptr=dt, A_ptr=t["A"], B_ptr=B, C_ptr=C, D_ptr=t.get("D"),
+        state_ptr=st, x_ptr=x, dt_ptr=t["dt"], A_ptr=t["A"], B_ptr=t["B"], C_ptr=t["C"], D_ptr=t.get("D"),
         z_ptr=t.get("z"), dtb_ptr=t.get("dt_bias"), idx_ptr=t.get("idx"), out_ptr=t["out"],
         nslots=st.shape[0], T=problem.tokens, H=h, P=p, N=n, HPG=h // problem.ngroups,
         pad_slot=int(pad_slot_id))
+    s = strides(t, problem.tokens > 1 or x.dim() == 4)
     names4 = ("b", "t", "h", "p")
-    for pre, v in (("s_st", st.stride()), ("s_x", _s4(x)), ("s_dt", _s4(dt, dt_head_only))):
-        args.update({f"{pre}_{k}": s for k, s in zip(("b", "h", "p", "n") if pre == "s_st" else names4, v)})
-    args["s_A_h"] = t["A"].stride(0)
-    for pre, v in (("s_B", _s4(B)), ("s_C", _s4(C))):
-        args.update({f"{pre}_{k}": s for k, s in zip(("b", "t", "g", "n"), v)})
-    args.update(zip(("s_D_h", "s_D_p"), _s2(t.get("D"))))
-    z = t.get("z")
-    args.update({f"s_z_{k}": s for k, s in zip(names4, _s4(z) if z is not None else zero4)})
-    args.update(zip(("s_dtb_h", "s_dtb_p"), _s2(t.get("dt_bias"))))
-    args.update({f"s_o_{k}": s for k, s in zip(names4, _s4(t["out"]))})
+    for pre, key, axes in (("s_st", "state", ("b", "h", "p", "n")), ("s_x", "x", names4), ("s_dt", "dt", names4)):
+        args.update({f"{pre}_{k}": v for k, v in zip(axes, s[key])})
+    args["s_A_h"] = s["A"][0]
+    if config.a_dense:   # the dense kernel reads A over headdim and dstate too
+        args["s_A_p"], args["s_A_n"] = s["A"][1], s["A"][2]
+    for pre, key in (("s_B", "B"), ("s_C", "C")):
+        args.update({f"{pre}_{k}": v for k, v in zip(("b", "t", "g", "n"), s[key])})
+    args.update(zip(("s_D_h", "s_D_p"), s["D"]))
+    args.update({f"s_z_{k}": v for k, v in zip(names4, s["z"])})
+    args.update(zip(("s_dtb_h", "s_dtb_p"), s["dt_bias"]))
+    args.update({f"s_o_{k}": v for k, v in zip(names4, s["out"])})
     idx = t.get("idx")
     args["s_idx"] = idx.stride(0) if idx is not None else 0
     if config.layout == "persistent":
@@ -160,19 +198,14 @@ def _shape(name: str, v, want: tuple, what: str) -> None:
         raise ValueError(f"{name}: expected shape {tuple(want)} ({what}), got {tuple(v.shape)}")
 
 
-def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
-    """Validate a call's tensors (names of NAMES) and return its problem; ValueError or TypeError
-    naming the argument otherwise. Index values are not read (that would wait for the device):
-    the kernel skips an index outside the state (see the entry's docstring)."""
-    st = t["state"]
-    if not isinstance(st, torch.Tensor):
-        raise TypeError(f"state: expected a torch.Tensor, got {type(st).__name__}")
-    if st.dim() != 4:
-        raise ValueError(f"state: expected (batch or cache slots, nheads, headdim, dstate) (the Mamba-2 "
-                         f"form), got shape {tuple(st.shape)}")
-    if st.dtype not in _FLOATS:
-        raise TypeError(f"state: expected float32, bfloat16 or float16, got {st.dtype}")
-    dev = st.device
+def _dense(A) -> bool:
+    """Whether A varies over headdim or dstate (its last two axes): a stride other than 0 over an
+    axis longer than one. A (nheads,), or expanded over both with stride 0, is one value a head."""
+    return A.dim() > 1 and any(A.stride(i) != 0 and A.shape[i] > 1 for i in (-2, -1))
+
+
+def _mamba2_form(t: dict, st, dev) -> tuple:
+    """The Mamba-2 form's tensors checked: (batch, tokens, nheads, headdim, dstate, ngroups)."""
     nslots, h, p, n = st.shape
     x = _tensor("x", t["x"], (3, 4), dev)
     multi = x.dim() == 4
@@ -190,9 +223,6 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
     A = _tensor("A", t["A"], (1, 3), dev)
     if A.dim() == 3:
         _shape("A", A, (h, p, n), "nheads, headdim, dstate")
-        if A.stride(1) != 0 or A.stride(2) != 0:
-            raise ValueError("A: only one value per head is supported (the Mamba-2 form: (nheads,) or "
-                             f"expanded over headdim and dstate with stride 0); got strides {A.stride()}")
     else:
         _shape("A", A, (h,), "one value per head")
     B = _tensor("B", t["B"], (x.dim(),), dev)
@@ -202,18 +232,64 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
     _shape("B", B, lead + (g, n), "batch, [tokens,] ngroups, dstate")
     C = _tensor("C", t["C"], (x.dim(),), dev)
     _shape("C", C, lead + (g, n), "like B")
-    for name, key in (("D", "D"), ("dt_bias", "dt_bias")):
-        v = t.get(key)
+    for name in ("D", "dt_bias"):
+        v = t.get(name)
         if v is not None:
             _tensor(name, v, (1, 2), dev)
             _shape(name, v, (h,) if v.dim() == 1 else (h, p), "nheads, or nheads x headdim")
+    return b, T, h, p, n, g
+
+
+def _mamba1_form(t: dict, st, dev) -> tuple:
+    """The Mamba-1 form's tensors checked (a 3-D state: one head of headdim = dim, no head axis):
+    state (batch or cache slots, dim, dstate); x (batch, dim), or (batch, T, dim) for T tokens;
+    dt, z, out like x; B, C (batch, [T,] dstate); A (dim, dstate); D, dt_bias (dim,). A, D and
+    dt_bias may carry the head axis of one, as in the Mamba-2 form."""
+    nslots, p, n = st.shape
+    x = _tensor("x", t["x"], (2, 3), dev)
+    multi = x.dim() == 3
+    b = x.shape[0]
+    T = x.shape[1] if multi else 1
+    lead = (b, T) if multi else (b,)
+    _shape("x", x, lead + (p,), "batch, [tokens,] dim of state: the Mamba-1 form, as a 3-D state is")
+    if T < 1 or b < 1:
+        raise ValueError(f"x: an empty batch or token axis, shape {tuple(x.shape)}")
+    _shape("dt", _tensor("dt", t["dt"], (x.dim(),), dev), x.shape, "like x: the Mamba-1 form, as a 3-D state is")
+    A = _tensor("A", t["A"], (2, 3), dev)
+    _shape("A", A, (p, n) if A.dim() == 2 else (1, p, n), "dim, dstate: the Mamba-1 form, as a 3-D state is")
+    for name in ("B", "C"):
+        _shape(name, _tensor(name, t[name], (x.dim(),), dev), lead + (n,),
+               "batch, [tokens,] dstate: the Mamba-1 form, as a 3-D state is")
+    for name in ("D", "dt_bias"):
+        v = t.get(name)
+        if v is not None:
+            _tensor(name, v, (1, 2), dev)
+            _shape(name, v, (p,) if v.dim() == 1 else (1, p), "dim: the Mamba-1 form, as a 3-D state is")
+    return b, T, 1, p, n, 1
+
+
+def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
+    """Validate a call's tensors (names of NAMES) and return its problem; ValueError or TypeError
+    naming the argument otherwise. Index values are not read (that would wait for the device):
+    the kernel skips an index outside the state (see the entry's docstring)."""
+    st = t["state"]
+    if not isinstance(st, torch.Tensor):
+        raise TypeError(f"state: expected a torch.Tensor, got {type(st).__name__}")
+    if st.dim() not in (3, 4):
+        raise ValueError(f"state: expected (batch or cache slots, nheads, headdim, dstate) (the Mamba-2 form) "
+                         f"or (batch or cache slots, dim, dstate) (the Mamba-1 form), got shape {tuple(st.shape)}")
+    if st.dtype not in _FLOATS:
+        raise TypeError(f"state: expected float32, bfloat16 or float16, got {st.dtype}")
+    dev = st.device
+    b, T, h, p, n, g = (_mamba1_form if st.dim() == 3 else _mamba2_form)(t, st, dev)
+    x = t["x"]
     z = t.get("z")
     if z is not None:
         _shape("z", _tensor("z", z, (x.dim(),), dev), x.shape, "like x")
     idx = t.get("idx")
     if idx is None:
-        if nslots != b:
-            raise ValueError(f"state: {nslots} rows for a batch of {b}; pass state_batch_indices to "
+        if st.shape[0] != b:
+            raise ValueError(f"state: {st.shape[0]} rows for a batch of {b}; pass state_batch_indices to "
                              "update chosen cache slots")
     else:
         _tensor("state_batch_indices", idx, (1,), dev)
@@ -233,7 +309,8 @@ def problem_of(t: dict, dt_softplus, pad_slot_id) -> DecodeProblem:
         raise ValueError(f"state: nheads={h} exceeds the launch grid's limit {MAX_GRID_YZ}")
     return DecodeProblem(batch=b, nheads=h, headdim=p, dstate=n, ngroups=g, dtype=DTYPES[x.dtype],
                          state_dtype=DTYPES[st.dtype], has_D=t.get("D") is not None, has_z=z is not None,
-                         has_dt_bias=t.get("dt_bias") is not None, dt_softplus=dt_softplus, tokens=T)
+                         has_dt_bias=t.get("dt_bias") is not None, dt_softplus=dt_softplus, tokens=T,
+                         A_dense=_dense(t["A"]))
 
 
 # --- config choice --------------------------------------------------------------------------
@@ -320,7 +397,7 @@ def _launch(call: _Call, t: dict) -> None:
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                            state_batch_indices=None, pad_slot_id=PAD_SLOT_ID, out=None, *,
                            config: DecodeConfig | None = None):
-    """One decode step of the Mamba-2 recurrence, state updated in place.
+    """One decode step of the Mamba-2 (or Mamba-1) recurrence, state updated in place.
 
     state (batch or cache slots, nheads, headdim, dstate) in fp32, bf16 or fp16 (read, updated in
     fp32, written back in its dtype); x (batch, nheads, headdim), or (batch, T, nheads, headdim)
@@ -329,7 +406,11 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     [T,] nheads); Mamba-2 passes it expanded over headdim with stride 0, as A (nheads, headdim,
     dstate) with strides 0 over headdim and dstate, and D and dt_bias (nheads, headdim) with
     stride 0 over headdim; (nheads,) forms are taken as well, and D, dt_bias and dt may also vary
-    over headdim. B, C (batch, [T,] ngroups, dstate); z like x.
+    over headdim. B, C (batch, [T,] ngroups, dstate); z like x. A (nheads, headdim, dstate) may
+    also hold a value per channel and state (a dense A: an exp per state element).
+    The Mamba-1 form: state (batch or cache slots, dim, dstate); x (batch, dim), or (batch, T,
+    dim); dt and z like x; A (dim, dstate); B, C (batch, [T,] dstate); D, dt_bias (dim,). It is
+    the Mamba-2 form with one head of headdim = dim; out is (batch, [T,] dim).
     Per row and head: dt' = softplus?(dt + dt_bias); state = state exp(dt' A) + dt' x ⊗ B[group];
     out = state · C[group] + D x, times z sigmoid(z).
     state_batch_indices (batch,) int32/int64: the cache slot each row updates (continuous
@@ -389,7 +470,8 @@ def kernel_for(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=
 # --- the tuner's and the compile report's hooks -------------------------------------------------
 def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
     """Fresh random inputs (never zeros) in the forms Mamba-2 passes them: dt, A, D and dt_bias
-    expanded over headdim (and dstate) with stride 0."""
+    expanded over headdim (and dstate) with stride 0; for a dense A (A_dense), the forms of a
+    Mamba-1 layer: A (nheads, headdim, dstate) and dt, D and dt_bias varying over headdim."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     b, T, h, p, n, ng = (problem.batch, problem.tokens, problem.nheads, problem.headdim, problem.dstate,
                          problem.ngroups)
@@ -401,6 +483,15 @@ def tune_inputs(problem: DecodeProblem, device="cpu", seed: int = 0) -> dict:
 
     dt = (torch.rand(*lead, h, generator=g) * 4 - 4 if problem.dt_softplus
           else torch.rand(*lead, h, generator=g) * 0.2 + 0.005).to(e).to(device)
+    if problem.A_dense:
+        dt = (torch.rand(*lead, h, p, generator=g) * 4 - 4 if problem.dt_softplus
+              else torch.rand(*lead, h, p, generator=g) * 0.2 + 0.005).to(e).to(device)
+        return dict(state=rnd(b, h, p, n, dtype=TORCH_DTYPES[problem.state_dtype]), x=rnd(*lead, h, p), dt=dt,
+                    A=(-torch.rand(h, p, n, generator=g) * 4 - 0.5).to(device),
+                    B=rnd(*lead, ng, n), C=rnd(*lead, ng, n),
+                    D=rnd(h, p, dtype=torch.float32) if problem.has_D else None,
+                    z=rnd(*lead, h, p) if problem.has_z else None,
+                    dt_bias=rnd(h, p, dtype=torch.float32, scale=0.5) if problem.has_dt_bias else None)
     t = dict(state=rnd(b, h, p, n, dtype=TORCH_DTYPES[problem.state_dtype]), x=rnd(*lead, h, p),
              dt=dt.unsqueeze(-1).expand(*lead, h, p),
              A=(-torch.rand(h, generator=g) * 4 - 0.5).to(device)[:, None, None].expand(h, p, n),
@@ -450,12 +541,16 @@ def _meta_inputs(problem: DecodeProblem) -> dict:
     def m(*shape, dtype=e):
         return torch.empty(*shape, dtype=dtype, device="meta")
 
+    dense = problem.A_dense
     return dict(state=m(b, h, p, n, dtype=TORCH_DTYPES[problem.state_dtype]), x=m(*lead, h, p),
-                dt=m(*lead, h, 1).expand(*lead, h, p), A=m(h, 1, 1, dtype=torch.float32).expand(h, p, n),
+                dt=m(*lead, h, p) if dense else m(*lead, h, 1).expand(*lead, h, p),
+                A=m(h, p, n, dtype=torch.float32) if dense else m(h, 1, 1, dtype=torch.float32).expand(h, p, n),
                 B=m(*lead, g, n), C=m(*lead, g, n),
-                D=m(h, 1, dtype=torch.float32).expand(h, p) if problem.has_D else None,
+                D=(m(h, p, dtype=torch.float32) if dense else m(h, 1, dtype=torch.float32).expand(h, p))
+                if problem.has_D else None,
                 z=m(*lead, h, p) if problem.has_z else None,
-                dt_bias=m(h, 1, dtype=torch.float32).expand(h, p) if problem.has_dt_bias else None,
+                dt_bias=(m(h, p, dtype=torch.float32) if dense else m(h, 1, dtype=torch.float32).expand(h, p))
+                if problem.has_dt_bias else None,
                 idx=None, out=m(*lead, h, p))
 
 
@@ -512,10 +607,11 @@ OP = register(Op(
     default_config=default_config,
     violations=violations,
     caps=caps,
+    excluded=excluded,
     static_caveat="against the H200 sweeps of the decode step (sm90, whole-dstate tiles, batch 1 to 64) the "
                   "model ranked configs at Spearman 0.68 to 0.87, but its top-1 ran up to 1.04x the best at "
                   "batch 64 where the default was within 0.1%: a searched static record may be slower than "
                   "the default, so a static tune keeps the default unless the model predicts 2% better "
                   "(there: in none of 12 cases)",
-    doc="Mamba-2 decode step: the state updated in place by one (or T) tokens, and the output",
+    doc="Mamba-2 and Mamba-1 decode step: the state updated in place by one (or T) tokens, and the output",
 ))

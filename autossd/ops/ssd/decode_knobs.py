@@ -8,6 +8,12 @@ slices, each read once and written once, for a dstate too large to hold (one tok
 the output of a token sums over every slice); "persistent" launches as many programs as the SMs
 hold at once, each walking (row, head, headdim block) tiles of the whole dstate in a
 software-pipelined loop, the next tile's state loading while one is updated (one token per step).
+
+`a_dense` is not searched: it follows the problem. 0 (every Mamba-2 model) reads one A per head
+and its decay exp(dt A) is one value per headdim row; 1 reads A as a (headdim, dstate) tile per
+head and takes an exp per state element (a dense A: Mamba-1's (dim, dstate), or the Mamba-2 form
+with a value per channel and state). The knob is a config's rather than only a launch flag's so
+that the per-head kernels render as they always have and their records stay fresh.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ MAX_ELEMS_PER_THREAD = 128
 # the persistent layout's tile index is 32-bit: room left for a last step of as many programs as
 # any GPU holds at once
 MAX_TILES = 2**31 - 2**22
+# a launch grid's y and z extents (the headdim blocks, the head groups)
+MAX_GRID_YZ = 65535
 
 KNOBS: tuple[Knob, ...] = (
     Knob("layout", ("whole", "tiled", "persistent"), "whole",
@@ -50,6 +58,9 @@ KNOBS: tuple[Knob, ...] = (
     # static model.
     Knob("pdl", (0, 1), 0, "1: programmatic dependent launch (overlaps the previous kernel's tail)",
          "decode", measured_only=True, needs=("pdl",)),
+    # set by the problem (A_dense), never searched: see the module docstring
+    Knob("a_dense", (0, 1), 0, "1: A holds a value per headdim row and state (an exp per state element)",
+         "decode"),
 )
 SPACE = KnobSpace("ssd_decode", KNOBS, mode_knob="layout")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
@@ -65,7 +76,11 @@ class DecodeConfig(BaseConfig):
 class DecodeProblem(ProblemFields):
     """One decode call's shape, dtypes and flags: what the records key on. `batch` is the rows of
     the call (not the cache slots of the state); `tokens` is T, the tokens per row of a
-    multi-token step (1: the ordinary decode step)."""
+    multi-token step (1: the ordinary decode step). `A_dense`: A varies over headdim or dstate
+    (Mamba-1's A (dim, dstate), which is this problem with one head of headdim=dim, or a
+    Mamba-2-form A (nheads, headdim, dstate) with real values per channel and state); False: one
+    A per head. A key leaves `A_dense` out while it is False, so the records of the per-head
+    problems keep the keys they were stored under."""
     default_op: ClassVar[str] = "ssd_decode"
     batch: int
     nheads: int
@@ -79,6 +94,7 @@ class DecodeProblem(ProblemFields):
     has_dt_bias: bool = False
     dt_softplus: bool = False
     tokens: int = 1
+    A_dense: bool = False
 
     @classmethod
     def example(cls) -> "DecodeProblem":
@@ -96,21 +112,29 @@ class DecodeProblem(ProblemFields):
             raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype: expected one of {STATE_DTYPES}, got {self.state_dtype!r}")
-        for f in ("has_D", "has_z", "has_dt_bias", "dt_softplus"):
+        for f in ("has_D", "has_z", "has_dt_bias", "dt_softplus", "A_dense"):
             if type(getattr(self, f)) is not bool:
                 raise ValueError(f"{f}: expected a bool, got {getattr(self, f)!r}")
 
+    def key(self) -> dict:
+        k = super().key()
+        if not k["A_dense"]:
+            del k["A_dense"]
+        return k
 
     def min_bytes(self) -> int:
         """Each operand read once, each output written once: the state read and written, x, z and
-        out, dt, B and C (the per-head parameters are a rounding error)."""
+        out, dt, B and C, and a dense A once (in fp32; every row reads it, from the cache after
+        the first: at batch 1 it is as large as an fp32 state). The per-head parameters are a
+        rounding error."""
         e = {"fp32": 4, "bf16": 2, "fp16": 2}
         s = e[self.state_dtype]
         bt = self.batch * self.tokens
         state = 2 * self.batch * self.nheads * self.headdim * self.dstate * s
         xo = bt * self.nheads * self.headdim * e[self.dtype] * (3 if self.has_z else 2)
         bc = 2 * bt * self.ngroups * self.dstate * e[self.dtype]
-        return state + xo + bc + bt * self.nheads * 4
+        a = self.nheads * self.headdim * self.dstate * 4 if self.A_dense else 0
+        return state + xo + bc + bt * self.nheads * 4 + a
 
     def flops(self, chunk_size: int = 0) -> int:
         """Per state element and token: decay, update and the product with C (5 FLOPs)."""
@@ -124,6 +148,11 @@ def caps(problem: DecodeProblem) -> dict[str, int]:
             "heads": pow2_at_least(problem.nheads)}
 
 
+def excluded(problem: DecodeProblem, static: bool = False) -> dict[str, tuple]:
+    """Values a tune never offers: the A kernel other than the problem's."""
+    return {"a_dense": (0,) if problem.A_dense else (1,)}
+
+
 def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | None = None) -> list[str]:
     """Reasons a config cannot run on an arch (and problem); empty when it is feasible."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
@@ -132,6 +161,10 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
     if threads > 1024:
         why.append(f"warps={config.warps} x warp {arch.warp_size} > 1024 threads")
     if problem is not None:
+        if config.a_dense != int(problem.A_dense):
+            why.append(f"a_dense={config.a_dense} cannot run A_dense={problem.A_dense}: the kernel reads A "
+                       + ("per head" if not config.a_dense else "as a (headdim, dstate) tile per head")
+                       + ", the problem's A is " + ("dense" if problem.A_dense else "one value per head"))
         for name, cap in caps(problem).items():
             if config[name] > cap and not (name == "block_n" and config.layout != "tiled"):
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
@@ -140,11 +173,15 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
         tiles = problem.batch * problem.nheads * -(-problem.headdim // config.block_p)
         if config.layout == "persistent" and tiles > MAX_TILES:
             why.append(f"layout=persistent walks {tiles} tiles, past its 32-bit tile index ({MAX_TILES})")
+        if config.layout != "persistent" and -(-problem.headdim // config.block_p) > MAX_GRID_YZ:
+            why.append(f"block_p={config.block_p}: headdim {problem.headdim} in {config.block_p}-row blocks "
+                       f"is past the launch grid's limit {MAX_GRID_YZ}")
         width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
-        per_thread = config.block_p * width // threads
+        # a dense A's tile is held beside the state's: twice the registers per state element
+        per_thread = config.block_p * width * (2 if config.a_dense else 1) // threads
         if per_thread > MAX_ELEMS_PER_THREAD:
-            why.append(f"a {config.block_p} x {width} state tile is {per_thread} elements per thread "
-                       f"(> {MAX_ELEMS_PER_THREAD}: registers spill)")
+            why.append(f"a {config.block_p} x {width} state tile{' and its A tile' if config.a_dense else ''} "
+                       f"is {per_thread} elements per thread (> {MAX_ELEMS_PER_THREAD}: registers spill)")
     return why
 
 
@@ -158,9 +195,13 @@ def default_config(arch: Arch | str, problem: DecodeProblem | None = None,
     where 8 rows on four warps reached 56%: each thread needs that many loads in flight to stream.
     AMD (never run) takes 16 elements per lane of its 64-wide wavefronts, the same per wavefront.
     A dstate too wide for that (over 1024 at one headdim row) walks it in slices. `layout`: the
-    default at that layout (the tuner asks for it when the layout is pinned)."""
+    default at that layout (the tuner asks for it when the layout is pinned). A dense A takes the
+    dense kernel (a_dense=1) and otherwise the same tiles: its A tile is the state tile's size in
+    fp32, read from the cache, and was never swept on its own."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     base = DecodeConfig(warps=2 if arch.is_amd else 4)
+    if problem is not None and problem.A_dense:
+        base = base.replace(a_dense=1)
     if problem is None:
         return base if layout is None else base.replace(layout=layout)
     n2 = max(16, pow2_at_least(problem.dstate))

@@ -165,13 +165,27 @@ def ssd_chunked(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, in
 
 def state_update_ref(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                      state_batch_indices=None, pad_slot_id=-1):
-    """Float64 decode step (the contract of `selective_state_update` in its Mamba-2 form), one or
-    T tokens per row: returns (out, new_state) in float64 and leaves the inputs as they were.
+    """Float64 decode step (the contract of `selective_state_update`), one or T tokens per row:
+    returns (out, new_state) in float64 and leaves the inputs as they were.
 
-    state (slots, h, p, n); x (b, h, p) or (b, T, h, p); dt like x or without p; A (h,) or
-    (h, p, n); B, C (b, g, n) or (b, T, g, n); D, dt_bias (h,) or (h, p); z like x. Row i
-    updates slot state_batch_indices[i] (row i without them); a row at pad_slot_id keeps its slot
-    and outputs 0, a row at any other index outside the state outputs NaN."""
+    The Mamba-2 form: state (slots, h, p, n); x (b, h, p) or (b, T, h, p); dt like x or without
+    p; A (h,) or (h, p, n), which may vary over p and n; B, C (b, g, n) or (b, T, g, n); D,
+    dt_bias (h,) or (h, p); z like x. The Mamba-1 form (a 3-D state): state (slots, dim, n); x
+    (b, dim) or (b, T, dim); dt, z like x; A (dim, n); B, C (b, n) or (b, T, n); D, dt_bias
+    (dim,): the Mamba-2 form with one head of p = dim, out and new state in the Mamba-1 form.
+    Row i updates slot state_batch_indices[i] (row i without them); a row at pad_slot_id keeps
+    its slot and outputs 0, a row at any other index outside the state outputs NaN."""
+    if state.dim() == 3:   # Mamba-1: every tensor given its head axis of one, then the outputs' dropped
+        at = 1 if x.dim() == 2 else 2   # where the Mamba-2 form's head axis is
+
+        def head(v, dims):   # a per-channel parameter or A without its head axis gets one
+            return v if v is None or v.dim() == dims else v.unsqueeze(0)
+
+        y, s = state_update_ref(state.unsqueeze(1), x.unsqueeze(at), dt.unsqueeze(at), head(A, 3),
+                                B.unsqueeze(at), C.unsqueeze(at), head(D, 2),
+                                None if z is None else z.unsqueeze(at), head(dt_bias, 2), dt_softplus,
+                                state_batch_indices, pad_slot_id)
+        return y.squeeze(at), s.squeeze(1)
     multi = x.dim() == 4
     xx = (x if multi else x.unsqueeze(1)).to(f64)                      # (b, T, h, p)
     bsz, T, h, p = xx.shape
