@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     k = autossd.get_kernel(p, args.arch)
     cold = time.perf_counter() - t0
-    nrec = len(load_records(args.arch))
+    nrec = len(load_records(args.arch, "ssd_fwd"))
     misses = [p.replace(seqlen=s) for s in (1024, 3000, 4096, 5000, 8192, 12000)]
     t0 = time.perf_counter()
     for q in misses:
