@@ -169,12 +169,29 @@ class _Interrupted(click.ClickException):
         click.echo("autossd: interrupted (Ctrl-C)", err=True)
 
 
+def _interrupted(e: BaseException) -> bool:
+    """Whether `e` is a Ctrl-C, or an error raised while clean-up ran after one (e.g. Optuna's
+    journal lock, interrupted half-way through taking it, fails to release a lock file it never
+    renamed): either way the user stopped the command."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:   # the command's own clean-up (finally blocks) has run
             raise _Interrupted() from None
+        except Exception as e:
+            if _interrupted(e):
+                raise _Interrupted() from None
+            raise
 
 
 class _OpOption(click.Option):

@@ -7,6 +7,7 @@ meta tensors, so the compiled and the launched signatures agree.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -259,6 +260,9 @@ def _compile_elsewhere(*args) -> "CompileReport":
                 if _pool is None:
                     _pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"),
                                                 initializer=die_with_parent, initargs=initargs())
+                    # shut down before interpreter teardown, where the executor's own clean-up
+                    # finds its modules gone and prints an ignored exception
+                    atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
                 future = _pool.submit(compile_config, *args)
             return future.result()
         except BrokenProcessPool:

@@ -736,6 +736,26 @@ def test_ctrl_c_exits_130_with_one_line(env, monkeypatch):
     assert r.exit_code == 130 and r.output.strip() == "autossd: interrupted (Ctrl-C)", (r.exit_code, r.output)
 
 
+def test_an_error_in_the_clean_up_after_ctrl_c_still_exits_130(env, monkeypatch):
+    """Ctrl-C half-way through taking Optuna's journal lock makes the lock's clean-up fail with
+    FileNotFoundError; the user still stopped the command: 130, one line, no traceback."""
+    import autossd.cli as cli
+
+    def interrupted(*a, **kw):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise FileNotFoundError("c.journal.lock...rename")
+    monkeypatch.setattr(cli, "_load_records", interrupted)
+    r = CliRunner().invoke(main, ["show"])
+    assert r.exit_code == 130 and r.output.strip() == "autossd: interrupted (Ctrl-C)", (r.exit_code, r.output)
+
+    def broken(*a, **kw):   # an error with no Ctrl-C behind it is not taken for one
+        raise FileNotFoundError("gone")
+    monkeypatch.setattr(cli, "_load_records", broken)
+    assert CliRunner().invoke(main, ["show"]).exit_code not in (0, 130)
+
+
 def test_ctrl_c_during_a_tune_exits_130(env):
     """A real SIGINT, sent once the tune has started searching (its storage line is printed)."""
     import os
