@@ -292,15 +292,11 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
                 assert rep.ok and rep.stages and all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
 
 
-def test_a_kept_key_replays_without_building_the_key(monkeypatch):
-    """The routing on a GPU, with the launches stubbed (the interpreter records none): a call of a
-    kept key replays its record with the new tensors' pointers, and returns a fresh out; a call
-    with another shape, or with the replay refused (a profiler's hook, another device), takes
-    the checked path."""
+def _stub_launches(monkeypatch, refuse: list | None = None) -> dict:
+    """The GPU routing with the launches stubbed (the interpreter records none): a first call of
+    a key "launches" and leaves a record; a kept key's replay is logged with its pointers by name,
+    and refused while `refuse` holds anything. Returns the log: launches counted, replays."""
     from autossd.ops.common import launch_cache as lc
-    full = dict(has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
-    pr = DecodeProblem(2, 4, 8, 16, 1, "bf16", "fp32", **full)
-    cfg = DecodeConfig(heads=2, block_p=8)
     dec.clear_cache()
     seen = {"launch": 0, "replay": []}
 
@@ -308,11 +304,26 @@ def test_a_kept_key_replays_without_building_the_key(monkeypatch):
         seen["launch"] += 1
         call.record = ["record"]
 
+    def replay(record, names, ptrs, device):
+        seen["replay"].append(dict(zip(names, ptrs)))
+        return not refuse
+
     monkeypatch.setattr(dec, "_launch", launch)
     monkeypatch.setattr(lc, "pointers_only", lambda record: record == ["record"])
+    monkeypatch.setattr(lc, "replay_ptrs", replay)
+    return seen
+
+
+def test_a_kept_key_replays_without_building_the_key(monkeypatch):
+    """The routing on a GPU, with the launches stubbed (the interpreter records none): a call of a
+    kept key replays its record with the new tensors' pointers, and returns a fresh out; a call
+    with another shape, or with the replay refused (a profiler's hook, another device), takes
+    the checked path."""
+    full = dict(has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True)
+    pr = DecodeProblem(2, 4, 8, 16, 1, "bf16", "fp32", **full)
+    cfg = DecodeConfig(heads=2, block_p=8)
     refuse = []
-    monkeypatch.setattr(lc, "replay_ptrs",
-                        lambda record, names, ptrs, device: (seen["replay"].append(dict(zip(names, ptrs))), not refuse)[1])
+    seen = _stub_launches(monkeypatch, refuse)
 
     def call(p=pr):
         t = tune_inputs(p, DEV, seed=5)
@@ -641,20 +652,9 @@ def test_a_kept_key_of_the_mamba1_form_replays_with_its_own_tensors(monkeypatch)
     """The GPU routing with the launches stubbed, as for the Mamba-2 form: a second call of a
     Mamba-1 key replays with the new call's own (2-D and 3-D) tensors' pointers and a fresh
     out of x's shape."""
-    from autossd.ops.common import launch_cache as lc
     pr = DecodeProblem(2, 1, 16, 16, 1, "bf16", "fp32", **DENSE)
     cfg = DecodeConfig(block_p=8, a_dense=1)
-    dec.clear_cache()
-    seen = {"launch": 0, "replay": []}
-
-    def launch(call, t):
-        seen["launch"] += 1
-        call.record = ["record"]
-
-    monkeypatch.setattr(dec, "_launch", launch)
-    monkeypatch.setattr(lc, "pointers_only", lambda record: record == ["record"])
-    monkeypatch.setattr(lc, "replay_ptrs",
-                        lambda record, names, ptrs, device: seen["replay"].append(dict(zip(names, ptrs))) or True)
+    seen = _stub_launches(monkeypatch)
     for seed in (1, 2):
         t = _mamba1(tune_inputs(pr, DEV, seed=seed))
         y = selective_state_update(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...arch import Arch, get_arch
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
-from .stage_knobs import BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, MAXNREG, STATE_PASSING, TILES  # noqa: F401
+from .stage_knobs import BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, STATE_PASSING
 
 
 KNOBS: tuple[Knob, ...] = (

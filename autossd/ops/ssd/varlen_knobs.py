@@ -18,7 +18,7 @@ import torch
 
 from ...arch import Arch, get_arch
 from ...problem import MODEL_FLAGS
-from .stage_knobs import BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, MAXNREG, STATE_PASSING, TILES  # noqa: F401
+from .stage_knobs import BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, STATE_PASSING
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, ShapeForm, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
 
 DTYPES = ("fp32", "bf16", "fp16")
