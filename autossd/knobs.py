@@ -261,6 +261,9 @@ class ShapeForm:
     grid: list[dict[str, int]] = field(default_factory=list)
     grid_states: Callable[[str, str | None], tuple] = lambda dtype, state_dtype: (state_dtype,)
     summary: tuple[str, ...] = ()     # the size keys a summary line shows (default: every one)
+    # a form that also takes Mamba-1 layers (tuner.shapes.MAMBA1_MODELS, named as a prefix, and
+    # in its grid): (d_inner, d_state) -> the problem fields such a layer's call sets, sizes and flags
+    mamba1_fields: Callable[[int, int], dict[str, Any]] | None = None
     help: str = ""                    # the grammar in a sentence (the CLI's --shapes help)
     preset_help: str = ""             # what a model's preset holds (the CLI's --preset help)
     grid_help: str = ""               # what its grid covers, per model layer (the CLI's --preset help)

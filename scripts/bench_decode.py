@@ -6,6 +6,11 @@
 
 Shapes: nheads 80, headdim 64, dstate 128, ngroups 1 (mamba2-2.7b), x/B/C/z in bf16, dt, A, D and
 dt_bias in the tied forms Mamba-2 passes (expanded over headdim with stride 0), softplus on.
+--form mamba1: Mamba-1's call instead (Mamba 2.8b: --dim 5120 --dstate 16, the defaults there):
+state (batch, dim, dstate), x, dt, z (batch, dim) in bf16, A (dim, dstate) fp32, a value per
+channel and state, B, C (batch, dstate), D and dt_bias (dim,) fp32, softplus on.
+
+    python scripts/bench_decode.py --form mamba1 --batch 1 64 256 --check
 
 Figures per (batch, state dtype) and implementation:
   eager_us  wall time of one call from the host, calls back to back then one synchronize (what a
@@ -68,15 +73,37 @@ def make(batch, h, p, n, g, state_dtype, nsets, seed=0):
     return common, sets
 
 
-def nbytes(batch, h, p, n, g, state_dtype) -> int:
+def make_mamba1(batch, dim, n, state_dtype, nsets, seed=0):
+    """Mamba-1's decode call: a dense A (dim, n) and one dt per channel."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+
+    def rnd(*s, dtype=torch.bfloat16):
+        return torch.randn(*s, generator=gen, device=dev).to(dtype)
+
+    common = dict(A=-torch.rand(dim, n, generator=gen, device=dev) * 4 - 0.5,
+                  D=torch.randn(dim, generator=gen, device=dev),
+                  dt_bias=torch.randn(dim, generator=gen, device=dev) * 0.5)
+    sets = [dict(state=rnd(batch, dim, n, dtype=DT[state_dtype]), x=rnd(batch, dim), B=rnd(batch, n), C=rnd(batch, n),
+                 z=rnd(batch, dim), dt=(torch.rand(batch, dim, generator=gen, device=dev) * 4 - 4).to(torch.bfloat16),
+                 out=torch.empty(batch, dim, dtype=torch.bfloat16, device=dev))
+            for _ in range(nsets)]
+    return common, sets
+
+
+def nbytes(batch, h, p, n, g, state_dtype, form="mamba2") -> int:
+    """State read and written, x, z and out, B and C, dt (one per head; Mamba-1: one per channel,
+    and its dense fp32 A read once)."""
     s = {"fp32": 4, "bf16": 2, "fp16": 2}[state_dtype]
-    return 2 * batch * h * p * n * s + 3 * batch * h * p * 2 + 2 * batch * g * n * 2 + batch * h * 2
+    base = 2 * batch * h * p * n * s + 3 * batch * h * p * 2 + 2 * batch * g * n * 2
+    return base + (batch * p * 2 + p * n * 4 if form == "mamba1" else batch * h * 2)
 
 
 def call_of(fn, common, st):
     # mamba_ssm's selective_state_update takes no out= (it returns a new tensor)
     kw = {} if getattr(fn, "__module__", "").startswith("mamba_ssm") else {"out": st["out"]}
-    return lambda: fn(st["state"], st["x"], common["dt"], common["A"], st["B"], st["C"], D=common["D"], z=st["z"],
+    dt = st.get("dt", common.get("dt"))
+    return lambda: fn(st["state"], st["x"], dt, common["A"], st["B"], st["C"], D=common["D"], z=st["z"],
                       dt_bias=common["dt_bias"], dt_softplus=True, **kw)
 
 
@@ -117,27 +144,29 @@ def graph_us(calls, per_graph=None, reps=20) -> float:
     return e0.elapsed_time(e1) * 1e3 / reps / per_graph
 
 
-def check(impls, h, p, n, g) -> bool:
+def check(impls, h, p, n, g, form="mamba2") -> bool:
     from autossd.ops.ssd.naive import state_update_ref
     from autossd.testing import rel_err, tolerance
     ok = True
     for sd in ("fp32", "bf16", "fp16"):
         for batch in (1, 16):
-            common, (st,) = make(batch, h, p, n, g, sd, 1, seed=7)
+            common, (st,) = (make_mamba1(batch, p, n, sd, 1, seed=7) if form == "mamba1"
+                             else make(batch, h, p, n, g, sd, 1, seed=7))
+            dt = st.get("dt", common.get("dt"))
             for label, idx in (("", None), (" +slots", "perm")):
                 cache, idx_t = st["state"], None
                 if idx == "perm":   # a permutation of cache slots with the last row padded out
-                    cache = torch.randn(batch + 3, h, p, n, device="cuda").to(DT[sd])
+                    cache = torch.randn(batch + 3, *st["state"].shape[1:], device="cuda").to(DT[sd])
                     idx_t = torch.randperm(batch + 3, device="cuda")[:batch].to(torch.int32)
                     idx_t[-1] = -1
-                ref_y, ref_s = state_update_ref(cache, st["x"], common["dt"], common["A"], st["B"], st["C"],
+                ref_y, ref_s = state_update_ref(cache, st["x"], dt, common["A"], st["B"], st["C"],
                                                 common["D"], st["z"], common["dt_bias"], True, idx_t)
                 for name, fn in impls.items():
                     s = cache.clone()
                     kw = {} if idx_t is None else {"state_batch_indices": idx_t, "pad_slot_id": -1}
                     if idx_t is not None and name != "autossd":
                         continue
-                    y = fn(s, st["x"], common["dt"], common["A"], st["B"], st["C"], D=common["D"], z=st["z"],
+                    y = fn(s, st["x"], dt, common["A"], st["B"], st["C"], D=common["D"], z=st["z"],
                            dt_bias=common["dt_bias"], dt_softplus=True, **kw)
                     e_y, e_s = rel_err(y, ref_y), rel_err(s, ref_s)
                     tol = tolerance("bf16", sd)
@@ -154,8 +183,11 @@ def main() -> None:
     ap.add_argument("--state", nargs="+", default=["fp32", "bf16", "fp16"], choices=list(DT))
     ap.add_argument("--nheads", type=int, default=80)
     ap.add_argument("--headdim", type=int, default=64)
-    ap.add_argument("--dstate", type=int, default=128)
+    ap.add_argument("--dstate", type=int, default=None, help="default 128 (mamba2), 16 (mamba1)")
     ap.add_argument("--ngroups", type=int, default=1)
+    ap.add_argument("--form", choices=("mamba2", "mamba1"), default="mamba2",
+                    help="mamba1: Mamba-1's call, state (batch, --dim, --dstate), a dense A")
+    ap.add_argument("--dim", type=int, default=5120, help="--form mamba1: the channels (d_inner)")
     ap.add_argument("--check", action="store_true", help="compare with the float64 reference first")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
@@ -167,9 +199,11 @@ def main() -> None:
         impls["mamba_ssm"] = ms
     else:
         print("mamba_ssm not importable: timing autossd alone")
-    h, p, n, g = a.nheads, a.headdim, a.dstate, a.ngroups
-    print(f"{torch.cuda.get_device_name()}  h={h} p={p} n={n} g={g}  torch {torch.__version__}")
-    if a.check and not check(impls, h, p, n, g):
+    h, p, n, g = a.nheads, a.headdim, a.dstate or 128, a.ngroups
+    if a.form == "mamba1":   # one head of headdim = dim
+        h, p, n, g = 1, a.dim, a.dstate or 16, 1
+    print(f"{torch.cuda.get_device_name()}  form {a.form} h={h} p={p} n={n} g={g}  torch {torch.__version__}")
+    if a.check and not check(impls, h, p, n, g, a.form):
         raise SystemExit("autossd failed the float64 check")
     bw = copy_gbps()
     print(f"device-to-device copy: {bw:.0f} GB/s")
@@ -177,9 +211,10 @@ def main() -> None:
     print(f"{'batch':>5} {'state':>5} {'impl':>9} {'eager_us':>9} {'graph_us':>9} {'GB/s':>7} {'%copy':>6}")
     for batch in a.batch:
         for sd in a.state:
-            per_set = nbytes(batch, h, p, n, g, sd)
+            per_set = nbytes(batch, h, p, n, g, sd, a.form)
             nsets = max(2, math.ceil(L2_BYTES * 2 / per_set))
-            common, sets = make(batch, h, p, n, g, sd, nsets)
+            common, sets = (make_mamba1(batch, p, n, sd, nsets) if a.form == "mamba1"
+                            else make(batch, h, p, n, g, sd, nsets))
             # what a device copy of the same bytes (half read, half written, sets rotating the same
             # way) reaches at this size: the launch's ramp and tail weigh on a 10-40 us kernel
             # as they do on any, so the 1 GB copy rate is a bar no kernel of this size meets
@@ -196,7 +231,7 @@ def main() -> None:
                 gu = graph_us(calls)
                 moved = 2 * sets[0]["state"].nbytes if name == "in-place" else per_set
                 gbps = moved / (gu * 1e-6) / 1e9
-                row = dict(batch=batch, state=sd, impl=name, eager_us=e, graph_us=gu, gbps=gbps,
+                row = dict(form=a.form, dims=[h, p, n, g], batch=batch, state=sd, impl=name, eager_us=e, graph_us=gu, gbps=gbps,
                            pct_copy=100 * gbps / bw, copy_gbps=bw, device=torch.cuda.get_device_name())
                 rows.append(row)
                 print(f"{batch:5d} {sd:>5} {name:>9} {e:9.2f} {gu:9.2f} {gbps:7.0f} {row['pct_copy']:5.1f}%")

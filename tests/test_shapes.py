@@ -61,10 +61,16 @@ def test_the_decode_and_packed_prefill_grids_cover_every_layer_in_both_cache_typ
     from autossd.ops.ssd.decode_knobs import DecodeProblem
     from autossd.ops.ssd.decode_knobs import GRID_DECODE_BATCHES
     from autossd.ops.ssd.varlen_knobs import GRID_VARLEN
+    from autossd.tuner.shapes import MAMBA1_MODELS
     dec = grid(op="ssd_decode")
-    assert all(isinstance(p, DecodeProblem) and p.has_D and p.has_dt_bias and p.dt_softplus and not p.has_z
-               for p in dec)
-    assert len(dec) == len(set(dec)) == len(grid_dims()) * len(GRID_DECODE_BATCHES) * 2 * 2
+    assert all(isinstance(p, DecodeProblem) and p.has_D and p.has_dt_bias and p.dt_softplus for p in dec)
+    # Mamba-2 layers: z applied by the gated norm; Mamba-1 layers: one head of d_inner, dense A, z
+    m2 = [p for p in dec if not p.A_dense]
+    m1 = [p for p in dec if p.A_dense]
+    assert not any(p.has_z for p in m2) and all(p.has_z and p.nheads == 1 for p in m1)
+    assert len(m2) == len(set(m2)) == len(grid_dims()) * len(GRID_DECODE_BATCHES) * 2 * 2
+    assert {(p.headdim, p.dstate) for p in m1} == set(MAMBA1_MODELS.values())
+    assert len(m1) == len(set(m1)) == len(set(MAMBA1_MODELS.values())) * len(GRID_DECODE_BATCHES) * 2 * 2
     assert {(p.dtype, p.state_dtype) for p in dec} == {("fp16", "fp32"), ("fp16", "fp16"), ("bf16", "fp32"),
                                                        ("bf16", "bf16")}
     assert {p.state_dtype for p in grid(op="ssd_decode", state_dtype="bf16")} == {"bf16"}
@@ -72,6 +78,19 @@ def test_the_decode_and_packed_prefill_grids_cover_every_layer_in_both_cache_typ
     assert len(var) == len(grid_dims()) * len(GRID_VARLEN)
     assert {(p.tokens, p.seqs) for p in var} == set(GRID_VARLEN) and {p.state_dtype for p in var} == {"fp32"}
     assert preset("grid", "bf16", op="ssd_varlen") == var
+
+
+def test_a_mamba1_model_prefix_sets_its_layer_where_the_form_takes_one():
+    p = parse_shape("mamba-2.8b:b=64", "bf16", op="ssd_decode")
+    assert (p.batch, p.nheads, p.headdim, p.dstate, p.ngroups, p.A_dense, p.has_z) == (64, 1, 5120, 16, 1, True, True)
+    assert not parse_shape("mamba-2.8b:b=64,z=0", "bf16", op="ssd_decode").has_z
+    assert parse_shape("b=2,h=4,p=8,n=16,g=1,adense=1", op="ssd_decode").A_dense
+    assert "A_dense" not in parse_shape("b=2,h=4,p=8,n=16,g=1", op="ssd_decode").key()
+    with pytest.raises(ShapeError, match="Mamba-1 model"):
+        parse_shape("mamba-2.8b:b=1,l=2048", op="ssd_fwd")
+    with pytest.raises(ShapeError, match="unknown preset"):
+        preset("mamba-2.8b", op="ssd_fwd")
+    assert {p.headdim for p in preset("falcon-mamba-7b", op="ssd_decode")} == {8192}
 
 
 def test_a_model_prefix_sets_its_layer():

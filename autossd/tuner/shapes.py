@@ -50,6 +50,18 @@ MODELS: dict[str, tuple[int, int, int, int]] = {
     "bamba-9b": (128, 64, 128, 1),
 }
 
+# model -> (d_inner, d_state) of its Mamba-1 layers (d_inner = expand 2 x d_model): Mamba
+# 130m-2.8b (d_model 768, 1024, 1536, 2048, 2560) and Falcon-Mamba 7B (d_model 4096), whose dims
+# Jamba's Mamba layers share. Only a form that declares `mamba1_fields` takes them.
+MAMBA1_MODELS: dict[str, tuple[int, int]] = {
+    "mamba-130m": (1536, 16),
+    "mamba-370m": (2048, 16),
+    "mamba-790m": (3072, 16),
+    "mamba-1.4b": (4096, 16),
+    "mamba-2.8b": (5120, 16),
+    "falcon-mamba-7b": (8192, 16),
+}
+
 GRID_DTYPES = ("fp16", "bf16")
 
 
@@ -133,13 +145,21 @@ def parse_shape(text: str, dtype: str = "fp16", *, op: str, state_dtype: str | N
         raise ShapeError(f"op {op!r}: its problems name no state dtype")
     text = text.strip()
     model = None
-    if ":" in text or text in MODELS:
+    if ":" in text or text in MODELS or text in MAMBA1_MODELS:
         model, _, text = text.partition(":")
-        if model not in MODELS:
-            raise ShapeError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
+        known = sorted(MODELS) + (sorted(MAMBA1_MODELS) if form.mamba1_fields else [])
+        if model in MAMBA1_MODELS and not form.mamba1_fields:
+            raise ShapeError(f"{model!r} is a Mamba-1 model; op {op!r} takes Mamba-2 (SSD) layers: one of {known}")
+        if model not in known:
+            raise ShapeError(f"unknown model {model!r}; expected one of {known}")
     vals: dict = dict(form.defaults)
     flags = dict(form.flag_defaults)
-    if model:
+    if model in MAMBA1_MODELS:
+        fields = form.mamba1_fields(*MAMBA1_MODELS[model])
+        flag_fields = set(form.flags.values())
+        vals.update({k: v for k, v in fields.items() if k not in flag_fields}, **form.model_sizes)
+        flags.update({k: v for k, v in fields.items() if k in flag_fields})
+    elif model:
         h, p, n, g = MODELS[model]
         vals.update(nheads=h, headdim=p, dstate=n, ngroups=g, **form.model_sizes)
     keys, flag_keys = form.keys, form.flags
@@ -200,19 +220,26 @@ def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, *, op: str, state_dt
     ones find them in Triton's cache."""
     form = form_of(op)
     keys = {f: k for k, f in form.keys.items()}
-    return [parse_shape(",".join([*(f"{keys[f]}={v}" for f, v in point.items()), f"h={h},p={p},n={n},g={g}"]),
+    layers = [f"h={h},p={p},n={n},g={g}" for h, p, n, g in grid_dims()]
+    if form.mamba1_fields:   # one model per distinct Mamba-1 layer, as a prefix (it sets the flags too)
+        firsts = {dims: m for m, dims in reversed(MAMBA1_MODELS.items())}
+        layers += [f"{firsts[dims]}:" for dims in sorted(firsts)]
+    return [parse_shape(layer + ",".join(f"{keys[f]}={v}" for f, v in point.items())
+                        if layer.endswith(":") else
+                        ",".join([*(f"{keys[f]}={v}" for f, v in point.items()), layer]),
                         dtype, op=op, state_dtype=sd)
             for dtype in dtypes for sd in form.grid_states(dtype, state_dtype)
-            for h, p, n, g in grid_dims() for point in form.grid]
+            for layer in layers for point in form.grid]
 
 
 def preset(name: str, dtype: str = "fp16", *, op: str, state_dtype: str | None = None) -> list:
     """Every shape of a model's preset for `op`'s problem type; "grid": the grid at `dtype`."""
     if name == "grid":
         return grid((dtype,), op=op, state_dtype=state_dtype)
-    if name not in MODELS:
-        raise ShapeError(f"unknown preset {name!r}; expected one of {sorted(MODELS) + ['grid']}")
     form = form_of(op)
+    known = sorted(MODELS) + (sorted(MAMBA1_MODELS) if form.mamba1_fields else [])
+    if name not in known:
+        raise ShapeError(f"unknown preset {name!r}; expected one of {known + ['grid']}")
     keys = {f: k for k, f in form.keys.items()}
     return [parse_shape(f"{name}:" + ",".join(f"{keys[f]}={v}" for f, v in sizes.items()), dtype, op=op,
                         state_dtype=state_dtype)

@@ -227,17 +227,25 @@ def _build(vals: dict, flags: dict, dtype: str, state_dtype: str | None) -> Deco
     return DecodeProblem(dtype=dtype, state_dtype=state_dtype or "fp32", **vals, **flags)
 
 
+def _mamba1(d_inner: int, d_state: int) -> dict:
+    """A Mamba-1 layer's decode call: the state (batch, d_inner, d_state) as one head of headdim
+    d_inner, its A (d_inner, d_state) dense, and z applied in the step (Mamba-1 has no gated norm)."""
+    return {"nheads": 1, "headdim": d_inner, "dstate": d_state, "ngroups": 1, "A_dense": True, "has_z": True}
+
+
 # Mamba-2's decode step passes D, dt_bias and softplus; z only when the layer has no gated norm
 # (the default layer has one, as the forward's presets assume). b: rows per call; t: tokens per
-# row of a multi-token step. Presets: the batches scripts/bench_decode.py measures.
+# row of a multi-token step. Presets: the batches scripts/bench_decode.py measures. A Mamba-1
+# model's prefix ("mamba-2.8b:b=64") sets its layer's one head, dense A and z.
 FORM = ShapeForm(
     {"b": "batch", "t": "tokens", "h": "nheads", "p": "headdim", "n": "dstate", "g": "ngroups"},
-    {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus"},
+    {"d": "has_D", "z": "has_z", "bias": "has_dt_bias", "softplus": "dt_softplus", "adense": "A_dense"},
     MODEL_FLAGS, {"batch": 1}, ("t",), "b=64,h=80,p=64,n=128,g=1", _build, states=True, defaults={"tokens": 1},
     presets=[{"batch": b} for b in (1, 16, 64)], grid=[{"batch": b} for b in GRID_DECODE_BATCHES],
     grid_states=lambda dtype, state_dtype: (state_dtype,) if state_dtype else ("fp32", dtype),
-    help='"mamba2-2.7b:b=64" or "b=64,h=80,p=64,n=128,g=1"; keys b (rows per call), t (tokens per row, '
-         "default 1), h p n g; flags d z bias softplus, default d=1,bias=1,softplus=1 (z=0: the gated norm "
-         "applies z)",
+    mamba1_fields=_mamba1,
+    help='"mamba2-2.7b:b=64", "mamba-2.8b:b=64" (Mamba-1) or "b=64,h=80,p=64,n=128,g=1"; keys b (rows per '
+         "call), t (tokens per row, default 1), h p n g; flags d z bias softplus adense (A per channel and "
+         "state), default d=1,bias=1,softplus=1 (z=0: the gated norm applies z; a Mamba-1 model sets z=1, adense=1)",
     preset_help="batches 1, 16, 64", grid_help="batch 1, 16, 64 x a cache in fp32 and in the inputs' type")
 DecodeProblem.shape_form = FORM
