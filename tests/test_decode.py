@@ -53,15 +53,10 @@ CASES = [
     # partial headdim tile, two groups, two pipeline stages
     (DecodeProblem(3, 4, 6, 16, 2, "bf16", "fp32", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True),
      DecodeConfig(layout="persistent", block_p=4, stages=2)),
-    # several rows a program: 5 rows in blocks of 4 (a partial block), a partial headdim tile,
-    # two groups, every optional input
-    (DecodeProblem(5, 4, 6, 16, 2, "bf16", "bf16", has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True),
-     DecodeConfig(layout="rows", block_b=4, block_p=4, pdl=1)),
 ]
 
 
-@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled-pdl", "bf16state-fp32-pdl", "persistent",
-                                                      "rows"])
+@pytest.mark.parametrize("i", range(len(CASES)), ids=["fp32-g2-D-z-softplus", "bf16", "fp16-tiled-pdl", "bf16state-fp32-pdl", "persistent"])
 def test_matches_float64_reference(i):
     pr, cfg = CASES[i]
     t = tune_inputs(pr, DEV, seed=i)   # the tied-stride forms Mamba-2 passes
@@ -95,9 +90,8 @@ def test_multi_token_step():
     _check(pr, t, got, state)
 
 
-@pytest.mark.parametrize("cfg", [DecodeConfig(heads=2, block_p=4), DecodeConfig(layout="persistent", block_p=2),
-                                 DecodeConfig(layout="rows", block_b=2, block_p=4)],
-                         ids=["whole", "persistent", "rows"])
+@pytest.mark.parametrize("cfg", [DecodeConfig(heads=2, block_p=4), DecodeConfig(layout="persistent", block_p=2)],
+                         ids=["whole", "persistent"])
 def test_state_batch_indices_pad_permutation_and_bad_index(cfg):
     """Rows update the slots their indices name (a permutation of some of 6 slots); the pad row
     leaves every slot as it was to the bit and outputs 0; an index past the cache outputs NaN and
@@ -198,14 +192,13 @@ def test_a_flag_or_slot_id_is_judged_the_same_on_a_cached_call():
 
 # --- knobs, rules, records ----------------------------------------------------------------------
 def test_every_knob_changes_the_rendered_kernel():
-    for knob in KNOBS:   # at a layout the knob shapes (the tiled one for those of every layout)
-        base = DecodeConfig(layout=(knob.depths or ("tiled",))[0] if knob.name != "layout" else "tiled")
-        h0 = render.kernel_hash(base, "cuda")
+    base = DecodeConfig(layout="tiled")
+    h0 = render.kernel_hash(base, "cuda")
+    for knob in KNOBS:
         other = next(v for v in knob.values if v != base[knob.name])
         assert render.kernel_hash(base.replace(**{knob.name: other}), "cuda") != h0, knob.name
     whole = DecodeConfig()
     assert whole.replace(block_n=16) == whole   # block_n shapes only the tiled layout
-    assert whole.replace(block_b=8) == whole    # block_b only the rows layout
 
 
 def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
@@ -214,7 +207,7 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
         for pr in (big, big.replace(batch=1, tokens=4), big.replace(dstate=4096), DecodeProblem(1, 3, 5, 7, 1, "fp32")):
             assert violations(default_config(arch, pr), arch, pr) == [], (arch, pr)
     assert default_config("sm90", big.replace(dstate=4096)).layout == "tiled"
-    for layout in ("whole", "tiled", "persistent", "rows"):   # the default at a pinned layout keeps it
+    for layout in ("whole", "tiled", "persistent"):   # the default at a pinned layout keeps it
         cfg = default_config("sm90", big, layout=layout)
         assert cfg.layout == layout and violations(cfg, "sm90", big) == [], (layout, cfg)
     small = DecodeProblem(1, 2, 4, 16, 1, "fp32")
@@ -416,11 +409,6 @@ DENSE_CASES = [
      DecodeConfig(layout="persistent", block_p=8, a_dense=1), True),
     ("m1-tokens", DecodeProblem(2, 1, 12, 16, 1, "fp32", "fp32", tokens=2, **DENSE), DecodeConfig(block_p=4, a_dense=1),
      True),
-    # several rows a program sharing the A tile: 3 rows in blocks of 2, a partial headdim tile
-    ("m1-bf16-rows", DecodeProblem(3, 1, 20, 16, 1, "bf16", "bf16", **DENSE),
-     DecodeConfig(layout="rows", block_b=2, block_p=8, a_dense=1), True),
-    ("m2-rows-tokens", DecodeProblem(3, 2, 4, 16, 2, "fp32", "fp32", tokens=2, **DENSE),
-     DecodeConfig(layout="rows", block_b=4, block_p=4, a_dense=1), False),
 ]
 
 
@@ -545,7 +533,7 @@ def test_the_dense_kernel_is_the_problem_s_and_per_head_records_keep_their_keys(
     assert dense.key()["A_dense"] is True and DecodeProblem(**dense.key()) == dense
     for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
         assert default_config(arch, per_head).a_dense == 0 and default_config(arch, dense).a_dense == 1
-        for layout in ("whole", "tiled", "persistent", "rows"):
+        for layout in ("whole", "tiled", "persistent"):
             cfg = default_config(arch, dense, layout=layout)
             assert cfg.a_dense == 1 and violations(cfg, arch, dense) == [], (arch, layout)
     assert any("a_dense=0" in w for w in violations(DecodeConfig(), "sm90", dense))
@@ -555,11 +543,6 @@ def test_the_dense_kernel_is_the_problem_s_and_per_head_records_keep_their_keys(
     at_limit = DecodeConfig(block_p=32, warps=1)   # 32 x 128 / 32 threads = 128 elements each
     assert violations(at_limit, "sm90", per_head) == []
     assert any("spill" in w for w in violations(at_limit.replace(a_dense=1), "sm90", dense))
-    # the rows layout holds one A tile beside its rows' state tiles: 4 rows of 8 x 128 and the A
-    # tile on one warp are 160 elements a thread, 2 rows 96
-    rows = DecodeConfig(layout="rows", block_b=4, block_p=8, warps=1, a_dense=1)
-    assert any("4 x 8 x 128 state tile and its A tile" in w for w in violations(rows, "sm90", dense))
-    assert violations(rows.replace(block_b=2), "sm90", dense) == []
     assert dense.min_bytes() - per_head.min_bytes() == 80 * 64 * 128 * 4
     from autossd.tuner.search_space import build_space
     for static in (False, True):
@@ -683,21 +666,3 @@ def test_a_kept_key_of_the_mamba1_form_replays_with_its_own_tensors(monkeypatch)
                                  "out": y.data_ptr()}
     assert y.shape == t["x"].shape == (2, 16)
     dec.clear_cache()
-
-
-def test_a_tune_of_a_dense_A_starts_from_the_rows_layout_too():
-    """A dense A's tune is seeded with the rows layout at each rows-per-program (all feasible,
-    inside the space, the default first); a per-head A's with the default alone; a pinned layout
-    keeps its seeds at that layout."""
-    from autossd.tuner.search_space import build_space, seed_configs
-    pr = DecodeProblem(64, 1, 5120, 16, 1, "bf16", "bf16", **DENSE)   # Mamba 2.8b's layer
-    space = build_space("sm90", pr, static=False, op="ssd_decode")
-    seeds = seed_configs("sm90", pr, space)
-    assert seeds[0] == default_config("sm90", pr)
-    assert {c.block_b for c in seeds if c.layout == "rows"} == {2, 4, 8, 16}
-    assert all(violations(c, "sm90", pr) == [] and space.params(c) is not None for c in seeds)
-    per_head = pr.replace(nheads=80, headdim=64, dstate=128, A_dense=False)
-    assert seed_configs("sm90", per_head, build_space("sm90", per_head, static=False, op="ssd_decode")) == [
-        default_config("sm90", per_head)]
-    pinned = build_space("sm90", pr, static=False, op="ssd_decode", fixed={"layout": "whole"})
-    assert [c.layout for c in seed_configs("sm90", pr, pinned)] == ["whole"]

@@ -6,8 +6,7 @@ runs the kernels rendered with `a_dense` (an exp per state element).
 
 One launch per call. Each program owns one row (batch entry), BLOCK_P headdim rows of HEADS heads
 and either all of dstate ("whole") or dstate in slices ("tiled"), or ("persistent") walks such
-tiles of one head in a loop, as many programs as the SMs hold, or ("rows") holds BLOCK_B rows'
-whole-dstate tiles of one head, sharing the per-channel loads; every state tile is read once,
+tiles of one head in a loop, as many programs as the SMs hold; every state tile is read once,
 updated in fp32 and written once in the state's dtype, so the call streams the state at close to
 copy bandwidth.
 
@@ -40,12 +39,12 @@ from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
 from .naive import state_update_ref
 from .plan import Launch
-from .decode_knobs import (MAX_GRID_YZ, SPACE, DecodeConfig, DecodeProblem, caps, seed_configs,  # noqa: F401
+from .decode_knobs import (MAX_GRID_YZ, SPACE, DecodeConfig, DecodeProblem, caps,  # noqa: F401
                            default_config, excluded, pow2_at_least, violations)
 
 PAD_SLOT_ID = -1   # what vLLM marks a padded row of a continuous batch with
 STAGES = (Stage("decode", "warps", "stages"),)
-SEQUENCES = {"whole": ("decode",), "tiled": ("decode",), "persistent": ("decode",), "rows": ("decode",)}
+SEQUENCES = {"whole": ("decode",), "tiled": ("decode",), "persistent": ("decode",)}
 # every tensor a launch takes, by the names the plan and the launch cache use
 NAMES = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "idx", "out")
 
@@ -124,8 +123,6 @@ def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, ba
     grid = (problem.batch, -(-p // config.block_p), -(-h // heads))
     if config.layout == "persistent":
         grid = (programs(problem, config, st.device), 1, 1)
-    elif config.layout == "rows":   # one head a program, BLOCK_B rows
-        grid = (-(-problem.batch // config.block_b), -(-p // config.block_p), h)
     args = dict(
         state_ptr=st, x_ptr=x, dt_ptr=t["dt"], A_ptr=t["A"], B_ptr=t["B"], C_ptr=t["C"], D_ptr=t.get("D"),
         z_ptr=t.get("z"), dtb_ptr=t.get("dt_bias"), idx_ptr=t.get("idx"), out_ptr=t["out"],
@@ -148,8 +145,6 @@ def plan(problem: DecodeProblem, config: DecodeConfig, t: dict, buffers=None, ba
     args["s_idx"] = idx.stride(0) if idx is not None else 0
     if config.layout == "persistent":
         args["ROWS"] = problem.batch
-    elif config.layout == "rows":
-        args["nrows"] = problem.batch
     softplus = problem.dt_softplus if dt_softplus is None else bool(dt_softplus)
     constexprs = dict(HAS_D=problem.has_D, HAS_Z=problem.has_z, HAS_DT_BIAS=problem.has_dt_bias,
                       SOFTPLUS=softplus, HAS_IDX=idx is not None, N2=max(16, pow2_at_least(n)))
@@ -573,14 +568,12 @@ def stage_costs(problem: DecodeProblem, config: DecodeConfig) -> list:
       With T tokens, the x, B, C loads of each later token are another round trip with no state
       load in flight, so the tile counts 1/T (an assumption; multi-token steps were not swept).
     - tiled: one (BLOCK_P, BLOCK_N) slice at a time; the slices of a head are a loop of loads.
-    - rows: BLOCK_B rows' tiles of one head, all loading at once (one load of the program).
     - persistent: each program keeps `stages` tiles loading (its software-pipelined walk), and the
       launch holds programs to about IN_FLIGHT_PER_SM bytes per SM (`programs`)."""
-    heads = 1 if config.layout in ("persistent", "rows") else config.heads   # the walk: one head a tile
-    rows = config.block_b if config.layout == "rows" else 1
-    grid = -(-problem.batch // rows) * -(-problem.headdim // config.block_p) * -(-problem.nheads // heads)
+    heads = 1 if config.layout == "persistent" else config.heads   # the walk: one head a tile
+    grid = problem.batch * -(-problem.headdim // config.block_p) * -(-problem.nheads // heads)
     width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
-    tile = rows * config.block_p * min(width, problem.dstate) * (4 if problem.state_dtype == "fp32" else 2)
+    tile = config.block_p * min(width, problem.dstate) * (4 if problem.state_dtype == "fp32" else 2)
     cap = 0
     if config.layout == "persistent":
         inflight = config.stages * tile
@@ -615,7 +608,6 @@ OP = register(Op(
     violations=violations,
     caps=caps,
     excluded=excluded,
-    seeds=seed_configs,
     static_caveat="against the H200 sweeps of the decode step (sm90, whole-dstate tiles, batch 1 to 64) the "
                   "model ranked configs at Spearman 0.68 to 0.87, but its top-1 ran up to 1.04x the best at "
                   "batch 64 where the default was within 0.1%: a searched static record may be slower than "

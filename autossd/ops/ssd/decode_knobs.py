@@ -7,9 +7,7 @@ tokens per step the state stays in registers between them); "tiled" walks dstate
 slices, each read once and written once, for a dstate too large to hold (one token per step only:
 the output of a token sums over every slice); "persistent" launches as many programs as the SMs
 hold at once, each walking (row, head, headdim block) tiles of the whole dstate in a
-software-pipelined loop, the next tile's state loading while one is updated (one token per step);
-"rows" holds BLOCK_B rows' whole-dstate tiles of one head at once, sharing one load of the
-per-channel parameters (a dense A's tile above all: Mamba-1's step reads it once per row otherwise).
+software-pipelined loop, the next tile's state loading while one is updated (one token per step).
 
 `a_dense` is not searched: it follows the problem. 0 (every Mamba-2 model) reads one A per head
 and its decay exp(dt A) is one value per headdim row; 1 reads A as a (headdim, dstate) tile per
@@ -38,12 +36,10 @@ MAX_TILES = 2**31 - 2**22
 MAX_GRID_YZ = 65535
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("layout", ("whole", "tiled", "persistent", "rows"), "whole",
-         "the state tile's dstate extent: all of dstate at once, BLOCK_N slices in a loop, all of "
-         "dstate in resident programs that loop over the tiles, or all of dstate for BLOCK_B rows at once"),
+    Knob("layout", ("whole", "tiled", "persistent"), "whole",
+         "the state tile's dstate extent: all of dstate at once, BLOCK_N slices in a loop, or all of "
+         "dstate in resident programs that loop over the tiles"),
     Knob("block_p", (1, 2, 4, 8, 16, 32, 64, 128), 8, "headdim rows per program", "decode"),
-    Knob("block_b", (2, 4, 8, 16), 4, "batch rows per program, sharing the per-channel parameters' loads",
-         "decode", depths=("rows",)),
     Knob("block_n", (16, 32, 64, 128), 64, "dstate columns per slice", "decode", depths=("tiled",)),
     Knob("heads", (1, 2, 4, 8), 1, "heads per program (unrolled one after another: fewer, longer programs)", "decode",
          depths=("whole", "tiled")),
@@ -147,7 +143,7 @@ class DecodeProblem(ProblemFields):
 
 def caps(problem: DecodeProblem) -> dict[str, int]:
     """Largest useful value per knob: a tile past the padded dimension is masked-off work."""
-    return {"block_p": pow2_at_least(problem.headdim), "block_b": max(2, pow2_at_least(problem.batch)),
+    return {"block_p": pow2_at_least(problem.headdim),
             "block_n": max(16, pow2_at_least(problem.dstate)),
             "heads": pow2_at_least(problem.nheads)}
 
@@ -170,7 +166,7 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
                        + ("per head" if not config.a_dense else "as a (headdim, dstate) tile per head")
                        + ", the problem's A is " + ("dense" if problem.A_dense else "one value per head"))
         for name, cap in caps(problem).items():
-            if config[name] > cap and KNOB_BY_NAME[name].shapes(config.layout):
+            if config[name] > cap and not (name == "block_n" and config.layout != "tiled"):
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
         if config.layout in ("tiled", "persistent") and problem.tokens > 1:
             why.append(f"layout={config.layout} runs one token per step; the problem has tokens={problem.tokens}")
@@ -181,12 +177,10 @@ def violations(config: DecodeConfig, arch: Arch | str, problem: DecodeProblem | 
             why.append(f"block_p={config.block_p}: headdim {problem.headdim} in {config.block_p}-row blocks "
                        f"is past the launch grid's limit {MAX_GRID_YZ}")
         width = config.block_n if config.layout == "tiled" else max(16, pow2_at_least(problem.dstate))
-        # a dense A's tile is held beside the state's (one for all of a program's rows)
-        rows = config.block_b if config.layout == "rows" else 1
-        per_thread = config.block_p * width * (rows + (1 if config.a_dense else 0)) // threads
+        # a dense A's tile is held beside the state's: twice the registers per state element
+        per_thread = config.block_p * width * (2 if config.a_dense else 1) // threads
         if per_thread > MAX_ELEMS_PER_THREAD:
-            tile = f"{rows} x " * (rows > 1) + f"{config.block_p} x {width}"
-            why.append(f"a {tile} state tile{' and its A tile' if config.a_dense else ''} "
+            why.append(f"a {config.block_p} x {width} state tile{' and its A tile' if config.a_dense else ''} "
                        f"is {per_thread} elements per thread (> {MAX_ELEMS_PER_THREAD}: registers spill)")
     return why
 
@@ -219,29 +213,8 @@ def default_config(arch: Arch | str, problem: DecodeProblem | None = None,
     block_p = max(1, min(p2, 4096 // (n2 * state_bytes), 128))
     per_thread = 32 if not arch.is_amd else 16   # the same elements per warp or wavefront
     warps = block_p * n2 // (per_thread * arch.warp_size)
-    if layout == "rows":   # the same 4 KB of state a program: block_b rows of fewer headdim rows
-        block_p = max(1, block_p // base.block_b)
     warps = max(v for v in KNOB_BY_NAME["warps"].values if v <= max(1, warps))
     return base.replace(layout=layout or "whole", block_p=block_p, warps=warps)
-
-
-def seed_configs(arch: Arch | str, problem: DecodeProblem, space) -> list[DecodeConfig]:
-    """Starting points a tune enqueues before sampling: the default at the space's pinned layout,
-    then, for a dense A, the rows layout at each rows-per-program (a sampler rarely draws a layout
-    together with tiles that suit it). Only those inside the space and feasible."""
-    layout = space.pinned.get("layout")
-    base = default_config(arch, problem, layout=layout)
-    cands = [base]
-    if problem.A_dense and layout in (None, "rows"):
-        rows = default_config(arch, problem, layout="rows")
-        cands += [rows.replace(block_b=b, block_p=max(1, rows.block_p * rows.block_b // b))
-                  for b in KNOB_BY_NAME["block_b"].values]
-    out = []
-    for c in cands:
-        c = c.replace(**{k: v for k, v in space.pins(c.layout).items() if c[k] != v})
-        if c not in out and space.params(c) is not None and not violations(c, arch, problem):
-            out.append(c)
-    return out
 
 
 # --- how a decode problem is written on the command line (autossd.tuner.shapes) ----------------
