@@ -22,7 +22,7 @@ def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
                     "--target", str(target), str(src)], check=True, capture_output=True)
-    for rel in ("autossd/templates/ssd_fwd/module.py.jinja", "autossd/templates/ssd_fwd/chunk_scan.jinja",
+    for rel in ("autossd/templates/ssd_fwd/module.py.jinja", "autossd/templates/ssd/chunk_scan.jinja",
                 "autossd/tuning_db/sm90.sqlite", "autossd/tuning_db/sm80.sqlite",
                 "autossd/tuning_db/gfx90a.sqlite", "autossd/tuning_db/gfx942.sqlite",
                 "autossd/db/migrations/env.py",

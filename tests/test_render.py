@@ -85,6 +85,29 @@ def test_the_ssd_ops_render_the_librarys_kernels_under_their_own_names():
         assert not any(softplus in p.read_text() for p in (render.templates_dir() / op).glob("*.jinja")), op
 
 
+
+FIVE_LAUNCH = ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan")
+
+
+@pytest.mark.parametrize("cb", ["stage", "inline"])
+def test_packed_prefill_renders_the_forwards_five_launch_stage_files_in_their_packed_form(cb):
+    """The forward's five-launch stages live once, in the SSD library (templates/ssd/), and
+    packed prefill renders those same files with `packed` set: its own folder holds no copy of a
+    stage, the forward's module has only the dense kernels, packed prefill's only the packed ones
+    (a flag that leaked into the other op would show here as a kernel of the wrong form)."""
+    from autossd.ops.ssd.varlen_knobs import VarlenConfig
+    for op in ("ssd_fwd", "ssd_varlen"):
+        env = render._env(op)
+        for stage in FIVE_LAUNCH:
+            assert Path(env.get_template(f"{stage}.jinja").filename) == render.templates_dir() / "ssd" / f"{stage}.jinja"
+    assert sorted(p.name for p in (render.templates_dir() / "ssd_varlen").glob("*.jinja")) == ["module.py.jinja"]
+    fwd, varlen = render.render(Config()), render.render(VarlenConfig(cb=cb))
+    launched = [s for s in FIVE_LAUNCH if cb == "stage" or s != "bmm"]
+    for stage in FIVE_LAUNCH:
+        assert f"def ssd_{stage}(" in fwd and f"def varlen_{stage}(" not in fwd
+        assert (f"def varlen_{stage}(" in varlen) == (stage in launched) and f"def ssd_{stage}(" not in varlen
+    assert "cu_chunk_ptr" not in fwd and "last_chunk_ptr" in varlen
+
 def test_cache_by_content_hash(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOSSD_CACHE_DIR", str(tmp_path))
     a = render.source_path(render.render(Config()))

@@ -85,7 +85,8 @@ def includes(cfg: Config, backend: str) -> list[str]:
 
 
 def render_context(cfg: Config, backend: str) -> dict:
-    return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype]}
+    # packed: the family's five-launch stage files (templates/ssd/) render their dense kernels
+    return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype], "packed": False}
 
 
 def meta_launches(problem: Problem, config: Config, backend: str) -> list:

@@ -56,7 +56,9 @@ def includes(cfg: VarlenConfig, backend: str) -> list[str]:
 
 
 def render_context(cfg: VarlenConfig, backend: str) -> dict:
-    return {}
+    # the forward's five-launch stage files (templates/ssd/), each in its packed form: the chunk
+    # table's indexing, per-sequence initial states, every chunk's end state kept
+    return {"packed": True}
 
 
 # --- the chunk table ------------------------------------------------------------------------
