@@ -48,7 +48,9 @@ _INTS = (torch.int32, torch.int64)
 
 
 def includes(cfg: VarlenConfig, backend: str) -> list[str]:
-    """The template files a config's module holds, in launch order."""
+    """The template files a config's module holds, in launch order: the forward's five-launch
+    stage files of the SSD library (templates/ssd/), which render their packed kernels here
+    (`render_context`), C·Bᵀ's only where it has a launch of its own."""
     out = ["cumsum.jinja"]
     if cfg.cb == "stage":
         out.append("bmm.jinja")
