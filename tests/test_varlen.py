@@ -86,6 +86,17 @@ def test_prefix_aligned_chunks_and_bf16_states():
     check(t, 16, VarlenConfig(**SMALL), computed=[5, 16], state_dtype=torch.bfloat16)
 
 
+def test_fp16_states_of_a_resume_mid_chunk_with_cb_inline():
+    """fp16 inputs with the chunk states kept in fp16, C·Bᵀ computed in the scan, and sequences
+    that resume mid-chunk (computed_tokens): the first chunk of each ends at its logical chunk
+    boundary, and the returned chunk-end states are the states there."""
+    t = inputs([21, 40, 2], dtype=torch.float16, seed=4)
+    cuc, last, seq = vl.varlen_chunks(t["cu_seqlens"], 16, computed_tokens=[3, 30, 15])
+    assert cuc.tolist() == [0, 13, 21, 23, 39, 55, 61, 62, 63] and seq.tolist() == [0, 0, 1, 1, 1, 1, 2, 2]
+    _, _, st = check(t, 16, VarlenConfig(cb="inline", decay_split=True, **SMALL), dtype=torch.float16,
+                     computed=[3, 30, 15], state_dtype=torch.float16)
+    assert st.dtype == torch.float16
+
 def test_chunk_table_of_plain_lengths_and_an_empty_sequence():
     cuc, last, seq = vl.varlen_chunks(torch.tensor([0, 3, 3, 40]), 16)
     assert cuc.tolist() == [0, 3, 19, 35, 40] and seq.tolist() == [0, 2, 2, 2] and last.tolist() == [0, 0, 3]
