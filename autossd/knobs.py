@@ -260,6 +260,9 @@ class ShapeForm:
     # state dtypes of each input dtype (dtype, the caller's state dtype or None) -> state dtypes
     grid: list[dict[str, int]] = field(default_factory=list)
     grid_states: Callable[[str, str | None], tuple] = lambda dtype, state_dtype: (state_dtype,)
+    # the model layers the grid covers, as problem fields (empty: the Mamba-2 layers of
+    # autossd.tuner.shapes.MODELS, written with the keys h p n g)
+    layers: list[dict[str, int]] = field(default_factory=list)
     summary: tuple[str, ...] = ()     # the size keys a summary line shows (default: every one)
     help: str = ""                    # the grammar in a sentence (the CLI's --shapes help)
     preset_help: str = ""             # what a model's preset holds (the CLI's --preset help)

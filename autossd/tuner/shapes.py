@@ -200,10 +200,12 @@ def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, *, op: str, state_dt
     ones find them in Triton's cache."""
     form = form_of(op)
     keys = {f: k for k, f in form.keys.items()}
-    return [parse_shape(",".join([*(f"{keys[f]}={v}" for f, v in point.items()), f"h={h},p={p},n={n},g={g}"]),
+    layers = [",".join(f"{keys[f]}={v}" for f, v in layer.items()) for layer in form.layers] \
+        or [f"h={h},p={p},n={n},g={g}" for h, p, n, g in grid_dims()]
+    return [parse_shape(",".join([*(f"{keys[f]}={v}" for f, v in point.items()), layer]),
                         dtype, op=op, state_dtype=sd)
             for dtype in dtypes for sd in form.grid_states(dtype, state_dtype)
-            for h, p, n, g in grid_dims() for point in form.grid]
+            for layer in layers for point in form.grid]
 
 
 def preset(name: str, dtype: str = "fp16", *, op: str, state_dtype: str | None = None) -> list:

@@ -1,0 +1,147 @@
+"""Mamba-1's selective scan (`autossd.selective_scan_fn`, ops sscan_fwd and sscan_bwd) against its
+float64 reference, in Triton's CPU interpreter: every B/C form, with and without D, z,
+delta_bias and softplus, in fp32, bf16 and fp16; outputs poisoned with NaN where the ops write
+into buffers of their own; a length that is no multiple of the chunk; bad input refused by
+name. Shapes are tiny: each launch is a few interpreted programs."""
+import pytest
+import torch
+
+import autossd
+from autossd.ops.mamba1 import fwd
+from autossd.ops.mamba1.naive import selective_scan_ref
+from autossd.ops.mamba1.problem import ScanProblem
+from autossd.ops.mamba1.scan_knobs import BwdConfig, FwdConfig, fwd_default_config, violations
+from autossd.testing import rel_err, tolerance
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter without a GPU
+
+
+def _problem(form, dtype="fp32", **kw):
+    """Small problems of each B/C form: "3d" (batch, dstate, seqlen), "groups" (batch, 2, dstate,
+    seqlen), "invariant" (dim, dstate) B and C, "mixed" (a time-varying B, an invariant C)."""
+    b_var, c_var, g = {"3d": (True, True, 1), "groups": (True, True, 2), "invariant": (False, False, 1),
+                       "mixed": (True, False, 1)}[form]
+    base = dict(batch=2, dim=8, dstate=16 if form != "mixed" else 12, seqlen=45, ngroups=g, dtype=dtype,
+                B_var=b_var, C_var=c_var)
+    return ScanProblem(**{**base, **kw})
+
+
+def _call(p, t, **kw):
+    return autossd.selective_scan_fn(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                                     delta_softplus=p.delta_softplus, return_last_state=p.return_last_state, **kw)
+
+
+FLAGS = [dict(has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True),
+         dict(return_last_state=True), dict(has_D=True, delta_softplus=True), dict(has_z=True, has_delta_bias=True)]
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+@pytest.mark.parametrize("flags", range(len(FLAGS)), ids=["all", "none-last", "D-softplus", "z-bias"])
+def test_forward_matches_float64(form, flags):
+    p = _problem(form, **FLAGS[flags])
+    t = fwd.tune_inputs(p, DEV, seed=flags)
+    got = _call(p, t)
+    ref = selective_scan_ref(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                             p.delta_softplus, True)
+    out, last = got if p.return_last_state else (got, None)
+    assert out.dtype == t["u"].dtype and out.shape == t["u"].shape
+    assert rel_err(out, ref[0]) < tolerance("fp32"), rel_err(out, ref[0])
+    if last is not None:
+        assert last.dtype == torch.float32 and last.shape == (p.batch, p.dim, p.dstate)
+        assert rel_err(last, ref[1]) < tolerance("fp32")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_half_inputs_with_mixed_dtypes(dtype):
+    """u in a 16-bit type, delta and B in fp32, C in the other 16-bit type (as mamba_ssm takes):
+    held to u's dtype's tolerance."""
+    p = _problem("3d", dtype, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=5)
+    t["delta"] = t["delta"].float()
+    t["B"] = t["B"].float()
+    t["C"] = t["C"].to(torch.float16 if dtype == "bf16" else torch.bfloat16)
+    out, last = _call(p, t)
+    ref = selective_scan_ref(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True, True)
+    assert out.dtype == t["u"].dtype
+    assert rel_err(out, ref[0]) < tolerance(dtype), rel_err(out, ref[0])
+    assert rel_err(last, ref[1]) < tolerance(dtype), rel_err(last, ref[1])
+
+
+@pytest.mark.parametrize("cfg", [FwdConfig(block_d=2, chunk=16), FwdConfig(block_d=4, chunk=64, warps=2, stages=2)],
+                         ids=["many-chunks", "one-chunk"])
+def test_forward_poisoned_outputs_and_configs(cfg):
+    """Every element written (out and last state start NaN), at a length of 45: 3 chunks of 16
+    with a partial last one, or one chunk longer than the sequence."""
+    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    assert not violations(cfg, "sm90", p)
+    t = fwd.tune_inputs(p, DEV, seed=11)
+    out, last = fwd.tune_run(p, cfg, t, poison=True)
+    ref = fwd.tune_reference(p, t)
+    assert torch.isfinite(out).all() and torch.isfinite(last).all()
+    assert rel_err(out, ref[0]) < tolerance("fp32") and rel_err(last, ref[1]) < tolerance("fp32")
+
+
+def test_forward_checkpoints_are_the_chunk_start_states():
+    """The states the training forward stores: chunk c's entering state, zero for the first."""
+    p = _problem("3d", has_D=True, delta_softplus=True)
+    t = fwd.tune_inputs(p, DEV, seed=2)
+    cfg = FwdConfig(block_d=4, chunk=16)
+    ck = fwd.forward(p, cfg, t, ckpt_dtype="fp32", poison=True)["ckpt"]
+    assert ck.shape == (2, 3, 8, 16)
+    for c in range(3):
+        want = torch.zeros(2, 8, 16, dtype=torch.float64) if c == 0 else selective_scan_ref(
+            t["u"][..., :16 * c], t["delta"][..., :16 * c], t["A"], t["B"][..., :16 * c], t["C"][..., :16 * c],
+            delta_softplus=True, return_last_state=True)[1]
+        assert (ck[:, c].double() - want).abs().max() < 1e-4
+
+
+def test_complex_A_is_refused_by_name():
+    p = _problem("3d")
+    t = fwd.tune_inputs(p, DEV)
+    with pytest.raises(TypeError, match="A: complex"):
+        autossd.selective_scan_fn(t["u"], t["delta"], t["A"].to(torch.complex64), t["B"], t["C"])
+
+
+@pytest.mark.parametrize("change,err,match", [
+    (lambda t: t.update(u=t["u"][0]), ValueError, "u: expected 3 dims"),
+    (lambda t: t.update(delta=t["delta"][:, :, :-1]), ValueError, "delta: expected shape"),
+    (lambda t: t.update(A=t["A"][:-1]), ValueError, r"A: expected shape \(8, dstate\)"),
+    (lambda t: t.update(B=t["B"][:, :, :-1]), ValueError, "B: expected shape"),
+    (lambda t: t.update(C=torch.randn(2, 3, 16, 45)), ValueError, "C: ngroups=3 must divide dim=8"),
+    (lambda t: t.update(B=torch.randn(2, 2, 16, 45), C=torch.randn(2, 4, 16, 45)), ValueError, "C: ngroups=4 differs"),
+    (lambda t: t.update(D=torch.randn(7)), ValueError, "D: expected shape"),
+    (lambda t: t.update(delta_bias=torch.randn(8, 1)), ValueError, "delta_bias: expected 1 dims"),
+    (lambda t: t.update(z=t["u"][:1]), ValueError, "z: expected shape"),
+    (lambda t: t.update(u=t["u"].to(torch.int32)), TypeError, "u: expected float32"),
+    (lambda t: t.update(B=t["B"].double()), TypeError, "B: expected float32"),
+    (lambda t: t.update(D=[1.0] * 8), TypeError, "D: expected a torch.Tensor"),
+    (lambda t: t.update(u=t["u"][:, :, :0], delta=t["delta"][:, :, :0]), ValueError, "u: expected non-empty"),
+    (lambda t: t.update(softplus="False"), TypeError, "delta_softplus: expected a bool"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_input_is_refused_naming_the_argument(change, err, match):
+    p = _problem("3d", has_D=True, has_z=True, has_delta_bias=True)
+    t = fwd.tune_inputs(p, DEV)
+    t["softplus"] = True
+    change(t)
+    with pytest.raises(err, match=match):
+        autossd.selective_scan_fn(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                                  delta_softplus=t["softplus"])
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="needs a device other than the inputs'")
+def test_inputs_on_two_devices_are_refused():
+    p = _problem("3d")
+    t = fwd.tune_inputs(p, DEV)
+    with pytest.raises(ValueError, match="delta: on cpu"):
+        autossd.selective_scan_fn(t["u"], t["delta"].cpu(), t["A"], t["B"], t["C"])
+
+
+def test_defaults_fit_every_grid_problem_and_its_groups():
+    """The default config runs every problem of the shipped grid, and with groups its channel
+    block divides a group's channels."""
+    from autossd.tuner.shapes import grid
+    probs = grid(("bf16",), op="sscan_fwd")
+    assert {p.dim for p in probs} == {1536, 2048, 3072, 4096, 5120, 8192} and {p.dstate for p in probs} == {16}
+    for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
+        for p in probs + [ScanProblem(1, 24, 64, 100, 8, "fp16", has_D=True)]:
+            assert not violations(fwd_default_config(arch, p), arch, p), (arch, p)
