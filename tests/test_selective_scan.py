@@ -145,3 +145,105 @@ def test_defaults_fit_every_grid_problem_and_its_groups():
     for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
         for p in probs + [ScanProblem(1, 24, 64, 100, 8, "fp16", has_D=True)]:
             assert not violations(fwd_default_config(arch, p), arch, p), (arch, p)
+
+
+# --- the backward ----------------------------------------------------------------------------
+GRAD_TOL = {"fp32": 1e-4, "bf16": 1.5e-2, "fp16": 3e-3}   # autossd.testing.grad_tolerance's bounds
+
+
+def _grads(p, t, seed=0):
+    """Every input's gradient through selective_scan_fn (out and, where returned, last_state
+    weighted by random cotangents) and the float64 reference's."""
+    from autossd.ops.mamba1.bwd import reference
+    g = torch.Generator().manual_seed(seed + 99)
+    dout = torch.randn(t["u"].shape, generator=g).to(t["u"].dtype)
+    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=g) if p.return_last_state else None
+    x = {k: v.detach().clone().requires_grad_() for k, v in t.items() if v is not None}
+    got = autossd.selective_scan_fn(x["u"], x["delta"], x["A"], x["B"], x["C"], x.get("D"), x.get("z"),
+                                    x.get("delta_bias"), delta_softplus=p.delta_softplus,
+                                    return_last_state=p.return_last_state)
+    out, last = got if p.return_last_state else (got, None)
+    loss = (out.float() * dout.float()).sum() + ((last * dlast).sum() if last is not None else 0)
+    loss.backward()
+    ref = reference(t, p.delta_softplus, dout, dlast)
+    return {k: v.grad for k, v in x.items()}, ref
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+@pytest.mark.parametrize("flags", [0, 1, 3], ids=["all", "none-last", "z-bias"])
+def test_every_gradient_matches_float64_autograd(form, flags):
+    p = _problem(form, **FLAGS[flags])
+    t = fwd.tune_inputs(p, DEV, seed=flags + 20)
+    got, ref = _grads(p, t, flags)
+    assert set(got) == set(ref)
+    for k in ref:
+        assert got[k].dtype == t[k].dtype and got[k].shape == t[k].shape, k
+        assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_gradients_within_the_dtype_tolerance(dtype):
+    p = _problem("groups", dtype, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+    t = fwd.tune_inputs(p, DEV, seed=31)
+    got, ref = _grads(p, t, 3)
+    for k in ref:
+        assert got[k].dtype == t[k].dtype
+        assert rel_err(got[k], ref[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], ref[k]))
+
+
+@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16), BwdConfig(block_d=4, chunk=64, ckpt_dtype="bf16")],
+                         ids=["many-chunks", "one-chunk-bf16-ckpt"])
+def test_backward_poisoned_buffers_and_configs(cfg):
+    """Through the op's own hooks: the forward's checkpoints and the backward's outputs and
+    partials start NaN (an element never written fails), length 45 against chunks of 16 and 64."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    assert not violations(cfg, "sm90", p)
+    t = bwd.tune_inputs(p, DEV, seed=4)
+    got = bwd.tune_run(p, cfg, t, poison=True)
+    ref = bwd.tune_reference(p, t)
+    tol = GRAD_TOL["fp32"] if cfg.ckpt_dtype == "fp32" else GRAD_TOL["bf16"]
+    for k in ref:
+        assert torch.isfinite(got[k]).all(), k
+        assert rel_err(got[k], ref[k]) < tol, (k, rel_err(got[k], ref[k]))
+
+
+def test_backward_is_bitwise_reproducible():
+    p = _problem("groups", "bf16", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=8)
+    a, _ = _grads(p, t, 1)
+    b, _ = _grads(p, t, 1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_backward_without_checkpoints_recomputes_them():
+    """The backward op given no checkpoints (a forward run without grad) runs the forward again for
+    them: the same gradients bit for bit."""
+    p = _problem("3d", has_D=True, delta_softplus=True)
+    t = fwd.tune_inputs(p, DEV, seed=9)
+    dout = torch.randn(t["u"].shape)
+    args = [t[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+    need = [True, True, True, True, True, True, False, False]
+    _, _, ck = torch.ops.autossd.sscan_fwd(*args, True, False, True)
+    with_ck = torch.ops.autossd.sscan_bwd(dout, None, *args, ck, True, need)
+    without = torch.ops.autossd.sscan_bwd(dout, None, *args, None, True, need)
+    assert all(torch.equal(x, y) for x, y in zip(with_ck, without))
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    """No graph break: the forward and its backward are registered custom ops with fake kernels."""
+    p = _problem("3d", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=12)
+
+    def f(u, delta, A, B, C, D, z, db):
+        out, last = autossd.selective_scan_fn(u, delta, A, B, C, D, z, db, delta_softplus=True, return_last_state=True)
+        return out.sum() + last.square().sum()
+
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    xe = [t[k].clone().requires_grad_() for k in names]
+    xc = [t[k].clone().requires_grad_() for k in names]
+    f(*xe).backward()
+    torch.compile(f, backend="aot_eager", fullgraph=True)(*xc).backward()
+    for k, a, b in zip(names, xe, xc):
+        assert torch.equal(a.grad, b.grad), k

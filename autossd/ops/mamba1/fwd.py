@@ -27,7 +27,9 @@ def includes(cfg, backend: str) -> list[str]:
 
 
 def render_context(cfg, backend: str) -> dict:
-    return {"template_dir": get_template_dir(cfg)}
+    ckpt = cfg.get("ckpt_dtype")   # the backward's: the checkpoints' type it reads
+    return {"template_dir": get_template_dir(cfg),
+            "ckpt_tl_dtype": {"fp32": "tl.float32", "bf16": "tl.bfloat16"}[ckpt] if ckpt else None}
 
 
 def get_template_dir(cfg) -> str:

@@ -24,6 +24,7 @@ from ...core.device import arch_of_device
 from ...db import lookup as _lookup
 from ...problem import as_flag
 from ...render import interpreting
+from . import bwd as _bwd
 from . import fwd as _fwd
 from .problem import ScanProblem, from_args
 from .scan_knobs import fit
@@ -87,6 +88,59 @@ def _sscan_fwd_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_
     else:
         ck = u.new_empty((0,), dtype=torch.float32)
     return out, last, ck
+
+
+# --- the backward op and the forward's autograd --------------------------------------------------
+@torch.library.custom_op("autossd::sscan_bwd", mutates_args=())
+def sscan_bwd_op(dout: _Tensor, dlast: Optional[_Tensor], u: _Tensor, delta: _Tensor, A: _Tensor, B: _Tensor,
+                 C: _Tensor, D: Optional[_Tensor], z: Optional[_Tensor], delta_bias: Optional[_Tensor],
+                 ckpt: Optional[_Tensor], delta_softplus: bool, need: list[bool]) -> list[_Tensor]:
+    """Gradients of (u, delta, A, B, C, D, z, delta_bias) where `need` says (an empty tensor
+    elsewhere: an op's schema has a fixed number of outputs). ckpt: the forward's checkpoints
+    (None or empty: the forward runs again to store them)."""
+    prob = from_args(u, delta, A, B, C, D, z, delta_bias, delta_softplus, dlast is not None)
+    _device_check(u)
+    arch = arch_of_device(u.device)
+    fcfg, bcfg, backend = configs(prob, u.device, training=True)
+    t = _tensors(u, delta, A, B, C, D, z, delta_bias)
+    names = {k for k, w in zip(DIFFERENTIABLE, need) if w and t[k] is not None}
+    if ckpt is not None and ckpt.numel() == 0:
+        ckpt = None
+    g = _bwd.backward(prob, bcfg, t, dout, dlast, ckpt, names, backend, arch, fcfg) if names else {}
+    return [g[k] if k in g else u.new_empty(0) for k in DIFFERENTIABLE]
+
+
+@sscan_bwd_op.register_fake
+def _sscan_bwd_fake(dout, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, delta_softplus, need):
+    t = _tensors(u, delta, A, B, C, D, z, delta_bias)
+    return [torch.empty(t[k].shape, dtype=t[k].dtype, device=t[k].device) if w and t[k] is not None
+            else u.new_empty(0) for k, w in zip(DIFFERENTIABLE, need)]
+
+
+_N_IN = len(DIFFERENTIABLE)
+
+
+def _fwd_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:_N_IN], output[2])
+    ctx.softplus, ctx.last = inputs[_N_IN], inputs[_N_IN + 1]
+
+
+def _fwd_backward(ctx, dout, dlast, dckpt):
+    need = list(ctx.needs_input_grad[:_N_IN])
+    out = [None] * (_N_IN + 3)
+    if not any(need):
+        return tuple(out)
+    *t, ckpt = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(t[0])
+    grads = torch.ops.autossd.sscan_bwd(dout, dlast if ctx.last else None, *t, ckpt, ctx.softplus, need)
+    for i, (w, g) in enumerate(zip(need, grads)):
+        if w:
+            out[i] = g
+    return tuple(out)
+
+
+sscan_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
