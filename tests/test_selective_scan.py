@@ -191,8 +191,9 @@ def test_half_gradients_within_the_dtype_tolerance(dtype):
         assert rel_err(got[k], ref[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], ref[k]))
 
 
-@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16), BwdConfig(block_d=4, chunk=64, ckpt_dtype="bf16")],
-                         ids=["many-chunks", "one-chunk-bf16-ckpt"])
+@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16, sub=1), BwdConfig(block_d=2, chunk=64, sub=2, ckpt_dtype="bf16"),
+                                 BwdConfig(block_d=1, chunk=32, sub=4)],
+                         ids=["many-chunks", "one-chunk-bf16-ckpt-sub2", "sub4"])
 def test_backward_poisoned_buffers_and_configs(cfg):
     """Through the op's own hooks: the forward's checkpoints and the backward's outputs and
     partials start NaN (an element never written fails), length 45 against chunks of 16 and 64."""

@@ -29,7 +29,7 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
     u = t["u"]
     dev = u.device
     b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
-    nblk = _cdiv(d, config.block_d)
+    nblk = programs(problem, config)
 
     def make(*s, dtype=torch.float32):
         return torch.full(s, float("nan"), dtype=dtype, device=dev) if poison else torch.empty(s, dtype=dtype,
@@ -41,7 +41,14 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
                 pB=make(b, nblk, n, l) if problem.B_var else make(b, d, n),
                 pC=make(b, nblk, n, l) if problem.C_var else make(b, d, n),
                 pD=make(b, d) if problem.has_D else None,
-                pdb=make(b, d) if problem.has_delta_bias else None)
+                pdb=make(b, d) if problem.has_delta_bias else None,
+                # the gradient each channel block carries between chunks (sub > 1: through memory)
+                gc=make(b, d, n) if config.sub > 1 else None)
+
+
+def programs(problem: ScanProblem, config: BwdConfig) -> int:
+    """Programs along the channels: each runs sub blocks of block_d channels."""
+    return _cdiv(problem.dim, config.block_d * config.sub)
 
 
 def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backend: str = "cuda") -> list:
@@ -52,10 +59,10 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     args = ptrs | dict(dout_ptr=t["dout"], dlast_ptr=t.get("dlast"), ck_ptr=t["ckpt"],
                        du_ptr=du, ddl_ptr=buffers["ddelta"], dz_ptr=buffers.get("dz"),
                        pA_ptr=buffers["pA"], pB_ptr=buffers["pB"], pC_ptr=buffers["pC"], pD_ptr=buffers.get("pD"),
-                       pdb_ptr=buffers.get("pdb")) | sizes
+                       pdb_ptr=buffers.get("pdb"), gc_ptr=buffers.get("gc")) | sizes
     args.update(zip(("s_g_b", "s_g_d", "s_g_t"), du.stride()))
     constexprs["HAS_DLAST"] = t.get("dlast") is not None
-    return [Launch("bwd", "sscan_bwd", _fwd.grid(problem, config), args, constexprs,
+    return [Launch("bwd", "sscan_bwd", (programs(problem, config), problem.batch), args, constexprs,
                    OP.launch_options(config, backend)["bwd"])]
 
 
@@ -70,12 +77,12 @@ def _sum_partials(problem: ScanProblem, config: BwdConfig, buf: dict, t: dict, n
     """The gradients summed from the partials over channel blocks and batch rows, in torch's fixed
     order, each in its input's dtype."""
     b, n, l, ng = problem.batch, problem.dstate, problem.seqlen, problem.ngroups
-    nblk = _cdiv(problem.dim, config.block_d)
+    nblk = programs(problem, config)
     out = {}
 
     def bc(name, part, var):
         M = t[name]
-        if var:   # channel blocks of a group: contiguous along the block axis (block_d divides a group)
+        if var:   # programs of a group: contiguous along the program axis (their channels divide a group's)
             s = part.view(b, ng, nblk // ng, n, l).sum(2)
             return (s if M.dim() == 4 else s.view(b, n, l)).to(M.dtype)
         return part.sum(0).to(M.dtype)
@@ -171,7 +178,7 @@ def stage_costs(problem: ScanProblem, config: BwdConfig) -> list:
     forward's FLOPs (the states again, the reversed scan, the gradients' products)."""
     e = DTYPE_BYTES[problem.dtype]
     b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
-    nblk = _cdiv(d, config.block_d)
+    nblk = programs(problem, config)
     act = b * d * l * e * (7 if problem.has_z else 5)
     ck = b * _cdiv(l, config.chunk) * d * n * (4 if config.ckpt_dtype == "fp32" else 2)
     parts = sum(b * nblk * n * l * 4 for var in (problem.B_var, problem.C_var) if var)

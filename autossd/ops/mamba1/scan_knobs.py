@@ -35,6 +35,10 @@ SHARED: tuple[Knob, ...] = (
 
 FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED), mode_knob="scan")
 BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"block_d": 4}) + (
+    Knob("sub", (1, 2, 4, 8), 4,
+         "channel blocks per program, one after another: their time-varying dB / dC partials summed in "
+         "registers (fewer partial bytes written and read), their carried gradient and per-channel sums "
+         "through the program's own rows of memory", "scan"),
     Knob("ckpt_dtype", ("fp32", "bf16"), "fp32",
          "type of the chunk-start states the forward stores for the backward (bf16: half the bytes, the "
          "states rounded to 8 bits of mantissa before the backward's recompute)", "scan"),
@@ -60,7 +64,9 @@ def n2(problem: ScanProblem) -> int:
 
 
 def caps(problem: ScanProblem) -> dict[str, int]:
-    """Largest useful value per knob: tiles past the padded channels or length are masked work."""
+    """Largest useful value per knob: tiles past the padded channels or length are masked work
+    (the backward's sub: block_d x sub channels past the padded dim; bounded by block_d's own cap
+    here, and by violations where the product passes it)."""
     return {"block_d": pow2_at_least(problem.dim), "chunk": max(16, pow2_at_least(problem.seqlen))}
 
 
@@ -77,9 +83,11 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
         if per_thread > cap:
             why.append(f"a {config.block_d} x {n2(problem)} x {config.chunk} scan tile is {per_thread} elements "
                        f"per thread (> {cap}: registers spill)")
-        if problem.ngroups > 1 and problem.channels_per_group % config.block_d:
-            why.append(f"block_d={config.block_d} does not divide the {problem.channels_per_group} channels of a "
-                       "group (a program reads one group's B and C)")
+        span = config.block_d * config.get("sub", 1)
+        if problem.ngroups > 1 and problem.channels_per_group % span:
+            why.append(f"block_d={config.block_d}{f' x sub={config.sub}' if config.get('sub', 1) > 1 else ''} does "
+                       f"not divide the {problem.channels_per_group} channels of a group (a program reads one "
+                       "group's B and C)")
     return why
 
 
@@ -101,14 +109,18 @@ def _default(space_config: type, arch: Arch | str, problem: ScanProblem | None) 
     cfg = cfg.replace(block_d=block)
     while violations(cfg, arch, problem) and cfg.chunk > 16:
         cfg = cfg.replace(chunk=cfg.chunk // 2)
+    while "sub" in cfg.space.by_name and cfg.sub > 1 and (
+            violations(cfg, arch, problem) or cfg.block_d * cfg.sub > pow2_at_least(problem.dim)):
+        cfg = cfg.replace(sub=cfg.sub // 2)
     return cfg
 
 
-def fwd_default_config(arch: Arch | str, problem: ScanProblem | None = None) -> FwdConfig:
+def fwd_default_config(arch: Arch | str, problem: ScanProblem | None = None, scan: str | None = None) -> FwdConfig:
+    """`scan`: the default at that mode (the tuner asks for it when the mode is pinned; one mode)."""
     return _default(FwdConfig, arch, problem)
 
 
-def bwd_default_config(arch: Arch | str, problem: ScanProblem | None = None) -> BwdConfig:
+def bwd_default_config(arch: Arch | str, problem: ScanProblem | None = None, scan: str | None = None) -> BwdConfig:
     return _default(BwdConfig, arch, problem)
 
 
