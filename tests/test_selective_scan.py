@@ -248,3 +248,14 @@ def test_torch_compile_fullgraph_forward_and_backward():
     torch.compile(f, backend="aot_eager", fullgraph=True)(*xc).backward()
     for k, a, b in zip(names, xe, xc):
         assert torch.equal(a.grad, b.grad), k
+
+
+def test_the_shape_grammar_writes_mamba1_calls():
+    from autossd.tuner.shapes import describe, parse_shape
+    p = parse_shape("b=2,l=4k,d=5120", "bf16", op="sscan_bwd")
+    assert p == ScanProblem(2, 5120, 16, 4096, 1, "bf16", has_D=True, has_z=True, has_delta_bias=True,
+                            delta_softplus=True)
+    assert parse_shape("b=1,l=64,d=8,n=4,g=2,z=0,last=1,bvar=0", op="sscan_fwd") == ScanProblem(
+        1, 8, 4, 64, 2, "fp16", has_D=True, has_delta_bias=True, delta_softplus=True, B_var=False,
+        return_last_state=True)
+    assert describe(p) == "b=2,l=4096,d=5120,n=16,g=1 bf16"
