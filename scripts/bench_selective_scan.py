@@ -8,8 +8,10 @@
 
 The call is Mamba-1's layer's: u, delta, z in the dtype, B and C (batch, dstate, seqlen) in the dtype, A
 fp32 (negative), D and delta_bias fp32, softplus on. Rows per (shape, dtype, implementation):
-  fwd_ms      the forward alone (out), triton.testing.do_bench
-  fwdbwd_ms   forward with gradients wanted (autossd then stores its checkpoints) and the backward
+  fwd         the forward alone (out), triton.testing.do_bench (host work included where it is
+              longer than the kernel: the small shapes)
+  fwd/g       the same replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the kernels alone
+  fwd+bwd     forward with gradients wanted (autossd then stores its checkpoints) and the backward
               of every input, one call after the other
   floor       bytes read and written once (forward: u, delta, z, B, C read, out written; the
               backward adds dout, u, delta, z, B, C read, du, ddelta, dz, dB, dC written) at the
@@ -129,8 +131,12 @@ def peer_impl():
     return "mamba_ssm.selective_scan_fn", fwd, fwdbwd
 
 
-def bench_ms(fn) -> float:
+def bench_ms(fn, graph: bool = False) -> float:
+    """GPU time of one call: triton.testing.do_bench (calls back to back: a call's host work counts
+    where it is longer than the kernel), or replayed from a CUDA graph (the kernels alone)."""
     import triton.testing
+    if graph:
+        return triton.testing.do_bench_cudagraph(fn, rep=100)
     return triton.testing.do_bench(fn, warmup=25, rep=100)
 
 
@@ -212,14 +218,15 @@ def main() -> int:
             t = make(b, a.dim, a.dstate, l, dtype)
             dout = torch.randn_like(t["u"])
             fb, fbb = floor_bytes(b, a.dim, a.dstate, l, dtype)
-            for name, f_ours, f_peer, nbytes in (("fwd", lambda: fwd(t), peer and (lambda: peer[1](t)), fb),
-                                                 ("fwd+bwd", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)),
-                                                  fbb)):
-                ours = bench_ms(f_ours)
+            for name, f_ours, f_peer, nbytes, graph in (
+                    ("fwd", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, False),
+                    ("fwd/g", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, True),
+                    ("fwd+bwd", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, False)):
+                ours = bench_ms(f_ours, graph)
                 theirs = None
                 if f_peer:
                     try:
-                        theirs = bench_ms(f_peer)
+                        theirs = bench_ms(f_peer, graph)
                     except Exception as e:   # noqa: BLE001 - a peer's failure is reported, not fatal
                         print(f"  peer failed at {b}x{l} {dtype} {name}: {type(e).__name__}: {e}")
                 floor = nbytes / (bw * 1e9) * 1e3

@@ -41,9 +41,27 @@ def _device_check(u) -> None:
                            "run Triton's (slow) CPU interpreter.")
 
 
+# (problem, device, training) -> configs(): the selector's answer without its key-building cost
+# (tens of microseconds a call); cleared with the selector's caches
+_configs: dict = {}
+_select.on_clear(_configs.clear)
+CONFIGS_MAX = 1024
+
+
 def configs(problem: ScanProblem, device: torch.device, training: bool = False):
     """(forward config, backward config or None, backend) a call on `device` runs: the selector's
     picks; a training forward takes the backward's chunk (its checkpoints' spacing)."""
+    key = (problem, device, training)
+    hit = _configs.get(key)
+    if hit is None:
+        hit = _pick(problem, device, training)
+        if len(_configs) >= CONFIGS_MAX:
+            _configs.clear()
+        _configs[key] = hit
+    return hit
+
+
+def _pick(problem: ScanProblem, device: torch.device, training: bool):
     arch = arch_of_device(device)
     name = _lookup.device_name(device)
     fcfg = _select.select("sscan_fwd", problem, arch, device=name, safe=True).config
