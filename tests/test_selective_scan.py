@@ -259,3 +259,19 @@ def test_the_shape_grammar_writes_mamba1_calls():
         1, 8, 4, 64, 2, "fp16", has_D=True, has_delta_bias=True, delta_softplus=True, B_var=False,
         return_last_state=True)
     assert describe(p) == "b=2,l=4096,d=5120,n=16,g=1 bf16"
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm90", "gfx90a", "gfx942"])
+def test_the_shipped_databases_hold_a_fresh_static_record_at_every_grid_shape(isolated_db, arch):
+    """Both ops at every Mamba-1 grid shape (d_inner 1536-8192, d_state 16, fp16 and bf16) find an
+    exact, fresh record of the shipped file through the one selector: static (a model's ranking)
+    until measured records replace them."""
+    from autossd.core import select
+    from autossd.tuner.shapes import grid
+    select.clear()
+    for op in ("sscan_fwd", "sscan_bwd"):
+        for p in grid(op=op):
+            m = select.select(op, p, arch)
+            assert m.kind == "exact" and not m.stale, (op, p, m.reason)
+            assert m.record.origin == "shipped" and m.record.provenance in ("static", "measured")
+            assert not violations(m.config, arch, p)

@@ -35,7 +35,7 @@ SHARED: tuple[Knob, ...] = (
 
 FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED), mode_knob="scan")
 BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"block_d": 4}) + (
-    Knob("sub", (1, 2, 4, 8), 4,
+    Knob("sub", (1, 2, 4, 8, 16, 32), 8,
          "channel blocks per program, one after another: their time-varying dB / dC partials summed in "
          "registers (fewer partial bytes written and read), their carried gradient and per-channel sums "
          "through the program's own rows of memory", "scan"),
@@ -94,14 +94,16 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
 def _default(space_config: type, arch: Arch | str, problem: ScanProblem | None) -> BaseConfig:
     """A tile of about 32 (forward) or 16 (backward) state elements per thread at 4 warps (2
     wavefronts of 64 on AMD), 32 time steps a chunk; channels per program halved until the tile
-    fits and, with groups, divides a group's channels. Not measured yet: a first guess the tuner
-    starts from."""
+    fits and, with groups, divides a group's channels; then the backward's blocks per program
+    halved until they divide a group's channels and stay within the padded dim. Not measured
+    yet: a first guess the tuner starts from."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     cfg = space_config(warps=2 if arch.is_amd else 4)
     if problem is None:
         return cfg
     chunk = min(cfg.chunk, max(16, pow2_at_least(problem.seqlen)))
-    cfg = cfg.replace(chunk=chunk)
+    sub = cfg.get("sub")
+    cfg = cfg.replace(chunk=chunk, **({"sub": 1} if sub else {}))   # the tile first, then its blocks
     block = cfg.block_d
     while block > 1 and (violations(cfg.replace(block_d=block), arch, problem)
                          or block > pow2_at_least(problem.dim)):
@@ -109,7 +111,9 @@ def _default(space_config: type, arch: Arch | str, problem: ScanProblem | None) 
     cfg = cfg.replace(block_d=block)
     while violations(cfg, arch, problem) and cfg.chunk > 16:
         cfg = cfg.replace(chunk=cfg.chunk // 2)
-    while "sub" in cfg.space.by_name and cfg.sub > 1 and (
+    if sub:
+        cfg = cfg.replace(sub=sub)
+    while sub and cfg.sub > 1 and (
             violations(cfg, arch, problem) or cfg.block_d * cfg.sub > pow2_at_least(problem.dim)):
         cfg = cfg.replace(sub=cfg.sub // 2)
     return cfg
