@@ -231,7 +231,8 @@ def main() -> None:
 @click.option("--shapes", multiple=True, metavar="SHAPE",
               help=shapes_help(DEFAULT_OP))
 @click.option("--preset", multiple=True,
-              type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b", "grid"]),
+              type=click.Choice(["mamba2-130m", "mamba2-2.7b", "codestral-7b", "mamba-130m", "mamba-2.8b",
+                                 "falcon-mamba-7b", "grid"]),
               help=preset_help(DEFAULT_OP))
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True)
 @click.option("--state-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,

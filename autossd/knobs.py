@@ -264,6 +264,8 @@ class ShapeForm:
     # a form that also takes Mamba-1 layers (tuner.shapes.MAMBA1_MODELS, named as a prefix, and
     # in its grid): (d_inner, d_state) -> the problem fields such a layer's call sets, sizes and flags
     mamba1_fields: Callable[[int, int], dict[str, Any]] | None = None
+    # whether it takes the Mamba-2 (SSD) layers of tuner.shapes.MODELS (keys h p n g, model prefixes)
+    mamba2_layers: bool = True
     help: str = ""                    # the grammar in a sentence (the CLI's --shapes help)
     preset_help: str = ""             # what a model's preset holds (the CLI's --preset help)
     grid_help: str = ""               # what its grid covers, per model layer (the CLI's --preset help)

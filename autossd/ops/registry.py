@@ -127,7 +127,8 @@ _OPS: dict[str, Op] = {}
 LEGACY_OP = "ssd_fwd"
 # which module declares each shipped op (imported by get_op on first use)
 _BUILTIN = {"ssd_fwd": "autossd.ops.ssd.fwd", "ssd_bwd": "autossd.ops.ssd.bwd", "ssd_varlen": "autossd.ops.ssd.varlen",
-            "ssd_decode": "autossd.ops.ssd.decode"}
+            "ssd_decode": "autossd.ops.ssd.decode", "sscan_fwd": "autossd.ops.mamba1.fwd",
+            "sscan_bwd": "autossd.ops.mamba1.bwd"}
 
 
 def register(op: Op) -> Op:

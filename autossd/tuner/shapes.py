@@ -147,9 +147,11 @@ def parse_shape(text: str, dtype: str = "fp16", *, op: str, state_dtype: str | N
     model = None
     if ":" in text or text in MODELS or text in MAMBA1_MODELS:
         model, _, text = text.partition(":")
-        known = sorted(MODELS) + (sorted(MAMBA1_MODELS) if form.mamba1_fields else [])
+        known = model_names(form)
         if model in MAMBA1_MODELS and not form.mamba1_fields:
             raise ShapeError(f"{model!r} is a Mamba-1 model; op {op!r} takes Mamba-2 (SSD) layers: one of {known}")
+        if model in MODELS and not form.mamba2_layers:
+            raise ShapeError(f"{model!r} is a Mamba-2 model; op {op!r} takes Mamba-1 layers: one of {known}")
         if model not in known:
             raise ShapeError(f"unknown model {model!r}; expected one of {known}")
     vals: dict = dict(form.defaults)
@@ -203,6 +205,12 @@ def parse_shapes(texts: list[str] | tuple[str, ...], dtype: str = "fp16", *, op:
     return out
 
 
+def model_names(form: ShapeForm) -> list[str]:
+    """The models whose layers `form` takes as a prefix or preset: the Mamba-2 ones, the Mamba-1
+    ones, or both."""
+    return (sorted(MODELS) if form.mamba2_layers else []) + (sorted(MAMBA1_MODELS) if form.mamba1_fields else [])
+
+
 def grid_dims() -> list[tuple[int, int, int, int]]:
     """The distinct (nheads, headdim, dstate, ngroups) of MODELS (models sharing a layer's dims
     share its records), ordered by headdim and dstate, then groups and heads."""
@@ -220,7 +228,7 @@ def grid(dtypes: tuple[str, ...] | list[str] = GRID_DTYPES, *, op: str, state_dt
     ones find them in Triton's cache."""
     form = form_of(op)
     keys = {f: k for k, f in form.keys.items()}
-    layers = [f"h={h},p={p},n={n},g={g}" for h, p, n, g in grid_dims()]
+    layers = [f"h={h},p={p},n={n},g={g}" for h, p, n, g in grid_dims()] if form.mamba2_layers else []
     if form.mamba1_fields:   # one model per distinct Mamba-1 layer, as a prefix (it sets the flags too)
         firsts = {dims: m for m, dims in reversed(MAMBA1_MODELS.items())}
         layers += [f"{firsts[dims]}:" for dims in sorted(firsts)]
@@ -237,7 +245,7 @@ def preset(name: str, dtype: str = "fp16", *, op: str, state_dtype: str | None =
     if name == "grid":
         return grid((dtype,), op=op, state_dtype=state_dtype)
     form = form_of(op)
-    known = sorted(MODELS) + (sorted(MAMBA1_MODELS) if form.mamba1_fields else [])
+    known = model_names(form)
     if name not in known:
         raise ShapeError(f"unknown preset {name!r}; expected one of {known + ['grid']}")
     keys = {f: k for k, f in form.keys.items()}

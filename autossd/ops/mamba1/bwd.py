@@ -1,0 +1,219 @@
+"""The selective scan backward (`sscan_bwd`), declared once: its stage, knob space, templates,
+plan, float64 reference, cost model, defaults and constraints; and `backward`, which allocates the
+gradients and the per-program partials, launches the kernel and sums the partials in a fixed order
+(bitwise reproducible: no atomics)."""
+from __future__ import annotations
+
+import torch
+
+from ...core.cost import StageCost
+from ...core.cost import cdiv as _cdiv
+from ...problem import DTYPE_BYTES
+from ...render import load
+from ..registry import Op, Stage, register
+from ..ssd.plan import Launch
+from . import fwd as _fwd
+from . import scan_knobs
+from .problem import ScanProblem
+from .scan_knobs import BWD_SPACE, BwdConfig, FwdConfig, fit, n2
+
+STAGES = (Stage("bwd", "warps", "stages"),)
+SEQUENCES = {"assoc": ("bwd",)}
+GRAD_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+
+
+def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = False) -> dict:
+    """du, ddelta, dz (contiguous, in their inputs' dtypes) and the fp32 partials: dA (batch,
+    dim, dstate); a time-varying dB, dC (batch, channel blocks, dstate, seqlen), a time-invariant
+    one (batch, dim, dstate); dD, ddelta_bias (batch, dim). poison: NaN-filled."""
+    u = t["u"]
+    dev = u.device
+    b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
+    nblk = programs(problem, config)
+
+    def make(*s, dtype=torch.float32):
+        return torch.full(s, float("nan"), dtype=dtype, device=dev) if poison else torch.empty(s, dtype=dtype,
+                                                                                                device=dev)
+
+    return dict(du=make(b, d, l, dtype=u.dtype), ddelta=make(b, d, l, dtype=t["delta"].dtype),
+                dz=make(b, d, l, dtype=t["z"].dtype) if problem.has_z else None,
+                pA=make(b, d, n),
+                pB=make(b, nblk, n, l) if problem.B_var else make(b, d, n),
+                pC=make(b, nblk, n, l) if problem.C_var else make(b, d, n),
+                pD=make(b, d) if problem.has_D else None,
+                pdb=make(b, d) if problem.has_delta_bias else None,
+                # the gradient each channel block carries between chunks (sub > 1: through memory)
+                gc=make(b, d, n) if config.sub > 1 else None)
+
+
+def programs(problem: ScanProblem, config: BwdConfig) -> int:
+    """Programs along the channels: each runs sub blocks of block_d channels."""
+    return _cdiv(problem.dim, config.block_d * config.sub)
+
+
+def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backend: str = "cuda") -> list:
+    """The one launch: t holds the inputs by name and dout, dlast (or None), ckpt (the forward's
+    checkpoints at this config's chunk); buffers from `allocate`."""
+    ptrs, sizes, constexprs = _fwd.common_args(problem, config, t)
+    du = buffers["du"]
+    args = ptrs | dict(dout_ptr=t["dout"], dlast_ptr=t.get("dlast"), ck_ptr=t["ckpt"],
+                       du_ptr=du, ddl_ptr=buffers["ddelta"], dz_ptr=buffers.get("dz"),
+                       pA_ptr=buffers["pA"], pB_ptr=buffers["pB"], pC_ptr=buffers["pC"], pD_ptr=buffers.get("pD"),
+                       pdb_ptr=buffers.get("pdb"), gc_ptr=buffers.get("gc")) | sizes
+    args.update(zip(("s_g_b", "s_g_d", "s_g_t"), du.stride()))
+    constexprs["HAS_DLAST"] = t.get("dlast") is not None
+    return [Launch("bwd", "sscan_bwd", (programs(problem, config), problem.batch), args, constexprs,
+                   OP.launch_options(config, backend)["bwd"])]
+
+
+def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfig | None, arch: str) -> FwdConfig:
+    """The forward config a training forward (or the backward's own recompute) runs: the given
+    one (default: the arch's) with the backward's chunk, its channel block fitted to that."""
+    fcfg = fwd_config if fwd_config is not None else scan_knobs.fwd_default_config(arch, problem)
+    return fit(fcfg.replace(chunk=config.chunk), arch, problem)
+
+
+def _sum_partials(problem: ScanProblem, config: BwdConfig, buf: dict, t: dict, need) -> dict:
+    """The gradients summed from the partials over channel blocks and batch rows, in torch's fixed
+    order, each in its input's dtype."""
+    b, n, l, ng = problem.batch, problem.dstate, problem.seqlen, problem.ngroups
+    nblk = programs(problem, config)
+    out = {}
+
+    def bc(name, part, var):
+        M = t[name]
+        if var:   # programs of a group: contiguous along the program axis (their channels divide a group's)
+            s = part.view(b, ng, nblk // ng, n, l).sum(2)
+            return (s if M.dim() == 4 else s.view(b, n, l)).to(M.dtype)
+        return part.sum(0).to(M.dtype)
+
+    if "u" in need:
+        out["u"] = buf["du"]
+    if "delta" in need:
+        out["delta"] = buf["ddelta"]
+    if "z" in need and problem.has_z:
+        out["z"] = buf["dz"]
+    if "A" in need:
+        out["A"] = buf["pA"].sum(0).to(t["A"].dtype)
+    if "B" in need:
+        out["B"] = bc("B", buf["pB"], problem.B_var)
+    if "C" in need:
+        out["C"] = bc("C", buf["pC"], problem.C_var)
+    if "D" in need and problem.has_D:
+        out["D"] = buf["pD"].sum(0).to(t["D"].dtype)
+    if "delta_bias" in need and problem.has_delta_bias:
+        out["delta_bias"] = buf["pdb"].sum(0).to(t["delta_bias"].dtype)
+    return out
+
+
+def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None, ckpt=None, need=GRAD_NAMES,
+             backend: str = "cuda", arch: str = "sm90", fwd_config: FwdConfig | None = None,
+             poison: bool = False) -> dict:
+    """Gradients (name -> tensor) of the inputs named in `need`, from dout (like out) and dlast
+    (the last state's gradient, or None). ckpt: the forward's checkpoints at `config`'s chunk and
+    checkpoint type; None (or another spacing or type) runs the forward again to store them."""
+    want = (problem.batch, _cdiv(problem.seqlen, config.chunk), problem.dim, problem.dstate)
+    if ckpt is None or tuple(ckpt.shape) != want or ckpt.dtype != _fwd.CKPT_DTYPES[config.ckpt_dtype]:
+        fcfg = forward_config(problem, config, fwd_config, arch)
+        ckpt = _fwd.forward(problem, fcfg, t, backend, ckpt_dtype=config.ckpt_dtype)["ckpt"]
+    tt = dict(t, dout=dout.contiguous(), dlast=dlast.float().contiguous() if dlast is not None else None, ckpt=ckpt)
+    buf = allocate(problem, config, t, poison)
+    _fwd.launch(plan(problem, config, tt, buf, backend), load(config, backend), t["u"].device)
+    return _sum_partials(problem, config, buf, t, set(need))
+
+
+# --- the tuner's and the compile report's hooks -------------------------------------------------
+def tune_inputs(problem: ScanProblem, device="cpu", seed: int = 0) -> dict:
+    """The forward's inputs, dout (like u) and, where the last state is returned, dlast (fp32)."""
+    t = _fwd.tune_inputs(problem, device, seed)
+    g = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    t["dout"] = torch.randn(t["u"].shape, generator=g).to(t["u"].dtype).to(device)
+    t["dlast"] = (torch.randn(problem.batch, problem.dim, problem.dstate, generator=g).to(device)
+                  if problem.return_last_state else None)
+    return t
+
+
+def reference(t: dict, delta_softplus: bool, dout, dlast=None) -> dict:
+    """float64 gradients of every tensor input of t, through autograd of the float64 recurrence."""
+    from .naive import selective_scan_ref
+    x = {k: t[k].detach().double().requires_grad_() for k in GRAD_NAMES if t.get(k) is not None}
+    out, last = selective_scan_ref(x["u"], x["delta"], x["A"], x["B"], x["C"], x.get("D"), x.get("z"),
+                                   x.get("delta_bias"), delta_softplus, True)
+    loss = (out * dout.double()).sum()
+    if dlast is not None:
+        loss = loss + (last * dlast.double()).sum()
+    grads = torch.autograd.grad(loss, list(x.values()))
+    return dict(zip(x, grads))
+
+
+def tune_reference(problem: ScanProblem, t: dict) -> dict:
+    """The float64 reference's gradients, by name, of every input the call has."""
+    return reference(t, problem.delta_softplus, t["dout"], t.get("dlast"))
+
+
+def tune_run(problem: ScanProblem, config: BwdConfig, t: dict, backend: str = "cuda", poison: bool = False) -> dict:
+    """A training step's scan: the forward storing its checkpoints (the arch default's forward at
+    this config's chunk and checkpoint type), then the backward of `config`: every gradient, by
+    name. poison: the backward's outputs and partials start NaN-filled."""
+    inputs = {k: t.get(k) for k in GRAD_NAMES}
+    fcfg = forward_config(problem, config, None, "sm90" if backend == "cuda" else "gfx942")
+    ckpt = _fwd.forward(problem, fcfg, inputs, backend, ckpt_dtype=config.ckpt_dtype, poison=poison)["ckpt"]
+    return backward(problem, config, inputs, t["dout"], t.get("dlast"), ckpt,
+                    {k for k in GRAD_NAMES if t.get(k) is not None}, backend, poison=poison)
+
+
+def meta_launches(problem: ScanProblem, config: BwdConfig, backend: str) -> list:
+    t = _fwd.meta_inputs(problem)
+    t["dout"] = torch.empty_like(t["u"])
+    t["dlast"] = (torch.empty(problem.batch, problem.dim, problem.dstate, device="meta")
+                  if problem.return_last_state else None)
+    t["ckpt"] = torch.empty(problem.batch, _cdiv(problem.seqlen, config.chunk), problem.dim, problem.dstate,
+                            dtype=_fwd.CKPT_DTYPES[config.ckpt_dtype], device="meta")
+    return plan(problem, config, t, allocate(problem, config, t), backend)
+
+
+def stage_costs(problem: ScanProblem, config: BwdConfig) -> list:
+    """The one launch: u, delta (twice: one step ahead, from the cache), z, dout read, du, ddelta,
+    dz written, the checkpoints read, the dB / dC partials written; about three times the
+    forward's FLOPs (the states again, the reversed scan, the gradients' products)."""
+    e = DTYPE_BYTES[problem.dtype]
+    b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
+    nblk = programs(problem, config)
+    act = b * d * l * e * (7 if problem.has_z else 5)
+    ck = b * _cdiv(l, config.chunk) * d * n * (4 if config.ckpt_dtype == "fp32" else 2)
+    parts = sum(b * nblk * n * l * 4 for var in (problem.B_var, problem.C_var) if var)
+    bc = sum(b * problem.ngroups * n * l * e for var in (problem.B_var, problem.C_var) if var)
+    return [StageCost("bwd", nblk * b, float(act + ck + parts + bc), float(bc * max(0, nblk // problem.ngroups - 1)),
+                      3.0 * problem.flops(), (config.block_d, n2(problem), config.chunk), config.stages,
+                      chain=_cdiv(l, config.chunk))]
+
+
+def excluded(problem: ScanProblem, static: bool = False) -> dict:
+    """A static tune (no gate) never offers bf16 checkpoints: their rounding is shown only by the
+    gate's gradients check."""
+    return {"ckpt_dtype": ("bf16",)} if static else {}
+
+
+OP = register(Op(
+    name="sscan_bwd",
+    space=BWD_SPACE,
+    config_type=BwdConfig,
+    stages=STAGES,
+    sequences=SEQUENCES,
+    template_dir="mamba1_sscan_bwd",
+    problem_type=ScanProblem,
+    includes=_fwd.includes,
+    render_context=_fwd.render_context,
+    plan=plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=reference,
+    cost_model=stage_costs,
+    default_config=scan_knobs.bwd_default_config,
+    violations=scan_knobs.violations,
+    caps=scan_knobs.caps,
+    excluded=excluded,
+    doc="Mamba-1 selective scan backward: gradients of u, delta, A, B, C, D, z, delta_bias",
+))

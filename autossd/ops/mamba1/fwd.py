@@ -1,0 +1,224 @@
+"""The selective scan forward (`sscan_fwd`), declared once: its stage, knob space, templates, plan,
+float64 reference, cost model, defaults and constraints; and `forward`, which allocates the
+outputs and launches the kernel (the drop-in `selective_scan_fn` is in scan.py)."""
+from __future__ import annotations
+
+import torch
+
+from ...core.cost import StageCost
+from ...core.cost import cdiv as _cdiv
+from ...problem import DTYPE_BYTES, TORCH_DTYPES
+from ...render import load
+from ..registry import Op, Stage, register
+from ..ssd.plan import Launch
+from . import scan_knobs
+from .naive import selective_scan_ref
+from .problem import ScanProblem
+from .scan_knobs import FWD_SPACE, FwdConfig, n2
+
+STAGES = (Stage("fwd", "warps", "stages"),)
+SEQUENCES = {"assoc": ("fwd",)}
+CKPT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def includes(cfg, backend: str) -> list[str]:
+    """The family's helpers (templates/mamba1/scan_lib.jinja), then the op's kernel."""
+    return ["scan_lib.jinja", "kernel.jinja"]
+
+
+def render_context(cfg, backend: str) -> dict:
+    ckpt = cfg.get("ckpt_dtype")   # the backward's: the checkpoints' type it reads
+    return {"template_dir": get_template_dir(cfg),
+            "ckpt_tl_dtype": {"fp32": "tl.float32", "bf16": "tl.bfloat16"}[ckpt] if ckpt else None}
+
+
+def get_template_dir(cfg) -> str:
+    return f"mamba1_{cfg.op}"
+
+
+def bc_strides(M) -> tuple[int, int, int, int]:
+    """B or C's (batch, group, state, time) strides: (batch, dstate, seqlen) is one group;
+    (batch, ngroups, dstate, seqlen) as it is; the time-invariant (dim, dstate) passes its dim
+    stride as the group's (the kernel reads it per channel)."""
+    s = M.stride()
+    if M.dim() == 2:
+        return (0, s[0], s[1], 0)
+    if M.dim() == 3:
+        return (s[0], 0, s[1], s[2])
+    return tuple(s)
+
+
+def common_args(problem: ScanProblem, config, t: dict) -> tuple[dict, dict, dict]:
+    """What the forward and the backward kernels share, in their order: the inputs' pointers;
+    sizes and strides; constexprs (flags)."""
+    u, dl, A, B, C = t["u"], t["delta"], t["A"], t["B"], t["C"]
+    z = t.get("z")
+    ptrs = dict(u_ptr=u, dl_ptr=dl, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=t.get("D"), z_ptr=z,
+                db_ptr=t.get("delta_bias"))
+    args = dict(DIM=problem.dim, N=problem.dstate, L=problem.seqlen, DPG=problem.channels_per_group,
+                NCHUNKS=_cdiv(problem.seqlen, config.chunk))
+    args.update(zip(("s_u_b", "s_u_d", "s_u_t"), u.stride()))
+    args.update(zip(("s_dl_b", "s_dl_d", "s_dl_t"), dl.stride()))
+    args.update(zip(("s_A_d", "s_A_n"), A.stride()))
+    args.update(zip(("s_B_b", "s_B_g", "s_B_n", "s_B_t"), bc_strides(B)))
+    args.update(zip(("s_C_b", "s_C_g", "s_C_n", "s_C_t"), bc_strides(C)))
+    args.update(zip(("s_z_b", "s_z_d", "s_z_t"), z.stride() if z is not None else (0, 0, 0)))
+    constexprs = dict(HAS_D=problem.has_D, HAS_Z=problem.has_z, HAS_BIAS=problem.has_delta_bias,
+                      SOFTPLUS=problem.delta_softplus, B_VAR=problem.B_var, C_VAR=problem.C_var, N2=n2(problem))
+    return ptrs, args, constexprs
+
+
+def grid(problem: ScanProblem, config) -> tuple[int, int]:
+    return (_cdiv(problem.dim, config.block_d), problem.batch)
+
+
+def plan(problem: ScanProblem, config: FwdConfig, t: dict, buffers: dict, backend: str = "cuda") -> list:
+    """The one launch: t holds the inputs by name, buffers out, last (or None) and ckpt (or None)."""
+    ptrs, sizes, constexprs = common_args(problem, config, t)
+    out = buffers["out"]
+    args = ptrs | dict(out_ptr=out, last_ptr=buffers.get("last"), ck_ptr=buffers.get("ckpt")) | sizes
+    args.update(zip(("s_o_b", "s_o_d", "s_o_t"), out.stride()))
+    constexprs.update(LAST=buffers.get("last") is not None, SAVE=buffers.get("ckpt") is not None)
+    return [Launch("fwd", "sscan_fwd", grid(problem, config), args, constexprs,
+                   OP.launch_options(config, backend)["fwd"])]
+
+
+def allocate(problem: ScanProblem, config, t: dict, last: bool, ckpt_dtype: str | None, poison: bool = False) -> dict:
+    """The forward's outputs: out like u (contiguous), the last state (batch, dim, dstate) fp32
+    where asked, the checkpoints (batch, chunks, dim, dstate) where ckpt_dtype is given. poison:
+    NaN-filled (the gate's run: an element never written fails it)."""
+    u = t["u"]
+    make = (lambda *s, dtype: torch.full(s, float("nan"), dtype=dtype, device=u.device)) if poison else \
+        (lambda *s, dtype: torch.empty(s, dtype=dtype, device=u.device))
+    b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
+    return dict(out=make(b, d, l, dtype=u.dtype),
+                last=make(b, d, n, dtype=torch.float32) if last else None,
+                ckpt=make(b, _cdiv(l, config.chunk), d, n, dtype=CKPT_DTYPES[ckpt_dtype]) if ckpt_dtype else None)
+
+
+def launch(launches: list, module, device) -> None:
+    for ln in launches:
+        kernel = getattr(module, ln.kernel)
+        if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+            with torch.cuda.device(device):
+                kernel[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+        else:
+            kernel[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+
+
+def forward(problem: ScanProblem, config: FwdConfig, t: dict, backend: str = "cuda", last: bool = False,
+            ckpt_dtype: str | None = None, poison: bool = False) -> dict:
+    """Run the forward of `config` on validated inputs: {"out", "last", "ckpt"} (None where not
+    asked)."""
+    buf = allocate(problem, config, t, last, ckpt_dtype, poison)
+    launch(plan(problem, config, t, buf, backend), load(config, backend), t["u"].device)
+    return buf
+
+
+# --- the tuner's and the compile report's hooks -------------------------------------------------
+def tune_inputs(problem: ScanProblem, device="cpu", seed: int = 0) -> dict:
+    """Fresh random inputs in the forms Mamba-1 passes them: u, delta, z in u's dtype, A negative
+    fp32 (dim, dstate), B and C in u's dtype (time-invariant ones fp32), D and delta_bias fp32;
+    delta before softplus about softplus^-1 of 0.0015..0.08 (Mamba-1's dt range), else
+    0.001..0.1 itself."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b, d, n, l, ng = problem.batch, problem.dim, problem.dstate, problem.seqlen, problem.ngroups
+    e = TORCH_DTYPES[problem.dtype]
+
+    def rnd(*shape, dtype=e, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+    def bc():
+        if not problem.B_var:
+            return rnd(d, n, dtype=torch.float32)
+        return rnd(b, ng, n, l) if ng > 1 else rnd(b, n, l)
+
+    if problem.delta_softplus:
+        delta = torch.rand(b, d, l, generator=g) * 4 - 6.5
+    else:
+        delta = torch.rand(b, d, l, generator=g) * 0.1 + 0.001
+    t = dict(u=rnd(b, d, l), delta=delta.to(e).to(device),
+             A=(-torch.rand(d, n, generator=g) * 4 - 0.5).to(device), B=bc(), C=None,
+             D=rnd(d, dtype=torch.float32) if problem.has_D else None,
+             z=rnd(b, d, l) if problem.has_z else None,
+             delta_bias=None)
+    if problem.has_delta_bias:   # without softplus a positive one: delta' must stay positive (a decay)
+        t["delta_bias"] = ((torch.randn(d, generator=g) * 0.5) if problem.delta_softplus
+                           else torch.rand(d, generator=g) * 0.05).to(device)
+    t["C"] = (rnd(d, n, dtype=torch.float32) if not problem.C_var else rnd(b, ng, n, l) if ng > 1 else rnd(b, n, l))
+    return t
+
+
+def reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, return_last_state=False):
+    return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+
+
+def tune_reference(problem: ScanProblem, t: dict):
+    """float64 (out, last state or None)."""
+    with torch.no_grad():
+        r = selective_scan_ref(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                               problem.delta_softplus, True)
+    return r[0], (r[1] if problem.return_last_state else None)
+
+
+def tune_run(problem: ScanProblem, config: FwdConfig, t: dict, backend: str = "cuda", poison: bool = False):
+    """The generated forward of `config`: (out, last state or None); poison: into NaN-filled buffers."""
+    buf = forward(problem, config, t, backend, last=problem.return_last_state, poison=poison)
+    return (buf["out"], buf["last"]) if problem.return_last_state else buf["out"]
+
+
+def meta_inputs(problem: ScanProblem) -> dict:
+    """Meta tensors of a call's inputs (the cross-compile report)."""
+    b, d, n, l, ng = problem.batch, problem.dim, problem.dstate, problem.seqlen, problem.ngroups
+    e = TORCH_DTYPES[problem.dtype]
+
+    def m(*shape, dtype=e):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    def bc(var):
+        return m(b, ng, n, l) if var and ng > 1 else m(b, n, l) if var else m(d, n, dtype=torch.float32)
+
+    return dict(u=m(b, d, l), delta=m(b, d, l), A=m(d, n, dtype=torch.float32), B=bc(problem.B_var),
+                C=bc(problem.C_var), D=m(d, dtype=torch.float32) if problem.has_D else None,
+                z=m(b, d, l) if problem.has_z else None,
+                delta_bias=m(d, dtype=torch.float32) if problem.has_delta_bias else None)
+
+
+def meta_launches(problem: ScanProblem, config: FwdConfig, backend: str) -> list:
+    t = meta_inputs(problem)
+    return plan(problem, config, t, allocate(problem, config, t, problem.return_last_state, None), backend)
+
+
+def stage_costs(problem: ScanProblem, config: FwdConfig) -> list:
+    """The one launch: every operand once (ScanProblem.min_bytes); B and C tiles are read by
+    each channel block of a group again, from the cache (reread); its tile is (BLOCK_D, N2, CHUNK)."""
+    e = DTYPE_BYTES[problem.dtype]
+    blocks = _cdiv(problem.dim, config.block_d)
+    bc = 2 * problem.batch * problem.ngroups * problem.dstate * problem.seqlen * e
+    return [StageCost("fwd", blocks * problem.batch, float(problem.min_bytes()), float(bc * max(0, blocks // problem.ngroups - 1)),
+                      float(problem.flops()), (config.block_d, n2(problem), config.chunk), config.stages,
+                      chain=_cdiv(problem.seqlen, config.chunk))]
+
+
+OP = register(Op(
+    name="sscan_fwd",
+    space=FWD_SPACE,
+    config_type=FwdConfig,
+    stages=STAGES,
+    sequences=SEQUENCES,
+    template_dir="mamba1_sscan_fwd",
+    problem_type=ScanProblem,
+    includes=includes,
+    render_context=render_context,
+    plan=plan,
+    meta_launches=meta_launches,
+    tune_inputs=tune_inputs,
+    tune_reference=tune_reference,
+    tune_run=tune_run,
+    reference=reference,
+    cost_model=stage_costs,
+    default_config=scan_knobs.fwd_default_config,
+    violations=scan_knobs.violations,
+    caps=scan_knobs.caps,
+    doc="Mamba-1 selective scan forward: out (and the last state) of selective_scan_fn",
+))

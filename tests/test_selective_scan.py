@@ -1,0 +1,277 @@
+"""Mamba-1's selective scan (`autossd.selective_scan_fn`, ops sscan_fwd and sscan_bwd) against its
+float64 reference, in Triton's CPU interpreter: every B/C form, with and without D, z,
+delta_bias and softplus, in fp32, bf16 and fp16; outputs poisoned with NaN where the ops write
+into buffers of their own; a length that is no multiple of the chunk; bad input refused by
+name. Shapes are tiny: each launch is a few interpreted programs."""
+import pytest
+import torch
+
+import autossd
+from autossd.ops.mamba1 import fwd
+from autossd.ops.mamba1.naive import selective_scan_ref
+from autossd.ops.mamba1.problem import ScanProblem
+from autossd.ops.mamba1.scan_knobs import BwdConfig, FwdConfig, fwd_default_config, violations
+from autossd.testing import rel_err, tolerance
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter without a GPU
+
+
+def _problem(form, dtype="fp32", **kw):
+    """Small problems of each B/C form: "3d" (batch, dstate, seqlen), "groups" (batch, 2, dstate,
+    seqlen), "invariant" (dim, dstate) B and C, "mixed" (a time-varying B, an invariant C)."""
+    b_var, c_var, g = {"3d": (True, True, 1), "groups": (True, True, 2), "invariant": (False, False, 1),
+                       "mixed": (True, False, 1)}[form]
+    base = dict(batch=2, dim=8, dstate=16 if form != "mixed" else 12, seqlen=45, ngroups=g, dtype=dtype,
+                B_var=b_var, C_var=c_var)
+    return ScanProblem(**{**base, **kw})
+
+
+def _call(p, t, **kw):
+    return autossd.selective_scan_fn(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                                     delta_softplus=p.delta_softplus, return_last_state=p.return_last_state, **kw)
+
+
+FLAGS = [dict(has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True),
+         dict(return_last_state=True), dict(has_D=True, delta_softplus=True), dict(has_z=True, has_delta_bias=True)]
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+@pytest.mark.parametrize("flags", range(len(FLAGS)), ids=["all", "none-last", "D-softplus", "z-bias"])
+def test_forward_matches_float64(form, flags):
+    p = _problem(form, **FLAGS[flags])
+    t = fwd.tune_inputs(p, DEV, seed=flags)
+    got = _call(p, t)
+    ref = selective_scan_ref(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                             p.delta_softplus, True)
+    out, last = got if p.return_last_state else (got, None)
+    assert out.dtype == t["u"].dtype and out.shape == t["u"].shape
+    assert rel_err(out, ref[0]) < tolerance("fp32"), rel_err(out, ref[0])
+    if last is not None:
+        assert last.dtype == torch.float32 and last.shape == (p.batch, p.dim, p.dstate)
+        assert rel_err(last, ref[1]) < tolerance("fp32")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_half_inputs_with_mixed_dtypes(dtype):
+    """u in a 16-bit type, delta and B in fp32, C in the other 16-bit type (as mamba_ssm takes):
+    held to u's dtype's tolerance."""
+    p = _problem("3d", dtype, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=5)
+    t["delta"] = t["delta"].float()
+    t["B"] = t["B"].float()
+    t["C"] = t["C"].to(torch.float16 if dtype == "bf16" else torch.bfloat16)
+    out, last = _call(p, t)
+    ref = selective_scan_ref(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True, True)
+    assert out.dtype == t["u"].dtype
+    assert rel_err(out, ref[0]) < tolerance(dtype), rel_err(out, ref[0])
+    assert rel_err(last, ref[1]) < tolerance(dtype), rel_err(last, ref[1])
+
+
+@pytest.mark.parametrize("cfg", [FwdConfig(block_d=2, chunk=16), FwdConfig(block_d=4, chunk=64, warps=2, stages=2)],
+                         ids=["many-chunks", "one-chunk"])
+def test_forward_poisoned_outputs_and_configs(cfg):
+    """Every element written (out and last state start NaN), at a length of 45: 3 chunks of 16
+    with a partial last one, or one chunk longer than the sequence."""
+    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    assert not violations(cfg, "sm90", p)
+    t = fwd.tune_inputs(p, DEV, seed=11)
+    out, last = fwd.tune_run(p, cfg, t, poison=True)
+    ref = fwd.tune_reference(p, t)
+    assert torch.isfinite(out).all() and torch.isfinite(last).all()
+    assert rel_err(out, ref[0]) < tolerance("fp32") and rel_err(last, ref[1]) < tolerance("fp32")
+
+
+def test_forward_checkpoints_are_the_chunk_start_states():
+    """The states the training forward stores: chunk c's entering state, zero for the first."""
+    p = _problem("3d", has_D=True, delta_softplus=True)
+    t = fwd.tune_inputs(p, DEV, seed=2)
+    cfg = FwdConfig(block_d=4, chunk=16)
+    ck = fwd.forward(p, cfg, t, ckpt_dtype="fp32", poison=True)["ckpt"]
+    assert ck.shape == (2, 3, 8, 16)
+    for c in range(3):
+        want = torch.zeros(2, 8, 16, dtype=torch.float64) if c == 0 else selective_scan_ref(
+            t["u"][..., :16 * c], t["delta"][..., :16 * c], t["A"], t["B"][..., :16 * c], t["C"][..., :16 * c],
+            delta_softplus=True, return_last_state=True)[1]
+        assert (ck[:, c].double() - want).abs().max() < 1e-4
+
+
+def test_complex_A_is_refused_by_name():
+    p = _problem("3d")
+    t = fwd.tune_inputs(p, DEV)
+    with pytest.raises(TypeError, match="A: complex"):
+        autossd.selective_scan_fn(t["u"], t["delta"], t["A"].to(torch.complex64), t["B"], t["C"])
+
+
+@pytest.mark.parametrize("change,err,match", [
+    (lambda t: t.update(u=t["u"][0]), ValueError, "u: expected 3 dims"),
+    (lambda t: t.update(delta=t["delta"][:, :, :-1]), ValueError, "delta: expected shape"),
+    (lambda t: t.update(A=t["A"][:-1]), ValueError, r"A: expected shape \(8, dstate\)"),
+    (lambda t: t.update(B=t["B"][:, :, :-1]), ValueError, "B: expected shape"),
+    (lambda t: t.update(C=torch.randn(2, 3, 16, 45)), ValueError, "C: ngroups=3 must divide dim=8"),
+    (lambda t: t.update(B=torch.randn(2, 2, 16, 45), C=torch.randn(2, 4, 16, 45)), ValueError, "C: ngroups=4 differs"),
+    (lambda t: t.update(D=torch.randn(7)), ValueError, "D: expected shape"),
+    (lambda t: t.update(delta_bias=torch.randn(8, 1)), ValueError, "delta_bias: expected 1 dims"),
+    (lambda t: t.update(z=t["u"][:1]), ValueError, "z: expected shape"),
+    (lambda t: t.update(u=t["u"].to(torch.int32)), TypeError, "u: expected float32"),
+    (lambda t: t.update(B=t["B"].double()), TypeError, "B: expected float32"),
+    (lambda t: t.update(D=[1.0] * 8), TypeError, "D: expected a torch.Tensor"),
+    (lambda t: t.update(u=t["u"][:, :, :0], delta=t["delta"][:, :, :0]), ValueError, "u: expected non-empty"),
+    (lambda t: t.update(softplus="False"), TypeError, "delta_softplus: expected a bool"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_input_is_refused_naming_the_argument(change, err, match):
+    p = _problem("3d", has_D=True, has_z=True, has_delta_bias=True)
+    t = fwd.tune_inputs(p, DEV)
+    t["softplus"] = True
+    change(t)
+    with pytest.raises(err, match=match):
+        autossd.selective_scan_fn(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                                  delta_softplus=t["softplus"])
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="needs a device other than the inputs'")
+def test_inputs_on_two_devices_are_refused():
+    p = _problem("3d")
+    t = fwd.tune_inputs(p, DEV)
+    with pytest.raises(ValueError, match="delta: on cpu"):
+        autossd.selective_scan_fn(t["u"], t["delta"].cpu(), t["A"], t["B"], t["C"])
+
+
+def test_defaults_fit_every_grid_problem_and_its_groups():
+    """The default config runs every problem of the shipped grid, and with groups its channel
+    block divides a group's channels."""
+    from autossd.tuner.shapes import grid
+    probs = grid(("bf16",), op="sscan_fwd")
+    assert {p.dim for p in probs} == {1536, 2048, 3072, 4096, 5120, 8192} and {p.dstate for p in probs} == {16}
+    for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
+        for p in probs + [ScanProblem(1, 24, 64, 100, 8, "fp16", has_D=True)]:
+            assert not violations(fwd_default_config(arch, p), arch, p), (arch, p)
+
+
+# --- the backward ----------------------------------------------------------------------------
+GRAD_TOL = {"fp32": 1e-4, "bf16": 1.5e-2, "fp16": 3e-3}   # autossd.testing.grad_tolerance's bounds
+
+
+def _grads(p, t, seed=0):
+    """Every input's gradient through selective_scan_fn (out and, where returned, last_state
+    weighted by random cotangents) and the float64 reference's."""
+    from autossd.ops.mamba1.bwd import reference
+    g = torch.Generator().manual_seed(seed + 99)
+    dout = torch.randn(t["u"].shape, generator=g).to(t["u"].dtype)
+    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=g) if p.return_last_state else None
+    x = {k: v.detach().clone().requires_grad_() for k, v in t.items() if v is not None}
+    got = autossd.selective_scan_fn(x["u"], x["delta"], x["A"], x["B"], x["C"], x.get("D"), x.get("z"),
+                                    x.get("delta_bias"), delta_softplus=p.delta_softplus,
+                                    return_last_state=p.return_last_state)
+    out, last = got if p.return_last_state else (got, None)
+    loss = (out.float() * dout.float()).sum() + ((last * dlast).sum() if last is not None else 0)
+    loss.backward()
+    ref = reference(t, p.delta_softplus, dout, dlast)
+    return {k: v.grad for k, v in x.items()}, ref
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+@pytest.mark.parametrize("flags", [0, 1, 3], ids=["all", "none-last", "z-bias"])
+def test_every_gradient_matches_float64_autograd(form, flags):
+    p = _problem(form, **FLAGS[flags])
+    t = fwd.tune_inputs(p, DEV, seed=flags + 20)
+    got, ref = _grads(p, t, flags)
+    assert set(got) == set(ref)
+    for k in ref:
+        assert got[k].dtype == t[k].dtype and got[k].shape == t[k].shape, k
+        assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_gradients_within_the_dtype_tolerance(dtype):
+    p = _problem("groups", dtype, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+    t = fwd.tune_inputs(p, DEV, seed=31)
+    got, ref = _grads(p, t, 3)
+    for k in ref:
+        assert got[k].dtype == t[k].dtype
+        assert rel_err(got[k], ref[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], ref[k]))
+
+
+@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16, sub=1), BwdConfig(block_d=2, chunk=64, sub=2, ckpt_dtype="bf16"),
+                                 BwdConfig(block_d=1, chunk=32, sub=4)],
+                         ids=["many-chunks", "one-chunk-bf16-ckpt-sub2", "sub4"])
+def test_backward_poisoned_buffers_and_configs(cfg):
+    """Through the op's own hooks: the forward's checkpoints and the backward's outputs and
+    partials start NaN (an element never written fails), length 45 against chunks of 16 and 64."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    assert not violations(cfg, "sm90", p)
+    t = bwd.tune_inputs(p, DEV, seed=4)
+    got = bwd.tune_run(p, cfg, t, poison=True)
+    ref = bwd.tune_reference(p, t)
+    tol = GRAD_TOL["fp32"] if cfg.ckpt_dtype == "fp32" else GRAD_TOL["bf16"]
+    for k in ref:
+        assert torch.isfinite(got[k]).all(), k
+        assert rel_err(got[k], ref[k]) < tol, (k, rel_err(got[k], ref[k]))
+
+
+def test_backward_is_bitwise_reproducible():
+    p = _problem("groups", "bf16", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=8)
+    a, _ = _grads(p, t, 1)
+    b, _ = _grads(p, t, 1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_backward_without_checkpoints_recomputes_them():
+    """The backward op given no checkpoints (a forward run without grad) runs the forward again for
+    them: the same gradients bit for bit."""
+    p = _problem("3d", has_D=True, delta_softplus=True)
+    t = fwd.tune_inputs(p, DEV, seed=9)
+    dout = torch.randn(t["u"].shape)
+    args = [t[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+    need = [True, True, True, True, True, True, False, False]
+    _, _, ck = torch.ops.autossd.sscan_fwd(*args, True, False, True)
+    with_ck = torch.ops.autossd.sscan_bwd(dout, None, *args, ck, True, need)
+    without = torch.ops.autossd.sscan_bwd(dout, None, *args, None, True, need)
+    assert all(torch.equal(x, y) for x, y in zip(with_ck, without))
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    """No graph break: the forward and its backward are registered custom ops with fake kernels."""
+    p = _problem("3d", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=12)
+
+    def f(u, delta, A, B, C, D, z, db):
+        out, last = autossd.selective_scan_fn(u, delta, A, B, C, D, z, db, delta_softplus=True, return_last_state=True)
+        return out.sum() + last.square().sum()
+
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    xe = [t[k].clone().requires_grad_() for k in names]
+    xc = [t[k].clone().requires_grad_() for k in names]
+    f(*xe).backward()
+    torch.compile(f, backend="aot_eager", fullgraph=True)(*xc).backward()
+    for k, a, b in zip(names, xe, xc):
+        assert torch.equal(a.grad, b.grad), k
+
+
+def test_the_shape_grammar_writes_mamba1_calls():
+    from autossd.tuner.shapes import describe, parse_shape
+    p = parse_shape("b=2,l=4k,d=5120", "bf16", op="sscan_bwd")
+    assert p == ScanProblem(2, 5120, 16, 4096, 1, "bf16", has_D=True, has_z=True, has_delta_bias=True,
+                            delta_softplus=True)
+    assert parse_shape("b=1,l=64,d=8,n=4,g=2,z=0,last=1,bvar=0", op="sscan_fwd") == ScanProblem(
+        1, 8, 4, 64, 2, "fp16", has_D=True, has_delta_bias=True, delta_softplus=True, B_var=False,
+        return_last_state=True)
+    assert describe(p) == "b=2,l=4096,d=5120,n=16,g=1 bf16"
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm90", "gfx90a", "gfx942"])
+def test_the_shipped_databases_hold_a_fresh_static_record_at_every_grid_shape(isolated_db, arch):
+    """Both ops at every Mamba-1 grid shape (d_inner 1536-8192, d_state 16, fp16 and bf16) find an
+    exact, fresh record of the shipped file through the one selector: static (a model's ranking)
+    until measured records replace them."""
+    from autossd.core import select
+    from autossd.tuner.shapes import grid
+    select.clear()
+    for op in ("sscan_fwd", "sscan_bwd"):
+        for p in grid(op=op):
+            m = select.select(op, p, arch)
+            assert m.kind == "exact" and not m.stale, (op, p, m.reason)
+            assert m.record.origin == "shipped" and m.record.provenance in ("static", "measured")
+            assert not violations(m.config, arch, p)
