@@ -7,6 +7,7 @@ from . import grad  # noqa: F401,E402 - registers the forward's backward (eager 
 from .ops.ssd.decode import selective_state_update
 from .ops.ssd.varlen import mamba_chunk_scan_combined_varlen, ssd_varlen, varlen_chunks
 from .ops.ssd.split_conv1d import mamba_split_conv1d_scan_combined
+from ._selective_scan_shim import selective_scan_fn
 from .ops.ssd.fwd_knobs import KNOBS, Config, ConfigError, default_config
 
 __version__ = "0.1.0"
@@ -14,4 +15,4 @@ __all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "defaul
            "from_args", "get_arch", "local_arch", "ssd_forward", "__version__",
            "Kernel", "clear_cache", "get_kernel", "mamba_chunk_scan_combined", "selective_state_update",
            "ssd_varlen", "mamba_chunk_scan_combined_varlen", "varlen_chunks",
-           "mamba_split_conv1d_scan_combined"]
+           "mamba_split_conv1d_scan_combined", "selective_scan_fn"]
