@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from .common.direct import check_device, check_float
-from .conv1d.causal_conv1d import WIDTHS, causal_conv1d
+from .conv1d import causal_conv1d as _conv
+from .conv1d.causal_conv1d import WIDTHS
 
 
 def _rms(v, weight, eps, dim=-1):
@@ -159,7 +160,7 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     from .. import selective_scan_fn
 
     def conv(x, w, b):
-        return causal_conv1d(x, w, b, activation="silu")
+        return _conv.causal_conv1d(x, w, b, activation="silu")
     u, delta, B, C, z = _pieces(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, A, B, C,
                                 B_proj_bias, C_proj_bias, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps,
                                 n, rank, conv)
