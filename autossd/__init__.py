@@ -9,10 +9,11 @@ from .ops.ssd.varlen import mamba_chunk_scan_combined_varlen, ssd_varlen, varlen
 from .ops.ssd.split_conv1d import mamba_split_conv1d_scan_combined
 from .ops.mamba1.scan import selective_scan_fn
 from .ops.ssd.fwd_knobs import KNOBS, Config, ConfigError, default_config
+from .ops.mamba_inner import mamba_inner_fn
 
 __version__ = "0.1.0"
 __all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "default_config",
-           "from_args", "get_arch", "local_arch", "ssd_forward", "__version__",
+           "from_args", "get_arch", "local_arch", "ssd_forward", "__version__", "mamba_inner_fn",
            "Kernel", "clear_cache", "get_kernel", "mamba_chunk_scan_combined", "selective_state_update",
            "ssd_varlen", "mamba_chunk_scan_combined_varlen", "varlen_chunks",
            "mamba_split_conv1d_scan_combined", "selective_scan_fn"]

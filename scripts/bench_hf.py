@@ -1,8 +1,10 @@
-"""Hugging Face transformers' Mamba2ForCausalLM three ways, in one run: prefill latency, decode
-tokens/s, and whether the three agree.
+"""Hugging Face transformers' Mamba2ForCausalLM (or, with --model, its Mamba-1 models) three ways,
+in one run: prefill latency, decode tokens/s, and whether the three agree.
 
     python scripts/bench_hf.py --json OUT.json           # mamba2-2.7b dims, random weights, bf16, on the GPU
     python scripts/bench_hf.py --smoke --json OUT.json   # a tiny model on the CPU (Triton's interpreter)
+    python scripts/bench_hf.py --model mamba --json OUT.json          # MambaForCausalLM, mamba-2.8b dims
+    python scripts/bench_hf.py --model falcon_mamba --json OUT.json   # FalconMambaForCausalLM, the same dims
 
 The model is built from a Mamba2Config with mamba2-2.7b's dimensions (d_model 2560, 64 layers,
 80 heads of 64, d_state 128, one group, conv 4, expand 2, vocab 50288, chunk 256, tied
@@ -22,7 +24,16 @@ the one-token state update (decode):
              resolved to is checked and recorded.
   autossd    autossd.integrations.transformers.enable(): autossd's kernels for both.
 
-Everything else is transformers' PyTorch code in all three: the causal conv1d (causal_conv1d is
+--model mamba and --model falcon_mamba build MambaForCausalLM / FalconMambaForCausalLM with
+mamba-2.8b's dimensions (d_model 2560, d_inner 5120, d_state 16, dt rank 160, conv 4, vocab 50280;
+8 layers and a 2048-token prefill unless --layers / --prefill say otherwise: transformers' own
+Mamba-1 scan is a Python loop over the tokens). There the paths differ in the five functions the
+Mamba-1 mixer calls: the causal conv1d and the selective scan (prefill), the conv update and the
+state update (decode), and mamba_inner_fn (training only, never here); the mamba_ssm path needs
+mamba_ssm's CUDA selective scan and causal_conv1d, and is skipped when transformers did not
+resolve them.
+
+For Mamba-2, everything else is transformers' PyTorch code in all three: the causal conv1d (causal_conv1d is
 not installed, so transformers uses F.conv1d), the norms, the projections, the LM head. The fused
 split-conv-scan kernel transformers can take from mamba_ssm is used only when training without a
 cache, never here.
@@ -57,13 +68,25 @@ import time
 
 CHUNK, STEP, FUSED = "mamba2_chunk_scan", "mamba2_selective_state_update", "mamba2_split_conv1d_scan_combined"
 PATHS = ("torch", "mamba_ssm", "autossd")
+MODELS = ("mamba2", "mamba", "falcon_mamba")
+# the module-level functions each model's mixer calls, and those that must resolve to mamba_ssm
+# (or causal_conv1d) for its path to be the packages' kernels
+FUNCS = {"mamba2": (CHUNK, STEP, FUSED),
+         "mamba": ("causal_conv1d_fn", "causal_conv1d_update", "mamba_selective_scan",
+                   "mamba_selective_state_update", "mamba_inner_fn")}
+FUNCS["falcon_mamba"] = FUNCS["mamba"]
+KERNEL_FUNCS = {"mamba2": (CHUNK, STEP), "mamba": FUNCS["mamba"][:4], "falcon_mamba": FUNCS["mamba"][:4]}
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated, from " + ", ".join(PATHS))
-    ap.add_argument("--layers", type=int, default=64)
-    ap.add_argument("--prefill", type=int, default=8192, help="prefill tokens (batch 1)")
+    ap.add_argument("--model", default="mamba2", choices=MODELS,
+                    help="mamba2: Mamba2ForCausalLM (mamba2-2.7b dims); mamba / falcon_mamba: MambaForCausalLM / "
+                         "FalconMambaForCausalLM (mamba-2.8b dims)")
+    ap.add_argument("--layers", type=int, default=None, help="default: 64 (mamba2), 8 (mamba, falcon_mamba)")
+    ap.add_argument("--prefill", type=int, default=None,
+                    help="prefill tokens (batch 1); default: 8192 (mamba2), 2048 (mamba, falcon_mamba)")
     ap.add_argument("--reps", type=int, default=3, help="timed prefills per path")
     ap.add_argument("--batches", default="1,64", help="decode batch sizes")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding")
@@ -75,6 +98,9 @@ def parse_args(argv=None):
                          "mamba_ssm's kernels need a GPU, so only its resolution is checked)")
     ap.add_argument("--json", default=None, help="where to write the raw results")
     a = ap.parse_args(argv)
+    mamba2 = a.model == "mamba2"
+    a.layers = a.layers or (64 if mamba2 else 8)
+    a.prefill = a.prefill or (8192 if mamba2 else 2048)
     if a.smoke:
         a.device = a.device or "cpu"
         a.layers, a.prefill, a.reps, a.batches, a.prompt, a.new = 2, 200, 1, "1,2", 8, 3
@@ -88,7 +114,18 @@ def parse_args(argv=None):
 
 
 def config(a):
-    from transformers import Mamba2Config
+    from transformers import FalconMambaConfig, Mamba2Config, MambaConfig
+    if a.model != "mamba2":
+        Config = MambaConfig if a.model == "mamba" else FalconMambaConfig
+        if a.smoke:
+            return Config(vocab_size=256, hidden_size=64, num_hidden_layers=a.layers, state_size=16, expand=2,
+                          conv_kernel=4, tie_word_embeddings=True)
+        # mamba-2.8b: d_model 2560, n_layer 64, vocab 50277 padded to 50280, d_state 16, expand 2
+        # (d_inner 5120), dt rank ceil(2560 / 16) = 160, d_conv 4, RMSNorm eps 1e-5, residual in
+        # fp32, tied embedding
+        return Config(vocab_size=50280, hidden_size=2560, num_hidden_layers=a.layers, state_size=16, expand=2,
+                      conv_kernel=4, time_step_rank=160, layer_norm_epsilon=1e-5, residual_in_fp32=True,
+                      tie_word_embeddings=True)
     if a.smoke:
         return Mamba2Config(vocab_size=256, hidden_size=64, num_hidden_layers=a.layers, num_heads=4, head_dim=32,
                             expand=2, n_groups=1, state_size=16, conv_kernel=4, chunk_size=64,
@@ -113,17 +150,17 @@ def resolved_name(fn) -> str:
 
 
 class Paths:
-    """Switches transformers' Mamba-2 module between the three SSD paths."""
+    """Switches one of transformers' Mamba modeling modules between the three paths."""
 
-    def __init__(self, mod):
-        self.mod = mod
-        self.resolved = {n: getattr(mod, n) for n in (CHUNK, STEP, FUSED)}
+    def __init__(self, mod, model="mamba2"):
+        self.mod, self.model = mod, model
+        self.resolved = {n: getattr(mod, n) for n in FUNCS[model]}
         # the decorator keeps transformers' own function as __wrapped__ (functools.wraps)
         self.torch_fns = {n: inspect.unwrap(f) for n, f in self.resolved.items()}
         self.names = {n: resolved_name(f) for n, f in self.resolved.items()}
 
     def mamba_ssm_resolved(self) -> bool:
-        return all(self.names[n].startswith("mamba_ssm.") for n in (CHUNK, STEP))
+        return all(self.names[n].startswith(("mamba_ssm.", "causal_conv1d.")) for n in KERNEL_FUNCS[self.model])
 
     @contextlib.contextmanager
     def use(self, path: str):
@@ -139,7 +176,7 @@ class Paths:
             yield
         else:
             import autossd.integrations.transformers as hf
-            hf.enable(("mamba2",))
+            hf.enable((self.model,))
             try:
                 yield
             finally:
@@ -261,19 +298,24 @@ def main(argv=None) -> int:
             peer_why = "mamba_ssm is not installed"
     except Exception as e:   # noqa: BLE001 - e.g. built for another torch
         have_peer, peer_why = False, f"{type(e).__name__}: {e}"
-    if "transformers.models.mamba2.modeling_mamba2" in sys.modules:
-        print("note: transformers' Mamba-2 module was imported before mamba_ssm was made importable")
+    mod_path = f"transformers.models.{a.model}.modeling_{a.model}"
+    if mod_path in sys.modules:
+        print(f"note: {mod_path} was imported before mamba_ssm was made importable")
+    import importlib
+
     import transformers
-    import transformers.models.mamba2.modeling_mamba2 as m2
-    from transformers import Mamba2ForCausalLM
+    m2 = importlib.import_module(mod_path)
+    Model = {"mamba2": transformers.Mamba2ForCausalLM, "mamba": transformers.MambaForCausalLM,
+             "falcon_mamba": transformers.FalconMambaForCausalLM}[a.model]
     transformers.logging.set_verbosity_error()   # its fallback warnings would repeat what this script says
-    paths = Paths(m2)
+    paths = Paths(m2, a.model)
     print(f"transformers {transformers.__version__}; resolved at import: "
           + "; ".join(f"{n} -> {v}" for n, v in paths.names.items()))
     skipped = {}
     if "mamba_ssm" in a.paths:
         if not paths.mamba_ssm_resolved():
-            skipped["mamba_ssm"] = ("transformers did not resolve mamba_ssm's kernels"
+            skipped["mamba_ssm"] = ("transformers did not resolve the kernels of mamba_ssm"
+                                    + ("" if a.model == "mamba2" else " and causal_conv1d")
                                     + (f" ({peer_why})" if peer_why else ""))
         elif dev.type != "cuda":
             # its launchers select a CUDA device and autotune with GPU timers
@@ -285,11 +327,13 @@ def main(argv=None) -> int:
     cfg = config(a)
     torch.manual_seed(0)
     with torch.device(dev):
-        model = Mamba2ForCausalLM(cfg)
+        model = Model(cfg)
     model = model.to(torch.bfloat16).eval()
     nparams = sum(p.numel() for p in model.parameters())
-    print(f"Mamba2ForCausalLM: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads x "
-          f"{cfg.head_dim}, state {cfg.state_size}, groups {cfg.n_groups}, chunk {cfg.chunk_size}, vocab "
+    shape = (f"{cfg.num_heads} heads x {cfg.head_dim}, state {cfg.state_size}, groups {cfg.n_groups}, chunk "
+             f"{cfg.chunk_size}" if a.model == "mamba2" else
+             f"d_inner {cfg.intermediate_size}, state {cfg.state_size}, dt rank {cfg.time_step_rank}")
+    print(f"{Model.__name__}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {shape}, vocab "
           f"{cfg.vocab_size}; {nparams / 1e9:.2f} B parameters, bf16, random weights; device {a.device}")
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (1, a.prefill), generator=g).to(dev)
@@ -305,7 +349,7 @@ def main(argv=None) -> int:
     for p in run_paths:
         r = results[p] = {}
         with paths.use(p):
-            r["ssd_functions"] = {n: resolved_name(getattr(m2, n)) for n in (CHUNK, STEP)}
+            r["ssd_functions"] = {n: resolved_name(getattr(m2, n)) for n in KERNEL_FUNCS[a.model]}
             t0 = time.time()
             r["prefill"] = prefill(model, ids, a.reps, dev)
             if not a.no_logits:
@@ -393,8 +437,10 @@ def main(argv=None) -> int:
                 "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
                 "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (Triton interpreter)"}
         cfg_keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "expand", "n_groups",
-                    "state_size", "conv_kernel", "chunk_size", "tie_word_embeddings", "residual_in_fp32")
-        out = {"meta": meta, "args": vars(a), "config": {k: getattr(cfg, k) for k in cfg_keys},
+                    "state_size", "conv_kernel", "chunk_size", "intermediate_size", "time_step_rank",
+                    "tie_word_embeddings", "residual_in_fp32")
+        out = {"meta": meta, "args": vars(a), "model": Model.__name__,
+               "config": {k: getattr(cfg, k) for k in cfg_keys if hasattr(cfg, k)},
                "parameters": nparams, "dtype": "bf16", "copy_GBps": gbps,
                "resolved_at_import": paths.names, "paths": results, "total_s": time.time() - t_start}
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

@@ -42,6 +42,22 @@ def test_bench_hf_smoke(tmp_path):
     assert torch_path["decode"]["1"]["state_dtype"] == "torch.float32"
 
 
+def test_bench_hf_smoke_mamba1(tmp_path):
+    """--model mamba: MambaForCausalLM on transformers' own path and on autossd's, whose five
+    functions the run records as autossd's adapters."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf1.json"
+    assert _load("bench_hf").main(["--smoke", "--model", "mamba", "--paths", "torch,autossd", "--json",
+                                   str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["model"] == "MambaForCausalLM" and res["config"]["intermediate_size"] == 128
+    fns = res["paths"]["autossd"]["ssd_functions"]
+    assert len(fns) == 4 and all(v.startswith("autossd.integrations.transformers.") for v in fns.values()), fns
+    assert not any(v.startswith("autossd.") for v in res["paths"]["torch"]["ssd_functions"].values())
+    assert set(res["paths"]["autossd"]["decode"]) == {"1", "2"}
+    assert res["paths"]["autossd"]["prefill"]["median_s"] > 0
+
+
 def test_bench_unseen_draws_reproducible_shapes_off_the_grid(capsys):
     from autossd.tuner.shapes import GRID_MAX_TOKENS, MODELS, grid_sizes
     mod = _load("bench_unseen")

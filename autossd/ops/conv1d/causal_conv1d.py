@@ -165,6 +165,51 @@ def _conv_bwd(X, W, Bias, Seq, DY, DX, DWp, DBp, L, C, tiles,
         tl.store(DBp + row * C + c, db, mask=cm)
 
 
+@triton.jit
+def _conv_update(X, State, W, Bias, Out, C, T, S,
+                 sxb, sxc, sxt, ssb, ssc, sss, swc, sww, sob, soc, sot,
+                 WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr,
+                 BLOCK_C: tl.constexpr, SPAD: tl.constexpr):
+    """T new tokens of one row through the conv, with the row's last S inputs kept in State.
+
+    The window is the state followed by the new tokens: position p < S is State[p], p >= S is
+    x[p - S]. Token t's output reads positions S + t - (width - 1) .. S + t; the new state is
+    positions T .. T + S - 1. Every read of the old state happens before the barrier, every write
+    after it: the threads of a program read state elements that other threads overwrite."""
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    b = tl.program_id(1).to(tl.int64)
+    cm = c < C
+    xrow = X + b * sxb + c * sxc
+    srow = State + b * ssb + c * ssc
+    ws = ()
+    for j in tl.static_range(WIDTH):
+        ws = ws + (tl.load(W + c * swc + j * sww, mask=cm, other=0.0).to(ACC),)
+    if HAS_BIAS:
+        bias = tl.load(Bias + c, mask=cm, other=0.0).to(ACC)
+    for t in range(T):
+        if HAS_BIAS:
+            acc = bias
+        else:
+            acc = tl.zeros((BLOCK_C,), dtype=ACC)
+        for j in tl.static_range(WIDTH):
+            p = S + t - (WIDTH - 1) + j   # >= 0: the state holds at least width - 1 tokens
+            v = tl.load(srow + p * sss, mask=cm & (p < S), other=0.0).to(ACC) \
+                + tl.load(xrow + (p - S) * sxt, mask=cm & (p >= S), other=0.0).to(ACC)
+            acc += v * ws[j]
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        tl.store(Out + b * sob + c * soc + t * sot, acc.to(Out.dtype.element_ty), mask=cm)
+    k = tl.arange(0, SPAD)
+    src = k + T
+    km = k < S
+    old = tl.load(srow[:, None] + src[None, :] * sss, mask=cm[:, None] & (km & (src < S))[None, :], other=0.0)
+    new = tl.load(xrow[:, None] + (src - S)[None, :] * sxt, mask=cm[:, None] & (km & (src >= S))[None, :],
+                  other=0.0)
+    shifted = old.to(ACC) + new.to(ACC)
+    tl.debug_barrier()
+    tl.store(srow[:, None] + k[None, :] * sss, shifted.to(State.dtype.element_ty), mask=cm[:, None] & km[None, :])
+
+
 # --- host side ---------------------------------------------------------------------------------
 def _new(shape, dtype, device) -> torch.Tensor:
     """Every buffer the kernels write (tests poison it to check that every element is written)."""
@@ -278,3 +323,47 @@ def causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None, blocks: B
     differentiable in x, weight and bias."""
     check_args(x, weight, bias, seq_idx, activation)
     return _CausalConv1d.apply(x, weight, bias, seq_idx, activation in ("silu", "swish"), blocks)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, block_c: int = 128):
+    """The decode form in Mamba's (batch, dim, seqlen) layout, as causal_conv1d's package has it:
+    x (batch, dim) for one token per row, or (batch, dim, seqlen) for a few; conv_state
+    (batch, dim, state_len) with state_len >= width - 1, the row's last state_len inputs, oldest
+    first, updated in place (shifted left by seqlen, the new tokens appended); weight
+    (dim, width), bias (dim,), activation None, "silu" or "swish". Returns out shaped like x in
+    x's dtype: each new token's conv over the state's last width - 1 inputs and the tokens before
+    it. Accumulates in fp32 (float64 for float64 inputs); the state keeps its dtype. Inference
+    only: it writes the state, so it is not differentiable."""
+    check_float("x", x)
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x: expected (batch, dim) or (batch, dim, seqlen), got shape {tuple(x.shape)}")
+    x3 = x[..., None] if x.dim() == 2 else x
+    Bsz, C, T = x3.shape
+    if Bsz == 0 or C == 0 or T == 0:
+        raise ValueError(f"x: expected non-empty (batch, dim[, seqlen]), got {tuple(x.shape)}")
+    check_float("weight", weight)
+    if weight.dim() != 2 or weight.shape[0] != C or weight.shape[1] not in WIDTHS:
+        raise ValueError(f"weight: expected (dim={C}, width) with width in {WIDTHS}, got shape "
+                         f"{tuple(weight.shape)}")
+    width = weight.shape[1]
+    check_float("conv_state", conv_state)
+    if conv_state.dim() != 3 or tuple(conv_state.shape[:2]) != (Bsz, C) or conv_state.shape[2] < width - 1:
+        raise ValueError(f"conv_state: expected (batch={Bsz}, dim={C}, state_len >= width - 1 = {width - 1}), "
+                         f"got shape {tuple(conv_state.shape)}")
+    if bias is not None:
+        check_float("bias", bias)
+        if tuple(bias.shape) != (C,):
+            raise ValueError(f"bias: expected shape ({C},), got {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    for name, t in (("conv_state", conv_state), ("weight", weight), ("bias", bias)):
+        check_device(name, t, x, "x")
+    ready(x, "x")
+    S = conv_state.shape[2]
+    out = _new((Bsz, C, T), x.dtype, x.device)
+    bc = min(block_c, pow2_at_least(C))
+    _conv_update[(triton.cdiv(C, bc), Bsz)](
+        x3, conv_state, weight, bias, out, C, T, S, *x3.stride(), *conv_state.stride(), *weight.stride(),
+        *out.stride(), WIDTH=width, HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"),
+        ACC=acc_dtype(x, conv_state, weight, bias), BLOCK_C=bc, SPAD=pow2_at_least(S), num_warps=4)
+    return out[..., 0] if x.dim() == 2 else out
