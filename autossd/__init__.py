@@ -9,7 +9,7 @@ from .ops.ssd.varlen import mamba_chunk_scan_combined_varlen, ssd_varlen, varlen
 from .ops.ssd.split_conv1d import mamba_split_conv1d_scan_combined
 from .ops.mamba1.scan import selective_scan_fn
 from .ops.ssd.fwd_knobs import KNOBS, Config, ConfigError, default_config
-from .ops.mamba_inner import mamba_inner_fn
+from .ops.mamba1.inner import mamba_inner_fn
 
 __version__ = "0.1.0"
 __all__ = ["ARCHS", "Arch", "Config", "ConfigError", "KNOBS", "Problem", "default_config",

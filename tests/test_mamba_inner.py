@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import autossd
 from autossd.ops.conv1d import causal_conv1d as cc
-from autossd.ops.mamba_inner import mamba_inner_ref
+from autossd.ops.mamba1.inner import mamba_inner_ref
 from autossd.testing import rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -228,7 +228,7 @@ def _make_inner(orig):
                         out_proj_bias, A, B, C, D, delta_bias=delta_bias, delta_softplus=delta_softplus,
                         b_rms_weight=b_rms_weight, c_rms_weight=c_rms_weight, dt_rms_weight=dt_rms_weight,
                         b_c_dt_rms_eps=b_c_dt_rms_eps, **kwargs)
-        from ..ops.mamba_inner import mamba_inner_fn as inner
+        from ..ops.mamba1.inner import mamba_inner_fn as inner
         return inner(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
                      out_proj_bias, A, B, C, D, delta_bias=delta_bias, delta_softplus=delta_softplus,
                      b_rms_weight=b_rms_weight, c_rms_weight=c_rms_weight, b_c_dt_rms_eps=b_c_dt_rms_eps)

@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common.direct import check_device, check_float
-from .conv1d import causal_conv1d as _conv
-from .conv1d.causal_conv1d import WIDTHS
+from ..common.direct import check_device, check_float
+from ..conv1d import causal_conv1d as _conv
+from ..conv1d.causal_conv1d import WIDTHS
+from .scan import selective_scan_fn
 
 
 def _rms(v, weight, eps, dim=-1):
@@ -157,8 +158,6 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     dim, n, rank = _check(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
                           out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, checkpoint_lvl,
                           b_rms_weight, c_rms_weight, dt_rms_weight)
-    from .. import selective_scan_fn
-
     def conv(x, w, b):
         return _conv.causal_conv1d(x, w, b, activation="silu")
     u, delta, B, C, z = _pieces(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, A, B, C,
@@ -175,7 +174,7 @@ def mamba_inner_ref(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_we
     """mamba_inner_fn in plain torch, in the inputs' dtype (pass float64 tensors for a float64
     reference), differentiable by autograd, written apart from the op (channel-major, as the
     scan's layout): the naive conv1d, explicit per-token products, a token-by-token scan."""
-    from .conv1d.naive import causal_conv1d_ref
+    from ..conv1d.naive import causal_conv1d_ref
     bsz, two_dim, L = xz.shape
     dim, n, rank = two_dim // 2, A.shape[1], delta_proj_weight.shape[1]
     x, z = xz.split(dim, dim=1)
