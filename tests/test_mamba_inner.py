@@ -3,7 +3,7 @@ path): its output and the gradient of every tensor input against float64 autogra
 plain-torch reference (mamba_inner_ref: the naive conv1d, explicit projections, a token-by-token
 scan), as relative L2 errors, in fp32. The cases cover Mamba's own call (conv and projection
 biases, D, delta_bias, softplus), FalconMamba's (B, C and dt RMS-normalized with weights, here not
-ones so that their use shows), B and C given (grouped) or from the projection with B_proj_bias and
+ones so that their use shows), B given (4-D) or from the projection with B_proj_bias and
 C_proj_bias, widths 2 to 4. Buffers the conv1d writes start as NaN. Also the decode form of the
 conv1d (causal_conv1d_update) against transformers' definition, and bad arguments named."""
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _make(b=2, l=14, dim=24, n=8, rank=4, dm=16, width=4, conv_bias=True, out_bi
              x_proj_weight=rnd(rows, dim, scale=dim ** -0.5), delta_proj_weight=rnd(dim, rank, scale=rank ** -0.5),
              out_proj_weight=rnd(dm, dim, scale=dim ** -0.5), out_proj_bias=rnd(dm) if out_bias else None,
              A=-torch.rand(dim, n, generator=g) * 2 - 0.3, D=rnd(dim), delta_bias=rnd(dim, scale=0.3, shift=-1.5))
-    if given_B:
-        t["B"] = rnd(b, 2, n, l)
+    if given_B:   # the 4-D form; its one group matches C's from the projection (the scan, as mamba_ssm's,
+        t["B"] = rnd(b, 1, n, l)   # takes B and C with the same group count)
     if proj_bias:
         t["C_proj_bias"] = rnd(n, scale=0.5)
         if not given_B:
@@ -57,7 +57,7 @@ REQUIRED = dict(conv1d_bias=None, out_proj_bias=None)   # positional in the sign
 CASES = {
     "mamba": (dict(), dict()),
     "falcon-rms-nobias": (dict(rms=True, conv_bias=False, out_bias=False, width=3), dict(b_c_dt_rms_eps=1e-5)),
-    "given-B-grouped-proj-bias-w2": (dict(given_B=True, proj_bias=True, width=2, b=1), dict()),
+    "given-B-4d-proj-bias-w2": (dict(given_B=True, proj_bias=True, width=2, b=1), dict()),
     "proj-bias-rms": (dict(proj_bias=True, rms=True, dim=16, n=4), dict()),
 }
 
@@ -104,8 +104,9 @@ def test_reference_normalizes_as_falcon_mamba_weightless_norm():
     dbl = u @ t["x_proj_weight"].T
     delta = norm(dbl[..., :2] @ t["delta_proj_weight"].T)
     B, C = norm(dbl[..., 2:6]), norm(dbl[..., 6:10])
-    y = autossd.selective_scan_fn(u.transpose(1, 2), delta.transpose(1, 2), t["A"], B.transpose(1, 2),
-                                  C.transpose(1, 2), D=t["D"], z=z, delta_bias=t["delta_bias"], delta_softplus=True)
+    from autossd.ops.mamba1.naive import selective_scan_ref   # float64 in, float64 out
+    y = selective_scan_ref(u.transpose(1, 2), delta.transpose(1, 2), t["A"], B.transpose(1, 2),
+                           C.transpose(1, 2), D=t["D"], z=z, delta_bias=t["delta_bias"], delta_softplus=True)
     want = y.transpose(1, 2) @ t["out_proj_weight"].T + t["out_proj_bias"]
     assert rel_err(got, want) < 1e-12
     assert rel_err(plain, want) > 1e-3

@@ -209,6 +209,28 @@ def test_backward_poisoned_buffers_and_configs(cfg):
         assert rel_err(got[k], ref[k]) < tol, (k, rel_err(got[k], ref[k]))
 
 
+@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16, sub=8), BwdConfig(block_d=4, chunk=32, sub=4)],
+                         ids=["sub8", "sub4"])
+def test_spare_sub_blocks_read_no_group_past_the_last(cfg):
+    """The last program's channel blocks past dim (dim 6 in blocks of 2 x 8 or 4 x 4) read B and C
+    of a real group: with B and C 4-D views of one group into buffers whose next group is NaN, a
+    read past the last group would make the gradients non-finite."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem("3d", dim=6, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+    t = bwd.tune_inputs(p, DEV, seed=9)
+    assert not violations(cfg, "sm90", p)
+    for k in ("B", "C"):
+        big = torch.full((p.batch, 2, p.dstate, p.seqlen), float("nan"), device=DEV)
+        big[:, 0] = t[k]
+        t[k] = big[:, :1]   # (batch, 1, dstate, seqlen): one group, the NaN group right after it
+    ref = bwd.tune_reference(p, {**t, "B": t["B"][:, 0], "C": t["C"][:, 0]})
+    got = bwd.tune_run(p, cfg, t)
+    for k in ref:
+        g = got[k].reshape(ref[k].shape)
+        assert torch.isfinite(g).all(), k
+        assert rel_err(g, ref[k]) < GRAD_TOL["fp32"], (k, rel_err(g, ref[k]))
+
+
 def test_backward_is_bitwise_reproducible():
     p = _problem("groups", "bf16", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
