@@ -250,20 +250,44 @@ def decode(model, prompt, steps, dev):
     import torch
     with torch.no_grad():
         out = model(prompt, use_cache=True, logits_to_keep=1)
-        cache = out.cache
+        # transformers before 5.20 returns the Mamba cache as cache_params, and a step takes it
+        # under that name with the token's position
+        legacy = not hasattr(out, "cache")
+        cache = out.cache_params if legacy else out.cache
         tok = out.logits[:, -1].argmax(-1)
         toks = []
         sync(dev)
         t0 = time.perf_counter()
-        for _ in range(steps):
-            out = model(tok[:, None], cache=cache, use_cache=True)
+        for i in range(steps):
+            if legacy:
+                pos = torch.full((1,), prompt.shape[1] + i, dtype=torch.long, device=prompt.device)
+                out = model(tok[:, None], cache_params=cache, use_cache=True, cache_position=pos)
+            else:
+                out = model(tok[:, None], cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1)
             toks.append(tok)
         sync(dev)
         dt = time.perf_counter() - t0
-    state = cache.get_recurrent_state(0)
-    conv = cache.get_conv_state(0)
+    state, conv = _layer_states(cache)
+    if not (isinstance(state, torch.Tensor) and isinstance(conv, torch.Tensor)):
+        state = conv = None
     return torch.stack(toks, 1), dt, state, conv
+
+
+def _layer_states(cache):
+    """(SSM state, conv state) of the first layer, or (None, None) where this transformers' cache
+    names them in a way not known here (then no decode floor is printed)."""
+    for ssm, conv in (("get_recurrent_state", "get_conv_state"),):
+        if hasattr(cache, ssm):
+            return getattr(cache, ssm)(0), getattr(cache, conv)(0)
+    for ssm, conv in (("ssm_states", "conv_states"), ("recurrent_states", "conv_states")):
+        if hasattr(cache, ssm):
+            return getattr(cache, ssm)[0], getattr(cache, conv)[0]
+    layer = getattr(cache, "layers", [None])[0]
+    for ssm, conv in (("recurrent_states", "conv_states"), ("ssm_states", "conv_states")):
+        if layer is not None and hasattr(layer, ssm):
+            return getattr(layer, ssm), getattr(layer, conv)
+    return None, None
 
 
 def decode_floor_s(model, state, conv, layers, gbps):
@@ -368,9 +392,10 @@ def main(argv=None) -> int:
                 decode(model, prompts[b][:, : max(1, a.prompt // 2)], 2, dev)   # warm-up at this batch
                 toks, secs, state, conv = decode(model, prompts[b], a.new, dev)
                 d = r["decode"][str(b)] = {"s": secs, "ms_per_step": 1e3 * secs / a.new,
-                                           "tokens_per_s": b * a.new / secs, "state_dtype": str(state.dtype),
-                                           "conv_state_dtype": str(conv.dtype)}
-                if gbps:
+                                           "tokens_per_s": b * a.new / secs,
+                                           "state_dtype": str(getattr(state, "dtype", None)),
+                                           "conv_state_dtype": str(getattr(conv, "dtype", None))}
+                if gbps and state is not None:
                     fl, wb, sb = decode_floor_s(model, state, conv, cfg.num_hidden_layers, gbps)
                     d.update(floor_ms_per_step=1e3 * fl, floor_tokens_per_s=b / fl, weight_bytes=wb, state_bytes=sb)
                 for q, other in kept_tokens.items():
