@@ -115,7 +115,7 @@ def counted1(monkeypatch):
     """Counts the calls that reach autossd's Mamba-1 entry points (the adapters look them up at
     each call)."""
     import autossd
-    from autossd.ops import mamba_inner
+    from autossd.ops.mamba1 import inner as mamba_inner
     from autossd.ops.conv1d import causal_conv1d as cc
     calls = {}
 
@@ -131,6 +131,7 @@ def counted1(monkeypatch):
     count(cc, "causal_conv1d", "conv")
     count(cc, "causal_conv1d_update", "conv_step")
     count(mamba_inner, "mamba_inner_fn", "inner")
+    count(mamba_inner, "selective_scan_fn", "scan")   # mamba_inner_fn's own reference to the scan
     yield calls
     hf.disable()
 

@@ -287,13 +287,15 @@ def test_the_shape_grammar_writes_mamba1_calls():
 def test_the_shipped_databases_hold_a_fresh_static_record_at_every_grid_shape(isolated_db, arch):
     """Both ops at every Mamba-1 grid shape (d_inner 1536-8192, d_state 16, fp16 and bf16) find an
     exact, fresh record of the shipped file through the one selector: static (a model's ranking)
-    until measured records replace them."""
+    until measured records replace them; where the arch has measured records (sm90's H200 at a few
+    shapes), a measurement transferred from a near shape beats an exact prediction."""
     from autossd.core import select
     from autossd.tuner.shapes import grid
     select.clear()
     for op in ("sscan_fwd", "sscan_bwd"):
         for p in grid(op=op):
             m = select.select(op, p, arch)
-            assert m.kind == "exact" and not m.stale, (op, p, m.reason)
+            assert (m.kind == "exact" or (m.kind == "transfer" and m.record.provenance == "measured")) \
+                and not m.stale, (op, p, m.reason)
             assert m.record.origin == "shipped" and m.record.provenance in ("static", "measured")
             assert not violations(m.config, arch, p)
