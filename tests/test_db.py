@@ -933,7 +933,7 @@ def test_shipped_database_is_valid_and_found():
     assert path is not None and path.name == dblookup.db_filename("sm90")
     recs = read_records(str(path), readonly=True)   # strict: every row validates
     assert recs and all(r.arch == "sm90" for r in recs)
-    assert {r.op for r in recs} == {"ssd_fwd", "ssd_decode", "ssd_bwd", "ssd_varlen"}   # every op
+    assert {r.op for r in recs} == {"ssd_fwd", "ssd_decode", "ssd_bwd", "ssd_varlen", "sscan_fwd", "sscan_bwd"}   # every op
     # the backward's: measured at the five training shapes, fp16 and bf16, calls passing z
     bwd = {(r.problem.batch, r.problem.seqlen, r.problem.nheads, r.problem.dtype)
            for r in recs if r.op == "ssd_bwd" and r.provenance == "measured" and r.problem.has_z}

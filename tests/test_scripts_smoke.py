@@ -152,10 +152,11 @@ def test_fit_model_learns_a_knob_the_analytic_model_misses(tmp_path, capsys):
 
 
 def test_tune_grid_lists_the_grid_shapes_the_shipped_file_lacks_for_a_gpu(tmp_path, capsys):
-    """Left on an H200: the decode step's 4 largest shapes, no forward shape; on a GPU no record
-    was measured on, every grid shape of the op. A record file given with --have counts as done."""
+    """Left on an H200: no forward or decode shape, the selective scan's forward but the three
+    shapes measured there (bf16 Mamba 2.8b at 1x2048, 8x2048, 1x65536); on a GPU no record was
+    measured on, every grid shape of the op. A record file given with --have counts as done."""
     from autossd.db import add_records, make_record
-    from autossd.ops.ssd.decode_knobs import default_config
+    from autossd.ops.mamba1.scan_knobs import fwd_default_config
     from autossd.tuner.shapes import grid
     mod = _load("tune_grid")
 
@@ -163,16 +164,20 @@ def test_tune_grid_lists_the_grid_shapes_the_shipped_file_lacks_for_a_gpu(tmp_pa
         assert mod.main(["--list", *args]) == 0
         return [line.split(" ", 1) for line in capsys.readouterr().out.strip().splitlines() if line]
     assert listed("--ops", "ssd_fwd", "--device", "NVIDIA H200") == []
-    left = listed("--ops", "ssd_decode", "--device", "NVIDIA H200")
-    assert len(left) == 4 and all(op == "ssd_decode" and "h=256" in s for op, s in left)
+    assert listed("--ops", "ssd_decode", "--device", "NVIDIA H200") == []
+    left = listed("--ops", "sscan_fwd", "--device", "NVIDIA H200")
+    measured = [q for q in grid(op="sscan_fwd") if q.dim == 5120 and q.dtype == "bf16"
+                and (q.batch, q.seqlen) in ((1, 2048), (8, 2048), (1, 65536))]
+    assert len(measured) == 3 and len(left) == len(grid(op="sscan_fwd")) - 3
+    assert all(op == "sscan_fwd" for op, _ in left)
     assert len(listed("--ops", "ssd_varlen", "--device", "NVIDIA B200")) == len(grid(op="ssd_varlen"))
-    # the shape left measured elsewhere, in both launch modes: done
-    p = next(q for q in grid(op="ssd_decode") if q.nheads == 256 and q.batch == 64)
+    # a shape left, measured elsewhere in both launch modes: done
+    p = next(q for q in grid(op="sscan_fwd") if q not in measured)
     db = tmp_path / "have.sqlite"
-    add_records(str(db), [make_record(p, default_config("sm90", p), "sm90", provenance="measured", time_ms=0.1,
-                                      device="NVIDIA H200", launch_mode=m, op="ssd_decode")
+    add_records(str(db), [make_record(p, fwd_default_config("sm90", p), "sm90", provenance="measured", time_ms=0.1,
+                                      device="NVIDIA H200", launch_mode=m, op="sscan_fwd")
                           for m in ("eager", "graph")])
-    assert len(listed("--ops", "ssd_decode", "--device", "NVIDIA H200", "--have", str(db))) == 3
+    assert len(listed("--ops", "sscan_fwd", "--device", "NVIDIA H200", "--have", str(db))) == len(left) - 1
     with pytest.raises(SystemExit):
         mod.main(["--list", "--ops", "ssd_nope", "--device", "NVIDIA H200"])
 
@@ -194,10 +199,12 @@ def test_tune_grid_deals_the_list_it_computed_once_to_one_worker_per_visible_gpu
     monkeypatch.setattr(mod.subprocess, "Popen", FakeWorker)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     out = tmp_path / "run"
-    assert mod.main(["--ops", "ssd_decode", "--device", "NVIDIA H200", "--out", str(out), "--trials", "2"]) == 0
+    assert mod.main(["--ops", "ssd_decode,sscan_bwd", "--device", "NVIDIA H200", "--out", str(out),
+                     "--trials", "2"]) == 0
     assert [env for _, env in started] == ["4", "6"]
     left = pickle.loads((out / "todo.pkl").read_bytes())
-    assert len(left) == 4 and {op for op, _ in left} == {"ssd_decode"}
+    from autossd.tuner.shapes import grid
+    assert len(left) == len(grid(op="sscan_bwd")) and {op for op, _ in left} == {"sscan_bwd"}
     for g, (cmd, _) in enumerate(started):
         args = cmd[2:]
         assert args[args.index("--gpu") + 1] == str(g) and args[args.index("--trials") + 1] == "2"
