@@ -103,7 +103,8 @@ def parse_args(argv=None):
     a.prefill = a.prefill or (8192 if mamba2 else 2048)
     if a.smoke:
         a.device = a.device or "cpu"
-        a.layers, a.prefill, a.reps, a.batches, a.prompt, a.new = 2, 200, 1, "1,2", 8, 3
+        # the Mamba-1 scan walks its chunks one after another: in the interpreter a short prefill
+        a.layers, a.prefill, a.reps, a.batches, a.prompt, a.new = 2, 200 if mamba2 else 40, 1, "1,2", 8, 3
     a.device = a.device or "cuda"
     a.paths = [p.strip() for p in a.paths.split(",") if p.strip()]
     bad = sorted(set(a.paths) - set(PATHS))
