@@ -269,25 +269,14 @@ def decode(model, prompt, steps, dev):
             toks.append(tok)
         sync(dev)
         dt = time.perf_counter() - t0
-    state, conv = _layer_states(cache)
-    if not (isinstance(state, torch.Tensor) and isinstance(conv, torch.Tensor)):
-        state = conv = None
-    return torch.stack(toks, 1), dt, state, conv
+    return torch.stack(toks, 1), dt, *_layer_states(cache)
 
 
 def _layer_states(cache):
     """(SSM state, conv state) of the first layer, or (None, None) where this transformers' cache
-    names them in a way not known here (then no decode floor is printed)."""
-    for ssm, conv in (("get_recurrent_state", "get_conv_state"),):
-        if hasattr(cache, ssm):
-            return getattr(cache, ssm)(0), getattr(cache, conv)(0)
-    for ssm, conv in (("ssm_states", "conv_states"), ("recurrent_states", "conv_states")):
-        if hasattr(cache, ssm):
-            return getattr(cache, ssm)[0], getattr(cache, conv)[0]
-    layer = getattr(cache, "layers", [None])[0]
-    for ssm, conv in (("recurrent_states", "conv_states"), ("ssm_states", "conv_states")):
-        if layer is not None and hasattr(layer, ssm):
-            return getattr(layer, ssm), getattr(layer, conv)
+    does not hand them out (before 5.20: then no decode floor is printed)."""
+    if hasattr(cache, "get_recurrent_state"):
+        return cache.get_recurrent_state(0), cache.get_conv_state(0)
     return None, None
 
 
