@@ -8,7 +8,7 @@ in one run: prefill latency, decode tokens/s, and whether the three agree.
 
 The model is built from a Mamba2Config with mamba2-2.7b's dimensions (d_model 2560, 64 layers,
 80 heads of 64, d_state 128, one group, conv 4, expand 2, vocab 50288, chunk 256, tied
-embedding) and random weights (nothing is downloaded), in bf16. The three paths differ only in
+embedding) and random weights (nothing is downloaded), in bf16 (--dtype fp32: the paths agree to rounding). The three paths differ only in
 the two functions transformers' Mamba-2 mixer calls for its SSD: the chunked scan (prefill) and
 the one-token state update (decode):
 
@@ -96,6 +96,8 @@ def parse_args(argv=None):
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny model and sizes, to check the script runs (on the CPU: Triton's interpreter; "
                          "mamba_ssm's kernels need a GPU, so only its resolution is checked)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
+                    help="the model's parameters and activations (fp32: the paths' logits agree to rounding)")
     ap.add_argument("--json", default=None, help="where to write the raw results")
     a = ap.parse_args(argv)
     mamba2 = a.model == "mamba2"
@@ -342,13 +344,13 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     with torch.device(dev):
         model = Model(cfg)
-    model = model.to(torch.bfloat16).eval()
+    model = model.to({"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]).eval()
     nparams = sum(p.numel() for p in model.parameters())
     shape = (f"{cfg.num_heads} heads x {cfg.head_dim}, state {cfg.state_size}, groups {cfg.n_groups}, chunk "
              f"{cfg.chunk_size}" if a.model == "mamba2" else
              f"d_inner {cfg.intermediate_size}, state {cfg.state_size}, dt rank {cfg.time_step_rank}")
     print(f"{Model.__name__}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {shape}, vocab "
-          f"{cfg.vocab_size}; {nparams / 1e9:.2f} B parameters, bf16, random weights; device {a.device}")
+          f"{cfg.vocab_size}; {nparams / 1e9:.2f} B parameters, {a.dtype}, random weights; device {a.device}")
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (1, a.prefill), generator=g).to(dev)
     prompts = {b: torch.randint(0, cfg.vocab_size, (b, a.prompt), generator=g).to(dev) for b in a.batches}
@@ -456,7 +458,7 @@ def main(argv=None) -> int:
                     "tie_word_embeddings", "residual_in_fp32")
         out = {"meta": meta, "args": vars(a), "model": Model.__name__,
                "config": {k: getattr(cfg, k) for k in cfg_keys if hasattr(cfg, k)},
-               "parameters": nparams, "dtype": "bf16", "copy_GBps": gbps,
+               "parameters": nparams, "dtype": a.dtype, "copy_GBps": gbps,
                "resolved_at_import": paths.names, "paths": results, "total_s": time.time() - t_start}
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -8,6 +8,7 @@ shape finishes into OUT/gpuN.sqlite. This is how the shipped sm90 file's grid re
     python scripts/tune_grid.py --ops ssd_decode,ssd_varlen --deadline 480 --out runs/a
     python scripts/tune_grid.py --ops ssd_bwd --have runs/a/gpu*.sqlite --out runs/b   # a's records count as done
     python scripts/tune_grid.py --ops ssd_fwd --list          # what is left, no GPU needed
+    python scripts/tune_grid.py --ops sscan_fwd,sscan_bwd --match d=5120 --out runs/c   # one width first
 
 Why not `autossd tune --preset grid --workers N`: its workers share each shape's study, which
 suits long tunes of few shapes; a grid of hundreds of shapes at a few candidates each is faster
@@ -43,11 +44,12 @@ def _size(p) -> int:
     return getattr(p, "batch", 1) * getattr(p, "seqlen", getattr(p, "tokens", 1)) * getattr(p, "nheads", getattr(p, "dim", 1))
 
 
-def todo(arch: str, ops: list[str], device: str, have: list[str]) -> list[tuple[str, object]]:
+def todo(arch: str, ops: list[str], device: str, have: list[str], match: str | None = None) -> list[tuple[str, object]]:
     """(op, problem) of the grid with no record measured on `device` in both launch modes, in the
-    shipped file of `arch` or the `have` files, smallest first within each op."""
+    shipped file of `arch` or the `have` files, smallest first within each op; with `match`, only
+    the shapes whose description (`autossd.tuner.shapes.describe`) contains it."""
     from autossd.db import lookup, read_records
-    from autossd.tuner.shapes import grid
+    from autossd.tuner.shapes import describe, grid
     shipped = lookup.shipped_db_path(arch)
     now = lookup._freshness()
     left = []
@@ -58,7 +60,8 @@ def todo(arch: str, ops: list[str], device: str, have: list[str]) -> list[tuple[
         # a stale record (made by other kernels or another Triton) counts as not done
         done = {(r.problem, r.launch_mode) for r in recs
                 if r.device == device and r.provenance == "measured" and not r.stale_reasons(*now)}
-        miss = [p for p in grid(op=op) if not ((p, "graph") in done and (p, "eager") in done)]
+        miss = [p for p in grid(op=op) if not ((p, "graph") in done and (p, "eager") in done)
+                and (match is None or match in describe(p))]
         left += [(op, p) for p in sorted(miss, key=_size)]
     return left
 
@@ -130,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=480.0, help="seconds after which a worker takes no new shape")
     ap.add_argument("--trials", type=int, default=None, help=f"candidates per shape (default per op: {TRIALS})")
     ap.add_argument("--out", default="tune_grid_out")
+    ap.add_argument("--match", default=None,
+                    help="only the shapes whose description contains this (e.g. d=5120: Mamba 2.8b's layer)")
     ap.add_argument("--list", action="store_true", help="print the shapes left (needs --device without a GPU)")
     ap.add_argument("--gpu", type=int, default=None, help=argparse.SUPPRESS)   # a worker's index
     args = ap.parse_args(argv)
@@ -149,7 +154,7 @@ def main(argv=None) -> int:
         args.device = torch.cuda.get_device_name(0)
     if args.list:
         from autossd.tuner.shapes import describe
-        left = todo(args.arch, args.ops, args.device, args.have)
+        left = todo(args.arch, args.ops, args.device, args.have, args.match)
         for op, p in left:
             print(op, describe(p))
         print(f"{len(left)} shapes left on {args.device}", file=sys.stderr)
@@ -163,7 +168,7 @@ def main(argv=None) -> int:
         ap.error(f"--gpus: expected 1 to the {len(visible)} visible GPUs, got {args.gpus}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with open(Path(args.out) / "todo.pkl", "wb") as f:
-        pickle.dump(todo(args.arch, args.ops, args.device, args.have), f)
+        pickle.dump(todo(args.arch, args.ops, args.device, args.have, args.match), f)
     procs = []
     with contextlib.ExitStack() as logs:
         for g in range(args.gpus):

@@ -67,11 +67,20 @@ def test_forward_half_inputs_with_mixed_dtypes(dtype):
     assert rel_err(last, ref[1]) < tolerance(dtype), rel_err(last, ref[1])
 
 
-@pytest.mark.parametrize("cfg", [FwdConfig(block_d=2, chunk=16), FwdConfig(block_d=4, chunk=64, warps=2, stages=2)],
-                         ids=["many-chunks", "one-chunk"])
+FWD_CONFIGS = {
+    "assoc-many-chunks": FwdConfig(scan="assoc", block_d=2, chunk=16),
+    "assoc-one-chunk": FwdConfig(scan="assoc", block_d=4, chunk=64, warps=2, stages=2),
+    "serial-many-chunks": FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1),
+    "serial-one-chunk": FwdConfig(block_d=2, chunk=64, lanes_n=16, warps=1, stages=2),
+    "serial-time-lanes": FwdConfig(block_d=2, chunk=16, lanes_n=2, lanes_t=8, warps=1),
+    "serial-channel-rows": FwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1)}
+
+
+@pytest.mark.parametrize("cfg", FWD_CONFIGS.values(), ids=FWD_CONFIGS.keys())
 def test_forward_poisoned_outputs_and_configs(cfg):
-    """Every element written (out and last state start NaN), at a length of 45: 3 chunks of 16
-    with a partial last one, or one chunk longer than the sequence."""
+    """Every element written (out and last state start NaN), at a length of 45: chunks with a
+    partial last one, or one chunk longer than the sequence; both layouts, the serial one with
+    its steps in one thread, split across time lanes, or a thread per channel and state."""
     p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
     assert not violations(cfg, "sm90", p)
     t = fwd.tune_inputs(p, DEV, seed=11)
@@ -85,7 +94,11 @@ def test_forward_checkpoints_are_the_chunk_start_states():
     """The states the training forward stores: chunk c's entering state, zero for the first."""
     p = _problem("3d", has_D=True, delta_softplus=True)
     t = fwd.tune_inputs(p, DEV, seed=2)
-    cfg = FwdConfig(block_d=4, chunk=16)
+    for cfg in (FwdConfig(scan="assoc", block_d=4, chunk=16), FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1)):
+        _check_checkpoints(p, t, cfg)
+
+
+def _check_checkpoints(p, t, cfg):
     ck = fwd.forward(p, cfg, t, ckpt_dtype="fp32", poison=True)["ckpt"]
     assert ck.shape == (2, 3, 8, 16)
     for c in range(3):
@@ -191,12 +204,22 @@ def test_half_gradients_within_the_dtype_tolerance(dtype):
         assert rel_err(got[k], ref[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], ref[k]))
 
 
-@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16, sub=1), BwdConfig(block_d=2, chunk=64, sub=2, ckpt_dtype="bf16"),
-                                 BwdConfig(block_d=1, chunk=32, sub=4)],
-                         ids=["many-chunks", "one-chunk-bf16-ckpt-sub2", "sub4"])
+BWD_CONFIGS = {
+    "assoc-many-chunks": BwdConfig(scan="assoc", block_d=2, chunk=16, sub=1),
+    "assoc-one-chunk-bf16-ckpt-sub2": BwdConfig(scan="assoc", block_d=2, chunk=64, sub=2, ckpt_dtype="bf16"),
+    "assoc-sub4": BwdConfig(scan="assoc", block_d=1, chunk=32, sub=4),
+    "serial-many-chunks": BwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1),
+    "serial-one-chunk-bf16-ckpt": BwdConfig(block_d=2, chunk=64, lanes_n=16, warps=1, ckpt_dtype="bf16"),
+    "serial-time-lanes": BwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1),
+    "serial-channel-rows": BwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1)}
+
+
+@pytest.mark.parametrize("cfg", BWD_CONFIGS.values(), ids=BWD_CONFIGS.keys())
 def test_backward_poisoned_buffers_and_configs(cfg):
     """Through the op's own hooks: the forward's checkpoints and the backward's outputs and
-    partials start NaN (an element never written fails), length 45 against chunks of 16 and 64."""
+    partials start NaN (an element never written fails), length 45 against chunks of 8 to 64;
+    both layouts (the serial one's walk from a chunk's end flips each thread's steps and, with
+    time lanes, the runs' order across lanes)."""
     from autossd.ops.mamba1 import bwd
     p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
     assert not violations(cfg, "sm90", p)
@@ -209,12 +232,15 @@ def test_backward_poisoned_buffers_and_configs(cfg):
         assert rel_err(got[k], ref[k]) < tol, (k, rel_err(got[k], ref[k]))
 
 
-@pytest.mark.parametrize("cfg", [BwdConfig(block_d=2, chunk=16, sub=8), BwdConfig(block_d=4, chunk=32, sub=4)],
-                         ids=["sub8", "sub4"])
+@pytest.mark.parametrize("cfg", [BwdConfig(scan="assoc", block_d=2, chunk=16, sub=8),
+                                 BwdConfig(scan="assoc", block_d=4, chunk=32, sub=4),
+                                 BwdConfig(block_d=4, chunk=16, lanes_n=4, lanes_t=2, warps=1)],
+                         ids=["sub8", "sub4", "serial"])
 def test_spare_sub_blocks_read_no_group_past_the_last(cfg):
-    """The last program's channel blocks past dim (dim 6 in blocks of 2 x 8 or 4 x 4) read B and C
-    of a real group: with B and C 4-D views of one group into buffers whose next group is NaN, a
-    read past the last group would make the gradients non-finite."""
+    """The last program's channel blocks past dim (dim 6 in blocks of 2 x 8 or 4 x 4; serial, a
+    block of 4 with 2 past dim) read B and C of a real group: with B and C 4-D views of one group
+    into buffers whose next group is NaN, a read past the last group would make the gradients
+    non-finite."""
     from autossd.ops.mamba1 import bwd
     p = _problem("3d", dim=6, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
     t = bwd.tune_inputs(p, DEV, seed=9)

@@ -15,10 +15,10 @@ from ..ssd.plan import Launch
 from . import fwd as _fwd
 from . import scan_knobs
 from .problem import ScanProblem
-from .scan_knobs import BWD_SPACE, BwdConfig, FwdConfig, fit, n2
+from .scan_knobs import BWD_SPACE, BwdConfig, FwdConfig, fit, n2, sub_blocks
 
 STAGES = (Stage("bwd", "warps", "stages"),)
-SEQUENCES = {"assoc": ("bwd",)}
+SEQUENCES = {"assoc": ("bwd",), "serial": ("bwd",)}
 GRAD_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 
 
@@ -43,12 +43,12 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
                 pD=make(b, d) if problem.has_D else None,
                 pdb=make(b, d) if problem.has_delta_bias else None,
                 # the gradient each channel block carries between chunks (sub > 1: through memory)
-                gc=make(b, d, n) if config.sub > 1 else None)
+                gc=make(b, d, n) if sub_blocks(config) > 1 else None)
 
 
 def programs(problem: ScanProblem, config: BwdConfig) -> int:
     """Programs along the channels: each runs sub blocks of block_d channels."""
-    return _cdiv(problem.dim, config.block_d * config.sub)
+    return _cdiv(problem.dim, config.block_d * sub_blocks(config))
 
 
 def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backend: str = "cuda") -> list:

@@ -17,12 +17,15 @@ from .problem import ScanProblem
 from .scan_knobs import FWD_SPACE, FwdConfig, n2
 
 STAGES = (Stage("fwd", "warps", "stages"),)
-SEQUENCES = {"assoc": ("fwd",)}
+SEQUENCES = {"assoc": ("fwd",), "serial": ("fwd",)}
 CKPT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def includes(cfg, backend: str) -> list[str]:
-    """The family's helpers (templates/mamba1/scan_lib.jinja), then the op's kernel."""
+    """The family's helpers (templates/mamba1/scan_lib.jinja, and serial_lib.jinja for the serial
+    layout), then the op's kernel of that layout."""
+    if cfg.scan == "serial":
+        return ["scan_lib.jinja", "serial_lib.jinja", "serial.jinja"]
     return ["scan_lib.jinja", "kernel.jinja"]
 
 
