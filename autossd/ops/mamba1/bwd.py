@@ -212,6 +212,7 @@ OP = register(Op(
     reference=reference,
     cost_model=stage_costs,
     default_config=scan_knobs.bwd_default_config,
+    seeds=scan_knobs.seed_configs,
     violations=scan_knobs.violations,
     caps=scan_knobs.caps,
     excluded=excluded,

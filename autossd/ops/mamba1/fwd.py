@@ -221,6 +221,7 @@ OP = register(Op(
     reference=reference,
     cost_model=stage_costs,
     default_config=scan_knobs.fwd_default_config,
+    seeds=scan_knobs.seed_configs,
     violations=scan_knobs.violations,
     caps=scan_knobs.caps,
     doc="Mamba-1 selective scan forward: out (and the last state) of selective_scan_fn",

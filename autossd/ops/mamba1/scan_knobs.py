@@ -207,3 +207,34 @@ def fit(config: BaseConfig, arch: Arch | str, problem: ScanProblem) -> BaseConfi
     while violations(config, arch, problem) and config.block_d > 1:
         config = config.replace(block_d=config.block_d // 2)
     return config
+
+
+# Starting points the tuner tries right after the default, measured on the H200 (2026-11-28, Mamba
+# 2.8b's width, bf16): the forward's best at batch 1 (time lanes), at 8x2048 (a thread per channel
+# and state, or two state lanes), and single-warp programs; the backward's single-warp programs
+# (the tuned pick at 1x2048 and 1x8192: no reduction across warps, whose barriers stall the
+# chunk loop), the sweep's best at 8x2048, and the default with its loads pipelined.
+SEED_FAMILIES = {
+    "sscan_fwd": (dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2), dict(block_d=128, chunk=8, lanes_n=1),
+                  dict(block_d=64, chunk=8, lanes_n=2), dict(block_d=8, chunk=16, lanes_n=4, warps=1),
+                  dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2)),
+    "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1), dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
+                  dict(block_d=8, chunk=8, lanes_n=4, warps=1), dict(block_d=4, chunk=16, lanes_n=8, warps=1),
+                  dict(block_d=64, chunk=8, lanes_n=4), dict(stages=2)),
+}
+
+
+def seed_configs(arch: Arch | str, problem: ScanProblem, space) -> list[BaseConfig]:
+    """The default first (fitted to the problem), then SEED_FAMILIES fitted by _serial_fit: only
+    those inside the space (a pinned knob refuses the others) and feasible, each once."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    cls = FwdConfig if space.op == "sscan_fwd" else BwdConfig
+    base = _default(cls, arch, problem, space.pinned.get("scan"))
+    cands = [base]
+    if base.scan == "serial":
+        cands += [_serial_fit(base.replace(**fam), arch, problem) for fam in SEED_FAMILIES[space.op]]
+    out: list[BaseConfig] = []
+    for cand in cands:
+        if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
+            out.append(cand)
+    return out
