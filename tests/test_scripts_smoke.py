@@ -166,10 +166,12 @@ def test_tune_grid_lists_the_grid_shapes_the_shipped_file_lacks_for_a_gpu(tmp_pa
     assert listed("--ops", "ssd_fwd", "--device", "NVIDIA H200") == []
     assert listed("--ops", "ssd_decode", "--device", "NVIDIA H200") == []
     left = listed("--ops", "sscan_fwd", "--device", "NVIDIA H200")
-    measured = [q for q in grid(op="sscan_fwd") if q.dim == 5120 and q.dtype == "bf16"
-                and (q.batch, q.seqlen) in ((1, 2048), (8, 2048), (1, 65536))]
-    assert len(measured) == 3 and len(left) == len(grid(op="sscan_fwd")) - 3
+    measured = [q for q in grid(op="sscan_fwd") if q.dim == 5120]   # Mamba 2.8b's width, every shape
+    assert len(measured) == 12 and len(left) == len(grid(op="sscan_fwd")) - 12
     assert all(op == "sscan_fwd" for op, _ in left)
+    # --match: only the shapes whose description holds it (the backward measured at 6 of that width's 12)
+    narrow = listed("--ops", "sscan_bwd", "--device", "NVIDIA H200", "--match", "d=5120")
+    assert len(narrow) == 6 and all("d=5120" in shape for _, shape in narrow)
     assert len(listed("--ops", "ssd_varlen", "--device", "NVIDIA B200")) == len(grid(op="ssd_varlen"))
     # a shape left, measured elsewhere in both launch modes: done
     p = next(q for q in grid(op="sscan_fwd") if q not in measured)
@@ -204,7 +206,7 @@ def test_tune_grid_deals_the_list_it_computed_once_to_one_worker_per_visible_gpu
     assert [env for _, env in started] == ["4", "6"]
     left = pickle.loads((out / "todo.pkl").read_bytes())
     from autossd.tuner.shapes import grid
-    assert len(left) == len(grid(op="sscan_bwd")) and {op for op, _ in left} == {"sscan_bwd"}
+    assert len(left) == len(grid(op="sscan_bwd")) - 6 and {op for op, _ in left} == {"sscan_bwd"}
     for g, (cmd, _) in enumerate(started):
         args = cmd[2:]
         assert args[args.index("--gpu") + 1] == str(g) and args[args.index("--trials") + 1] == "2"

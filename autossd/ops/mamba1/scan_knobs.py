@@ -13,6 +13,8 @@ picks how a chunk's tiles lie on the threads:
           The H200 runs it 2.5-7x faster than assoc (forward, 1x2048 to 8x2048 at Mamba 2.8b's
           width). The backward's walk from the chunk's end flips the thread's steps
           (tl.flip of an axis held in registers compiles to nothing), not the scan's reverse mode.
+The static model sees bytes and tiles, not lanes: the layout and its lanes are measured_only (a
+static tune keeps the default's serial layout and lanes).
 
 The backward's `chunk` is also the spacing of the checkpoints (each chunk's entering state) the
 forward stores when gradients are wanted, and `ckpt_dtype` their type: a training forward runs its
@@ -33,18 +35,20 @@ MAX_ELEMS_PER_THREAD = {"sscan_fwd": 128, "sscan_bwd": 64}
 SHARED: tuple[Knob, ...] = (
     Knob("scan", ("assoc", "serial"), "serial",
          "the scan inside a chunk: assoc, an associative scan along time across threads; serial, tiles "
-         "ordered so each thread holds a chunk's time steps and walks them in registers"),
+         "ordered so each thread holds a chunk's time steps and walks them in registers",
+         measured_only=True),
     Knob("block_d", (1, 2, 4, 8, 16, 32, 64, 128, 256), 32, "channels per program", "scan"),
     Knob("chunk", (8, 16, 32, 64, 128), 16, "time steps per chunk (the scan's length; the checkpoints' spacing)",
          "scan"),
     Knob("warps", (1, 2, 4, 8), 4, "num_warps", "scan"),
     Knob("lanes_n", (1, 2, 4, 8, 16), 4,
          "serial: threads across the state axis (the rest of dstate in each thread's registers); the "
-         "output's sum over the states takes log2 of it shuffles", "scan", depths=("serial",)),
+         "output's sum over the states takes log2 of it shuffles", "scan", depths=("serial",),
+         measured_only=True),
     Knob("lanes_t", (1, 2, 4, 8), 1,
          "serial: threads along time within a chunk, each walking chunk / lanes_t steps (more threads "
          "at small batch; an exclusive scan of the segments across lanes and a fix-up per step)", "scan",
-         depths=("serial",)),
+         depths=("serial",), measured_only=True),
     Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the chunk loop's loads)", "scan"),
 )
 
