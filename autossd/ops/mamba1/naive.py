@@ -1,7 +1,10 @@
 """Float64 reference of Mamba-1's selective scan (the contract of mamba_ssm's selective_scan_fn):
 the recurrence stepped one time step at a time, in plain differentiable torch ops, so autograd
 through it gives the reference gradients too. Slow (a Python loop over the sequence): for the
-short sequences of the tests and the tuner's gate.
+tests and the tuner's gate. Memory stays bounded at any length: the per-element tensors (decay and
+input, (batch, dim, dstate, steps)) are made one run of steps at a time, and with gradients each
+run is checkpointed (its graph rebuilt in the backward), so a gate at Mamba 2.8b's 4 x 8192 or
+1 x 65536 holds about 2 x 256 MB of them, where the whole sequence's took over 100 GB.
 
 Per (batch b, channel d, state n), with delta' = softplus?(delta + delta_bias):
     h_t = exp(delta'_t A[d, n]) h_{t-1} + delta'_t B[n, t] u_t
@@ -12,6 +15,7 @@ dim/ngroups consecutive channels g*dim/ngroups...), or time-invariant (dim, dsta
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 f64 = torch.float64
@@ -28,29 +32,54 @@ def _per_channel(M, batch: int, dim: int, seqlen: int):
     return M.repeat_interleave(dim // g, dim=1)
 
 
+# float64 elements of one (batch, dim, dstate, steps) tensor a run of steps may hold (256 MB)
+RUN_ELEMENTS = 1 << 25
+
+
+def _run(h, dt, uu, A, B, C, batch: int, dim: int):
+    """The recurrence over one run of steps from the state h: (y of the run, the state after it)."""
+    steps = dt.shape[-1]
+    a = torch.exp(dt[:, :, None, :] * A[None, :, :, None])   # (b, d, n, steps)
+    bu = (dt * uu)[:, :, None, :] * _per_channel(B, batch, dim, steps)
+    Cd = _per_channel(C, batch, dim, steps)
+    ys = []
+    for t in range(steps):
+        h = a[..., t] * h + bu[..., t]
+        ys.append((h * Cd[..., t]).sum(-1))
+    return torch.stack(ys, dim=-1), h
+
+
 def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                       return_last_state=False):
+                       return_last_state=False, run: int | None = None):
     """float64 out (batch, dim, seqlen), and the last state (batch, dim, dstate) where asked:
-    (out, last_state). Differentiable in every tensor input."""
+    (out, last_state). Differentiable in every tensor input. `run`: steps made at once (default:
+    as many as RUN_ELEMENTS allow); with gradients wanted and several runs, each is checkpointed."""
     if torch.is_complex(A):
         raise TypeError("A: complex A is not supported (real A only)")
     batch, dim, seqlen = u.shape
+    dstate = A.shape[1]
     dt = delta.to(f64)
     if delta_bias is not None:
         dt = dt + delta_bias.to(f64)[None, :, None]
     if delta_softplus:
         dt = torch.where(dt <= 20.0, F.softplus(dt), dt)
     uu = u.to(f64)
-    Bd = _per_channel(B, batch, dim, seqlen)
-    Cd = _per_channel(C, batch, dim, seqlen)
-    a = torch.exp(dt[:, :, None, :] * A.to(f64)[None, :, :, None])   # (b, d, n, l)
-    bu = (dt * uu)[:, :, None, :] * Bd
-    h = uu.new_zeros(batch, dim, A.shape[1])
+    A64 = A.to(f64)
+    run = run or max(1, RUN_ELEMENTS // (batch * dim * dstate))
+    h = uu.new_zeros(batch, dim, dstate)
+    checkpointed = torch.is_grad_enabled() and run < seqlen
     ys = []
-    for t in range(seqlen):
-        h = a[..., t] * h + bu[..., t]
-        ys.append((h * Cd[..., t]).sum(-1))
-    y = torch.stack(ys, dim=-1)
+    for lo in range(0, seqlen, run):
+        sl = slice(lo, min(seqlen, lo + run))
+        Bs = B if B.dim() == 2 else B[..., sl]
+        Cs = C if C.dim() == 2 else C[..., sl]
+        if checkpointed:
+            y, h = torch.utils.checkpoint.checkpoint(_run, h, dt[..., sl], uu[..., sl], A64, Bs, Cs, batch, dim,
+                                                     use_reentrant=False)
+        else:
+            y, h = _run(h, dt[..., sl], uu[..., sl], A64, Bs, Cs, batch, dim)
+        ys.append(y)
+    y = torch.cat(ys, dim=-1)
     if D is not None:
         y = y + uu * D.to(f64)[None, :, None]
     if z is not None:
