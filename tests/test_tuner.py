@@ -436,6 +436,22 @@ def test_a_resumed_storage_never_stores_a_best_from_another_shape_or_other_pins(
     assert third.best_config.scan_block_m == 32      # FakeRunner's fastest is 16: the pin holds
 
 
+
+def test_a_resumed_study_counts_only_the_trials_inside_its_space_now(tmp_path):
+    """A study resumed under the same name with a narrower space (a knob that became measured-only
+    is pinned by a static tune; an op's default moved to another mode) keeps its older trials in
+    storage, but the best, the default and the finalists come from the trials inside the space."""
+    st = Settings(trials=3, sampler="random", seed=1, storage=str(tmp_path / "j.journal"), progress=False)
+    first = tune_problem("sm90", SMALL, FakeRunner(), st)
+    slowest = max(KNOB_BY_NAME["scan_block_m"].values)   # FakeRunner: the larger the block, the slower
+    assert first.best_config.scan_block_m < slowest
+    narrow = build_space("sm90", SMALL, fixed={"scan_block_m": slowest})
+    again = Settings(trials=6, sampler="random", seed=2, storage=st.storage, progress=False)
+    second = tune_problem("sm90", SMALL, FakeRunner(), again, space=narrow)
+    assert second.study_name == first.study_name
+    assert second.best_config.scan_block_m == slowest
+    assert all(c.scan_block_m == slowest for c, _ in second.best_by_mode.values())
+
 # --- model ------------------------------------------------------------------------------------
 
 def test_model_charges_bytes_occupancy_and_quantization():

@@ -81,7 +81,7 @@ def _worker(index: int, gpu: str | None, arch: str, problems: list[dict], mode: 
                         passed[index] = i + 1
                     if done is not None and i % st.workers == index:
                         _wait_for_workers(passed, i + 1)
-                        done.put((i, finish(study, arch, prob, runner, st)))
+                        done.put((i, finish(study, arch, prob, runner, st, space)))
                 finally:
                     runner.close()
     finally:
@@ -202,9 +202,9 @@ def _tune(arch: str, problems: list[Problem], mode: str, settings: Settings, sin
             runner = make_runner(mode, arch, prob, op=settings.op, **runner_kw)
             try:
                 if workers > 1:
-                    study, _ = open_study(arch, prob, mode, runner.device, settings, None,
-                                          getattr(runner, "objective", None))
-                    result = finish(study, arch, prob, runner, settings)
+                    study, space = open_study(arch, prob, mode, runner.device, settings, None,
+                                              getattr(runner, "objective", None))
+                    result = finish(study, arch, prob, runner, settings, space)
                     save_best(result, runner.provenance, sink, settings.sampler)
                 else:
                     result = tune_problem(arch, prob, runner, settings, sink)

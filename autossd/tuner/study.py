@@ -529,11 +529,21 @@ def static_keeps_default(best_ms: float, default_ms: float) -> bool:
     return best_ms * (1 + STATIC_MIN_GAIN) > default_ms
 
 
+def in_space(trials: list, space: SearchSpace | None, op: str) -> list:
+    """The trials whose config lies in `space` (all of them without one). A study resumed under
+    the same name may hold trials from a wider space: one stored before a knob became measured-only
+    (a static tune then pins it) or before the op's default moved to another mode."""
+    if space is None:
+        return list(trials)
+    return [t for t in trials if "config" not in t.user_attrs
+            or space.params(_config(op, t.user_attrs["config"])) is not None]
+
+
 def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, device: str,
-              objective: str | None = None) -> TuneResult:
+              objective: str | None = None, space: SearchSpace | None = None) -> TuneResult:
     """objective: the launch mode the study's values are times of (None: the runner timed no
-    mode, e.g. a static prediction)."""
-    trials = study.get_trials(deepcopy=False)
+    mode, e.g. a static prediction). space: only trials inside it count (in_space)."""
+    trials = in_space(study.get_trials(deepcopy=False), space, _op_of(study))
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("evaluated")]
     failed = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("evaluated")]
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
@@ -571,7 +581,7 @@ def summarize(study: optuna.Study, arch: str, problem: Problem, mode: str, devic
 CONFIRM_ROUNDS = 2   # re-timings of each finalist, besides its sample from the study
 
 
-def confirm(result: TuneResult, study: optuna.Study, runner, top: int) -> dict:
+def confirm(result: TuneResult, study: optuna.Study, runner, top: int, space: SearchSpace | None = None) -> dict:
     """Re-time each launch mode's `top` fastest candidates, interleaved, and keep the best median.
     A mode's best over many candidates leans toward a lucky sample: eager times at small shapes
     spread by ±15 µs on a shared host, and a tune stored a 130m bf16 eager pick that took 127 µs in
@@ -581,7 +591,7 @@ def confirm(result: TuneResult, study: optuna.Study, runner, top: int) -> dict:
     samples per finalist (config key -> ms list)."""
     if top < 2 or getattr(runner, "provenance", "") != "measured" or not result.best_by_mode:
         return {}
-    trials = [t for t in study.get_trials(deepcopy=False)
+    trials = [t for t in in_space(study.get_trials(deepcopy=False), space, _op_of(study))
               if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.user_attrs.get("times")]
     finalists: dict[str, Config] = {}
     samples: dict[str, dict[str, list[float]]] = {}
@@ -660,12 +670,13 @@ def open_and_seed(arch: str, problem: Problem, runner, settings: Settings,
     return study, space
 
 
-def finish(study: optuna.Study, arch: str, problem: Problem, runner, settings: Settings) -> TuneResult:
+def finish(study: optuna.Study, arch: str, problem: Problem, runner, settings: Settings,
+           space: SearchSpace | None = None) -> TuneResult:
     """A problem's result once its trials are in (every worker's sharing the study): summarized,
-    its finalists re-timed (`confirm`) by `runner`."""
+    its finalists re-timed (`confirm`) by `runner`; with `space`, from its trials only."""
     wait_for_others(study, settings.storage)   # workers of other runs sharing the study
-    result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None))
-    confirm(result, study, runner, settings.confirm)
+    result = summarize(study, arch, problem, runner.mode, runner.device, getattr(runner, "objective", None), space)
+    confirm(result, study, runner, settings.confirm, space)
     return result
 
 
@@ -676,7 +687,7 @@ def tune_problem(arch: str, problem: Problem, runner, settings: Settings,
     arch = get_arch(arch).name
     study, space = open_and_seed(arch, problem, runner, settings, space)
     run_trials(study, space, arch, problem, runner, settings)
-    result = finish(study, arch, problem, runner, settings)
+    result = finish(study, arch, problem, runner, settings, space)
     if runner.mode != "simulated":
         save_best(result, runner.provenance, sink, settings.sampler)
     return result
