@@ -17,7 +17,7 @@ from . import scan_knobs
 from .problem import ScanProblem
 from .scan_knobs import BWD_SPACE, BwdConfig, FwdConfig, fit, n2, sub_blocks
 
-STAGES = (Stage("bwd", "warps", "stages"),)
+STAGES = (Stage("bwd", "warps", "stages", "maxnreg"),)
 SEQUENCES = {"assoc": ("bwd",), "serial": ("bwd",)}
 GRAD_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 

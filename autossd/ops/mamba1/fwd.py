@@ -16,7 +16,7 @@ from .naive import selective_scan_ref
 from .problem import ScanProblem
 from .scan_knobs import FWD_SPACE, FwdConfig, n2
 
-STAGES = (Stage("fwd", "warps", "stages"),)
+STAGES = (Stage("fwd", "warps", "stages", "maxnreg"),)
 SEQUENCES = {"assoc": ("fwd",), "serial": ("fwd",)}
 CKPT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -50,6 +50,12 @@ SHARED: tuple[Knob, ...] = (
          "at small batch; an exclusive scan of the segments across lanes and a fix-up per step)", "scan",
          depths=("serial",), measured_only=True),
     Knob("stages", (1, 2, 3), 1, "num_stages (software pipelining of the chunk loop's loads)", "scan"),
+    # register cap per thread (ptxas -maxnreg), 0 = ptxas's choice. Cross-compiled for sm90 at
+    # Mamba 2.8b's 8x2048, the H200's backward pick (8 channels, one warp, 4 state lanes, 8 steps)
+    # takes 249 registers (8 warps an SM, the chunk loop latency-bound); a cap buys resident warps
+    # at the cost of spills, which only a GPU can weigh
+    Knob("maxnreg", (0, 96, 128, 168), 0, "register cap per thread, 0 = the compiler's choice", "scan",
+         measured_only=True, needs=("maxnreg",)),
 )
 
 FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED), mode_knob="scan")
@@ -217,14 +223,18 @@ def fit(config: BaseConfig, arch: Arch | str, problem: ScanProblem) -> BaseConfi
 # 2.8b's width, bf16): the forward's best at batch 1 (time lanes), at 8x2048 (a thread per channel
 # and state, or two state lanes), and single-warp programs; the backward's single-warp programs
 # (the tuned pick at 1x2048 and 1x8192: no reduction across warps, whose barriers stall the
-# chunk loop), the sweep's best at 8x2048, and the default with its loads pipelined.
+# chunk loop), the sweep's best at 8x2048, and the default with its loads pipelined; register caps
+# (where the arch offers them) on the batch-1 picks.
 SEED_FAMILIES = {
     "sscan_fwd": (dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2), dict(block_d=128, chunk=8, lanes_n=1),
                   dict(block_d=64, chunk=8, lanes_n=2), dict(block_d=8, chunk=16, lanes_n=4, warps=1),
-                  dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2)),
+                  dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2),
+                  dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, maxnreg=128)),
     "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1), dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1), dict(block_d=4, chunk=16, lanes_n=8, warps=1),
-                  dict(block_d=64, chunk=8, lanes_n=4), dict(stages=2)),
+                  dict(block_d=64, chunk=8, lanes_n=4), dict(stages=2),
+                  # cross-compiled: 128 registers, 40 bytes of spills, 16 warps an SM where 12 fit
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, maxnreg=128)),
 }
 
 
