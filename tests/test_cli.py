@@ -765,7 +765,10 @@ def test_ctrl_c_during_a_tune_exits_130(env):
     cmd = [sys.executable, "-m", "autossd.cli", "tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", "10000",
            "--db", str(env / "c.sqlite"), "--storage", str(env / "c.journal"), "--no-progress",
            "--compile-workers", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    # SIGINT as a terminal gives it, whoever started the suite: a shell's background job (nohup
+    # ... &) ignores SIGINT, the children inherit that, and Python then installs no handler
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:
             if line.startswith("storage:"):
