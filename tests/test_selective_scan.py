@@ -3,8 +3,12 @@ float64 reference, in Triton's CPU interpreter: every B/C form, with and without
 delta_bias and softplus, in fp32, bf16 and fp16; outputs poisoned with NaN where the ops write
 into buffers of their own; a length that is no multiple of the chunk; bad input refused by
 name. Shapes are tiny: each launch is a few interpreted programs."""
+import os
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import autossd
 from autossd.ops.mamba1 import fwd
@@ -345,3 +349,61 @@ def test_the_reference_in_runs_of_steps_matches_the_whole_sequence(form):
     assert rel_err(o2, o1) < 1e-12 and rel_err(l2, l1) < 1e-12
     for k, a, b in zip(x, g1, g2):
         assert rel_err(b, a) < 1e-12, k
+
+
+@triton.jit
+def _pair_combine(a1, b1, a2, b2):
+    return a1 * a2, a2 * b1 + b2
+
+
+@triton.jit
+def _scans_and_reductions(x_ptr, y_ptr, z_ptr, w_ptr, v_ptr, REV: tl.constexpr):
+    # a pair scan along axis 1 (forward or reversed), a pair reduction along axis 2, a flip of axis 0
+    i = tl.arange(0, 8)[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    a = tl.load(x_ptr + i)
+    b = tl.load(y_ptr + i)
+    _, pb = tl.associative_scan((a, b), axis=1, combine_fn=_pair_combine, reverse=REV)
+    tl.store(z_ptr + i, pb)
+    r = tl.reduce((a, b), 2, _pair_combine)
+    tl.store(w_ptr + tl.arange(0, 8)[:, None] * 4 + tl.arange(0, 4)[None, :], r[1])
+    tl.store(v_ptr + i, tl.flip(b, 0))
+
+
+def test_the_interpreters_scans_and_reductions_of_own_combines_step_whole_slices():
+    """autossd's interpreter fix: a scan or reduction with a combine function of the kernel's own
+    runs a combine call per step of the axis on whole slices, in the axis's order: bitwise the
+    results of Triton's element-by-element fallback, forward, reversed and reduced (tl.flip is
+    xor reductions)."""
+    from triton.runtime import interpreter as it
+
+    import autossd.interpret as ai
+    if not os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("the interpreter's fix: runs where kernels are interpreted")
+    ai.apply()
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.rand(256, generator=g), torch.randn(256, generator=g)
+    fast = (it.ScanOps.generic_scan, it.ReduceOps.generic_reduce)
+    slow = (ai.ELEMENTWISE_SCAN, ai.ELEMENTWISE_REDUCE)
+    forward = None
+    for rev in (False, True):
+        got = []
+        for scan, red in (fast, slow):
+            it.ScanOps.generic_scan, it.ReduceOps.generic_reduce = scan, red
+            try:
+                z, w, v = torch.empty(256), torch.empty(32), torch.empty(256)
+                _scans_and_reductions[(1,)](x, y, z, w, v, rev)
+            finally:
+                it.ScanOps.generic_scan, it.ReduceOps.generic_reduce = fast
+            got.append((z, w, v))
+        for a, b in zip(*got):
+            assert torch.equal(a, b)
+        forward = forward if rev else got[0][0]
+    # the reference itself: a sequential recurrence of (x, y) along axis 1
+    ref = torch.empty(8, 4, 8)
+    h = torch.zeros(8, 8)
+    xs, ys = x.view(8, 4, 8), y.view(8, 4, 8)
+    for j in range(4):
+        h = ys[:, j] if j == 0 else xs[:, j] * h + ys[:, j]
+        ref[:, j] = h
+    assert torch.allclose(forward.view(8, 4, 8), ref, rtol=1e-6, atol=1e-6)
