@@ -8,9 +8,9 @@ in one run: prefill latency, decode tokens/s, and whether the three agree.
 
 The model is built from a Mamba2Config with mamba2-2.7b's dimensions (d_model 2560, 64 layers,
 80 heads of 64, d_state 128, one group, conv 4, expand 2, vocab 50288, chunk 256, tied
-embedding) and random weights (nothing is downloaded), in bf16 (--dtype fp32: the paths agree to rounding). The three paths differ only in
-the two functions transformers' Mamba-2 mixer calls for its SSD: the chunked scan (prefill) and
-the one-token state update (decode):
+embedding) and random weights (nothing is downloaded), in bf16 (--dtype fp32: the paths agree to
+rounding). The three paths differ only in the two functions transformers' Mamba-2 mixer calls for
+its SSD: the chunked scan (prefill) and the one-token state update (decode):
 
   torch      transformers' own PyTorch code for both (what it runs without mamba_ssm).
   mamba_ssm  mamba_ssm's Triton kernels: transformers resolves them itself when its Mamba-2

@@ -98,7 +98,8 @@ def test_forward_checkpoints_are_the_chunk_start_states():
     """The states the training forward stores: chunk c's entering state, zero for the first."""
     p = _problem("3d", has_D=True, delta_softplus=True)
     t = fwd.tune_inputs(p, DEV, seed=2)
-    for cfg in (FwdConfig(scan="assoc", block_d=4, chunk=16), FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1)):
+    for cfg in (FwdConfig(scan="assoc", block_d=4, chunk=16),
+                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1)):
         _check_checkpoints(p, t, cfg)
 
 

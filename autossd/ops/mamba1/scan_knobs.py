@@ -11,8 +11,9 @@ picks how a chunk's tiles lie on the threads:
           holds a run of time steps and walks them in registers (lanes_t > 1: a short scan of the
           runs across lanes joins them), and the sum over the states is mostly in the thread.
           On the H200 its tuned records run the forward 1.5-3.2x and forward + backward
-          1.3-3.9x faster than assoc's (1x2048, 8x2048, 1x65536 at Mamba 2.8b's width). The backward's walk from the chunk's end flips the thread's steps
-          (tl.flip of an axis held in registers compiles to nothing), not the scan's reverse mode.
+          1.3-3.9x faster than assoc's (1x2048, 8x2048, 1x65536 at Mamba 2.8b's width). The
+          backward's walk from the chunk's end flips the thread's steps (tl.flip of an axis
+          held in registers compiles to nothing), not the scan's reverse mode.
 The static model sees bytes and tiles, not lanes: the layout and its lanes are measured_only (a
 static tune keeps the default's serial layout and lanes).
 
@@ -169,8 +170,8 @@ def _halves(v: int, low: int = 1) -> list[int]:
 
 def _serial_fit(cfg: BaseConfig, arch: Arch, problem: ScanProblem, keep_chunk: bool = False) -> BaseConfig:
     """The first config near `cfg` that runs `problem` in the serial layout: channels per program
-    capped at the padded dim, then (in this order of preference) more threads along time or
-    across the states, fewer warps, fewer channels, a shorter chunk (unless keep_chunk)."""
+    capped at the padded dim, then (most preferred first) other threads across the states, more
+    threads along time, fewer warps, a shorter chunk (unless keep_chunk), fewer channels."""
     block0 = min(cfg.block_d, pow2_at_least(problem.dim))
     chunks = [cfg.chunk] if keep_chunk else _halves(min(cfg.chunk, max(8, pow2_at_least(problem.seqlen))), 8)
     lanes_n = [cfg.lanes_n] + [v for v in (8, 16, 2, 1) if v != cfg.lanes_n]
@@ -186,11 +187,12 @@ def _serial_fit(cfg: BaseConfig, arch: Arch, problem: ScanProblem, keep_chunk: b
 
 
 def _default(space_config: type, arch: Arch | str, problem: ScanProblem | None, scan: str | None = None) -> BaseConfig:
-    """The serial layout (measured on the H200, 2026-11-28, at Mamba 2.8b's width: the forward's
-    32 channels x 16 steps x 4 state lanes runs 1x2048 to 8x2048 within 1.3x of each shape's best
-    of 40 configs; the backward's 32 x 8 x 8 lanes was the best or within 3% at each), fitted to
-    the problem by _serial_fit; scan="assoc": that layout's own first guess. Not measured on
-    other arches: a first guess the tuner starts from."""
+    """The serial layout, fitted to the problem by _serial_fit; scan="assoc": that layout's own
+    first guess. Measured on the H200 (2026-11-28, Mamba 2.8b's width, bf16): the forward's 32
+    channels x 16 steps x 4 state lanes runs 1.31-1.34x the tuned records' time at 1x2048,
+    8x2048 and 1x65536; the backward's 32 x 8 x 8 lanes takes 1.4-1.6x the tuned single-warp
+    programs' step at 1x2048 and 8x2048. Not measured on other arches: a first guess the tuner
+    starts from."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     if scan == "assoc":
         return _assoc_default(space_config, arch, problem)
@@ -230,7 +232,8 @@ SEED_FAMILIES = {
                   dict(block_d=64, chunk=8, lanes_n=2), dict(block_d=8, chunk=16, lanes_n=4, warps=1),
                   dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2),
                   dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, maxnreg=128)),
-    "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1), dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
+    "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1),
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1), dict(block_d=4, chunk=16, lanes_n=8, warps=1),
                   dict(block_d=64, chunk=8, lanes_n=4), dict(stages=2),
                   # cross-compiled: 128 registers, 40 bytes of spills, 16 warps an SM where 12 fit
