@@ -5,6 +5,9 @@ without them), autossd's own batch drop-in in the same form, and the speed-of-li
 (bytes / measured copy bandwidth, FLOPs / measured bf16 matmul rate), all in one run on one card.
 
     python scripts/bench_varlen.py --check --json out.json
+
+--config NAME=JSON (repeatable) checks and times forced configs beside the one the selector
+picks, e.g. --config 'gluon={"state_walk": 1, "scan_gluon": 3}'.
 """
 from __future__ import annotations
 
@@ -47,31 +50,66 @@ def make(lens, h, p, n, g, dtype, device, init=True, seed=0):
                 cu_seqlens=torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device))
 
 
+def forced(args) -> dict:
+    """The --config NAME=JSON pairs as {name: VarlenConfig}."""
+    from autossd.ops.ssd.varlen_knobs import VarlenConfig
+    out = {}
+    for item in args.config or ():
+        name, _, text = item.partition("=")
+        out[name] = VarlenConfig(json.loads(text))
+    return out
+
+
 def check(args) -> list[dict]:
+    """Every output against float64, for the selector's pick and each forced config, in shapes
+    that reach each path's corners: ragged chunks, a prefix-cached resume mid-chunk (the chunk
+    table's first chunk of each sequence ends at the cache's block edge), chunk 64 and 128,
+    dstate 64, headdim 128, no initial states, the chunk states kept or not, a strided out=
+    (not TMA-addressable: the tl stages take it)."""
     import autossd
     from autossd.ops.ssd.naive import varlen_ref
     from autossd.testing import rel_err, tolerance
     rows = []
     gen = torch.Generator().manual_seed(1)
-    cases = [("mixed:32", 8192), ("long+short:64", 100_000 + 63 * 64), ("even:256", 256), ("one", 1), ("mixed:7", 3000)]
+    cases = [("mixed:32", 8192, {}), ("long+short:64", 100_000 + 63 * 64, {}), ("even:256", 256, {}), ("one", 1, {}),
+             ("mixed:7", 3000, {}), ("mixed:9", 5000, {"resume": True}), ("mixed:5", 3000, {"chunk": 64}),
+             ("mixed:5", 3000, {"chunk": 128, "n": 64}), ("mixed:6", 4000, {"p": 128, "init": False}),
+             ("mixed:6", 4000, {"keep": False}), ("mixed:6", 4000, {"strided_out": True})]
+    configs = {"pick": None, **forced(args)}
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for kind, total in cases:
+        for kind, total, opt in cases:
             lens = lengths(kind, total, gen)
-            t = make(lens, 24, 64, 128, 1, dtype, "cuda", seed=len(rows))
-            y, fin, st = autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["cu_seqlens"], D=t["D"],
-                                            z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
-                                            dt_softplus=True, return_intermediate_states=True)
-            cuc, last, seq = autossd.varlen_chunks(t["cu_seqlens"], 256)
+            q, n, p = opt.get("chunk", 256), opt.get("n", 128), opt.get("p", 64)
+            t = make(lens, 24, p, n, 1, dtype, "cuda", init=opt.get("init", True), seed=len(rows))
+            done = (torch.randint(0, 4 * q, (len(lens),), generator=gen) if opt.get("resume") else None)
+            cuc, last, seq = autossd.varlen_chunks(t["cu_seqlens"], q, computed_tokens=done)
             yr, fr, sr = varlen_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], cuc, last, seq, D=t["D"], z=t["z"],
                                     dt_bias=t["dt_bias"], initial_states=t["initial_states"], dt_softplus=True)
             d = str(dtype).replace("torch.", "")
             tol = tolerance({"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[d])
-            errs = {"y": rel_err(y, yr), "final": rel_err(fin, fr), "chunk_states": rel_err(st, sr)}
-            ok = all(e <= tol for e in errs.values())
-            rows.append({"dtype": d, "lengths": kind, "tokens": sum(lens), "seqs": len(lens), "tol": tol,
-                         **errs, "ok": ok})
-            print(f"check {d:9s} {kind:14s} T={sum(lens):7d}  y {errs['y']:.2e}  final {errs['final']:.2e}  "
-                  f"chunks {errs['chunk_states']:.2e}  {'ok' if ok else 'FAIL'}", flush=True)
+            keep = opt.get("keep", True)
+            for name, cfg in configs.items():
+                if cfg is not None and dtype == torch.float32:
+                    continue   # the forced (Gluon) configs take 16-bit inputs
+                out = (torch.full((t["x"].shape[0], 24, 2 * p), float("nan"), dtype=dtype, device="cuda")[..., ::2]
+                       if opt.get("strided_out") else torch.full_like(t["x"], float("nan")))
+                try:
+                    got = autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], q, t["cu_seqlens"], D=t["D"],
+                                             z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                                             dt_softplus=True, cu_chunk_seqlens=cuc, last_chunk_indices=last,
+                                             seq_idx=seq, out=out, return_intermediate_states=keep, config=cfg,
+                                             poison=True)
+                except ValueError as e:   # a forced config that cannot take the case
+                    print(f"check {name:8s} {d:9s} {kind:14s} {opt}: skipped ({str(e)[:120]})")
+                    continue
+                errs = {"y": rel_err(got[0], yr), "final": rel_err(got[1], fr)}
+                if keep:
+                    errs["chunk_states"] = rel_err(got[2], sr)
+                ok = all(e <= tol for e in errs.values())
+                rows.append({"config": name, "dtype": d, "lengths": kind, "options": opt, "tokens": sum(lens),
+                             "seqs": len(lens), "tol": tol, **errs, "ok": ok})
+                print(f"check {name:8s} {d:9s} {kind:14s} T={sum(lens):7d} {opt}  "
+                      + "  ".join(f"{k} {v:.2e}" for k, v in errs.items()) + f"  {'ok' if ok else 'FAIL'}", flush=True)
     return rows
 
 
@@ -114,6 +152,16 @@ def bench(args, ceilings) -> list[dict]:
             return autossd.mamba_chunk_scan_combined_varlen(
                 t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["cu_seqlens"], cuc, last, seq, out,
                 initial_states=t["initial_states"] if init else None, **kw)
+
+        def forced_fn(cfg):
+            return lambda: autossd.ssd_varlen(
+                t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["cu_seqlens"], cu_chunk_seqlens=cuc,
+                last_chunk_indices=last, seq_idx=seq, out=out, initial_states=t["initial_states"], config=cfg, **kw)
+
+        def dense():   # the dense forward of the same tokens as one sequence (the "one" case)
+            return autossd.mamba_chunk_scan_combined(t["x"][None], t["dt"][None], t["A"], t["B"][None], t["C"][None],
+                                                     256, initial_states=t["initial_states"], return_final_states=True,
+                                                     **{**kw, "z": t["z"][None]})
         tok_seq = torch.repeat_interleave(torch.arange(len(lens), device="cuda", dtype=torch.int32),
                                           torch.tensor(lens, device="cuda"))[None]
         batch = dict(seq_idx=tok_seq, cu_seqlens=t["cu_seqlens"], return_varlen_states=True,
@@ -131,6 +179,8 @@ def bench(args, ceilings) -> list[dict]:
         floor = max(pr.min_bytes() / (ceilings["copy_GBps"] * 1e6), pr.flops() / (ceilings["bf16_matmul_TFLOPs"] * 1e9))
         row = {"model": model, "lengths": kind, "tokens": sum(lens), "seqs": len(lens), "floor_ms": floor}
         for name, fn in (("autossd_varlen", ours), ("autossd_varlen_noinit", lambda: ours(False)),
+                         *((f"autossd_{k}", forced_fn(c)) for k, c in forced(args).items()),
+                         ("autossd_dense_one", dense if kind == "one" else None),
                          ("autossd_batch_seq_idx", drop_in), ("mamba_ssm", mamba if peer else None)):
             if fn is None:
                 continue
@@ -148,6 +198,11 @@ def bench(args, ceilings) -> list[dict]:
               f"  mamba_ssm {gm if gm else float('nan'):.3f}  floor {floor:.3f}  "
               f"{'%.2fx mamba_ssm, ' % (gm / row['autossd_varlen_graph_ms']) if gm and 'autossd_varlen_graph_ms' in row else ''}"
               f"{100 * floor / row.get('autossd_varlen_graph_ms', float('inf')):.0f}% of floor", flush=True)
+        for k in forced(args):
+            ms = row.get(f"autossd_{k}_graph_ms")
+            print(f"    {k}: " + (f"{ms:.3f} ms, {gm / ms:.2f}x mamba_ssm" if ms and gm else str(row.get(f'autossd_{k}_error'))))
+        if "autossd_dense_one_graph_ms" in row:
+            print(f"    dense forward 1x{row['tokens']}: {row['autossd_dense_one_graph_ms']:.3f} ms")
     return rows
 
 
@@ -196,6 +251,8 @@ def main() -> None:
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="time configs around the default at one shape")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--config", action="append", metavar="NAME=JSON",
+                    help="a forced packed-prefill config to check and time beside the pick (repeatable)")
     args = ap.parse_args()
     from autossd.bench import measure_ceilings
     res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}

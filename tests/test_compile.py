@@ -379,3 +379,30 @@ def test_a_compile_worker_that_dies_is_replaced_rather_than_waited_for():
     t.start()
     t.join(600)   # generous: a loaded machine is only slow; a lost task never ends
     assert got and got[0].ok
+
+
+# Packed prefill on sm90 runs the forward's Gluon walk and chunk-walking scan over the chunk table
+# (state_walk = 1 with scan_gluon = 2 or 3): the same templates in their packed form. These
+# cross-compiles are its CI coverage; `scripts/bench_varlen.py --check --config ...` is its GPU
+# check against float64.
+@pytest.mark.parametrize("scan,walk_block,flags,dims", [
+    (3, 128, {"has_D": True, "has_dt_bias": True, "dt_softplus": True, "has_init": True}, (80, 64, 128, 1, 256)),
+    (2, 64, {"has_z": True, "D_has_hdim": True, "has_D": True}, (8, 128, 64, 2, 128)),
+    (3, 64, {}, (8, 64, 128, 1, 64))])
+def test_packed_prefill_runs_the_forwards_gluon_walk_and_scan_without_spills(scan, walk_block, flags, dims):
+    from autossd.ops.ssd import varlen as vl
+    h, p, n, g, q = dims
+    prob = vl.problem_for(8192, 16, h, p, n, g, q, "bf16", **flags)
+    cfg = vl.default_config("sm90", prob).replace(scan_gluon=scan, walk_block=walk_block)
+    assert cfg.state_walk == 1   # the sm90 default where the problem fits the Gluon pair
+    rep = compile_config(cfg, "sm90", prob)
+    assert rep.ok, rep.why()
+    assert [s.stage for s in rep.stages] == ["cumsum", "bmm", "state_walk", "chunk_scan"]
+    walk, scan_st = rep.stages[2], rep.stages[3]
+    assert walk.spill_bytes == 0 and scan_st.spill_bytes == 0
+    # the walk's ring: two stages of x and B blocks; the scan: x resident, a three-stage ring,
+    # its 168-register cap (three CTAs an SM)
+    assert walk.occupancy >= (2 if min(q, walk_block) == 128 else 3)
+    assert scan_st.occupancy >= 3
+    # the forward's own walk and scan render the same templates in their dense form
+    assert vl.includes(cfg, "cuda")[-3:] == ["state_walk_gluon.jinja", "chunk_scan.jinja", "chunk_scan_gluon.jinja"]

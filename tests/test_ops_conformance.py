@@ -97,17 +97,19 @@ def _changes_code(op, prob, base, knob, backend, deep: bool = True) -> bool:
 
 
 def _bases(op, name, prob) -> list:
-    """Configs to vary a knob from: each arch's default at the example, and the distinct configs
-    of the shipped records (the combinations tuned, where one knob may need several others: the
-    forward's walk block sizes the walk only at chunks longer than its block)."""
+    """(config, problem) pairs to vary a knob from: each arch's default at the example, and the
+    distinct configs of the shipped records at their own problems (the combinations tuned, where
+    one knob may need several others or a shape: the forward's walk block sizes the walk only
+    at chunks longer than its block, and packed prefill's chunk is its problem's)."""
     from autossd.db.lookup import shipped_db_path
     from autossd.db.records import read_records
-    out = [op.fn("default_config")(a, prob) for a in sorted(ARCHS)]
+    out = {op.fn("default_config")(a, prob): prob for a in sorted(ARCHS)}
     for a in sorted(ARCHS):
         path = shipped_db_path(a)
         if path is not None:
-            out += [r.config for r in read_records(str(path), a, name, immutable=True)]
-    return list(dict.fromkeys(out))[:40]
+            for r in read_records(str(path), a, name, immutable=True):
+                out.setdefault(r.config, r.problem)
+    return list(out.items())[:40]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -123,7 +125,7 @@ def test_every_knob_changes_the_code_a_config_compiles_to(name):
         modes = [m for m in space.modes if knob.shapes(m)]
         first = op.fn("default_config")("gfx942" if backend == "hip" else "sm90", prob)
         if not any(_changes_code(op, prob, first.replace(**{space.mode_knob: m}), knob, backend) for m in modes) \
-                and not any(_changes_code(op, prob, b, knob, backend, deep=False) for b in bases
+                and not any(_changes_code(op, p, b, knob, backend, deep=False) for b, p in bases
                             if knob.shapes(b[space.mode_knob])):
             quiet.append(knob.name)
     assert not quiet, f"{name}: knobs that change no rendered code: {quiet}"

@@ -227,8 +227,20 @@ def test_every_knob_changes_the_rendered_kernel():
     base = VarlenConfig()
     h0 = render.kernel_hash(base, "cuda")
     for knob in KNOBS:
+        if knob.name == "walk_block":   # a launch constexpr of the packed walk: below
+            continue
         other = next(v for v in knob.values if v != base[knob.name])
         assert render.kernel_hash(base.replace(**{knob.name: other}), "cuda") != h0, knob.name
+    # the Gluon walk's ring takes min(chunk, walk_block) tokens a block (the chunk is the call's):
+    # two stages of x and B blocks, 112 KB at 128 tokens, 64 KB at 64 (sm90 cross-compiles)
+    from autossd.compile import compile_config
+    prob = vl.problem_for(4096, 4, 8, 64, 128, 1, 256, "bf16")
+    smem = {}
+    for wb in (128, 64):
+        rep = compile_config(VarlenConfig(state_walk=1, scan_gluon=2, walk_block=wb), "sm90", prob, stages=("state_walk",))
+        assert rep.ok, rep.why()
+        smem[wb] = rep.stages[0].shared_bytes // 1024
+    assert smem == {128: 112, 64: 64}
     inline = VarlenConfig(cb="inline")
     assert inline.replace(bmm_block_m=16) == inline   # the C·Bᵀ launch's knobs shape only "stage"
 
@@ -239,7 +251,14 @@ def test_defaults_are_feasible_and_rules_refuse_what_cannot_run():
     for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
         for pr in (big, few, VarlenProblem(3, 1, 1, 3, 5, 7, 1, 16, "fp32")):
             assert violations(default_config(arch, pr), arch, pr) == [], (arch, pr)
-    assert default_config("sm90", few).cb == "inline" and default_config("sm90", big).cb == "stage"
+    assert default_config("sm80", few).cb == "inline" and default_config("sm80", big).cb == "stage"
+    # sm90: the forward's Gluon walk and scan (C·Bᵀ staged) wherever the problem fits them
+    assert all(default_config("sm90", pr).replace(walk_block=128) == default_config("sm80", big).replace(
+        state_walk=1, scan_gluon=3) for pr in (few, big))
+    assert default_config("sm90", big.replace(dtype="fp32")).state_walk == 0
+    assert any("needs scan_gluon" in w for w in violations(VarlenConfig(state_walk=1), "sm90", big))
+    assert any("needs state_walk=1" in w for w in violations(VarlenConfig(scan_gluon=2), "sm90", big))
+    assert any("dstate 64 or 128" in w for w in violations(default_config("sm90", big), "sm90", big.replace(dstate=256)))
     assert any("scan_block_m" in w for w in violations(VarlenConfig(scan_block_m=128), "sm90", big.replace(chunk_size=64)))
     assert any("shared memory" in w for w in violations(
         VarlenConfig(scan_block_m=128, scan_block_n=128, scan_block_k=128, scan_block_d=256, scan_stages=4), "sm90", big))
@@ -317,7 +336,11 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
         inline = default_config(arch, pr).replace(cb="inline")
         for cfg in (default_config(arch, pr),) + ((inline,) if arch in ("sm90", "gfx942") else ()):
             rep = compile_config(cfg, arch, pr)
-            assert rep.ok and {s.stage for s in rep.stages} == set(get_op("ssd_varlen").sequences[cfg.cb]), (arch, rep)
+            # sm90's default: the Gluon walk in place of the chunk state and the state passing
+            want = ({"cumsum", "bmm", "state_walk", "chunk_scan"} if cfg.state_walk
+                    else set(get_op("ssd_varlen").sequences[cfg.cb]))
+            assert rep.ok and {s.stage for s in rep.stages} == want, (arch, rep)
+            assert bool(cfg.state_walk) == (arch == "sm90" and cfg.cb == "stage")
             assert all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
 
 
@@ -381,7 +404,7 @@ def test_with_a_chunk_table_nothing_is_read_on_the_host(monkeypatch):
     for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, host_read)
     if DEV == "cpu":   # the interpreter itself reads values: plan the launches, launch none
-        def plan_only(problem, config, t, backend, dt_limit, poison):
+        def plan_only(problem, config, t, backend, dt_limit, poison, keep_states=True):
             buf = vl.allocate(problem, config, t["x"].device)
             assert len(vl.plan(problem, config, t, buf, backend, dt_limit)) == 5
             return buf

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...arch import Arch, get_arch
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
-from .stage_knobs import BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, STATE_PASSING
+from .stage_knobs import BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -38,15 +38,7 @@ KNOBS: tuple[Knob, ...] = (
          "1: cumsum and C·Bᵀ inside the chunk-state launch (3 launches instead of 5); "
          "2: cumsum and C·Bᵀ in one launch (4 instead of 5)",
          "chunk_state", depths=(5,), measured_only=True),
-    # 1: the chunk state and the state passing as one Gluon walk over the chunks
-    # (state_walk_gluon.jinja): one program per (headdim tile, dstate tile, head, batch) carries
-    # its state tile through every chunk in the wgmma's accumulator, x and B by TMA through a
-    # ring, the entering states out by TMA store; four launches instead of five, 0.67 GB of local
-    # states neither written nor read back. sm90 only. 8-35% faster than the two stages it
-    # replaces (H100); a call it cannot take (seq_idx, strides TMA cannot address)
-    # runs those two stages. measured_only: the static model cannot rank a data path.
-    Knob("state_walk", (0, 1), 0, "1: chunk state + state passing as one Gluon walk (sm90)", "chunk_state",
-         depths=(5,), measured_only=True, needs=("tma", "wgmma")),
+    *take(GLUON_WALK, only=("state_walk",), depths=(5,)),
     # 1: the walk reads each token's weight in its chunk's state, exp(dA_last - dA_t) dt'_t, which
     # the cumsum (or prep) launch writes beside dt and dA, instead of computing it from them: the
     # walk runs one program per state tile through every chunk in order, and the exponentials
@@ -66,12 +58,7 @@ KNOBS: tuple[Knob, ...] = (
     # the walk and the chunk-walking Gluon scan (2 or 3), at pdl = 0. measured_only: a data path.
     Knob("walk_split", (1, 2, 3, 4, 6, 8, 11, 16), 1, "segments each sequence's Gluon walk is cut into (sm90)",
          "chunk_state", depths=(5,), measured_only=True, needs=("tma", "wgmma")),
-    # tokens per block of the Gluon walk's TMA ring (x and B, two stages): 128 takes 115 KB of
-    # shared memory and 175 registers, 2 CTAs per SM; 64 takes 66 KB and 132, 3 CTAs. Where the
-    # walk's programs fill more than one round of 2 per SM (batch > 1), a third CTA per SM cuts
-    # its rounds (-17% walk time at 2.7b 4x16384 on the H100). measured_only: the static model cannot rank it.
-    Knob("walk_block", (128, 64), 128, "tokens per block of the Gluon walk's TMA ring (sm90)",
-         "chunk_state", depths=(5,), measured_only=True, needs=("tma", "wgmma")),
+    *take(GLUON_WALK, only=("walk_block",), depths=(5,)),
     *take(STATE_PASSING, depths=(5,)),
     # the state passing's chain waits on each chunk's load with only the next chunk's in flight
     # (2.1x its bytes' time at the copy rate at 130m 1x131072 on the H100); a deeper cp.async ring keeps more
@@ -81,22 +68,7 @@ KNOBS: tuple[Knob, ...] = (
          "state_passing", depths=(5,), measured_only=True),
     *take(CHUNK_SCAN, depths={"scan_block_n": (5, 3), "scan_block_d": (5, 3)},
          docs={"scan_maxnreg": "register cap per thread, 0 = compiler's choice (at launches=1: the fused kernel's)"}),
-    # 1: the chunk scan in Gluon (chunk_scan_gluon.jinja): every MMA operand by TMA into one 48 KB
-    # ring, CB's decay applied to the MMA's register operand; sm90 only (TMA, wgmma). It uses
-    # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
-    # address) runs the tl kernel of the same config. 9-12% faster than the tl kernel at the
-    # large shapes on the H100; measured_only: the static model cannot rank a data path.
-    # 2: one program per chunk and head walks the chunk's row tiles with the state tile and the x
-    # blocks resident in shared memory, x scaled there once per block so that CB feeds the wgmma
-    # as stored, and every dA/dt load issued ahead: 5-7% faster than 1 at the large
-    # shapes, 9 µs slower at 2.7b 1x2048 (a quarter of the programs).
-    # 3: 2 storing y by TMA through shared memory (the diagonal's ring stage) in place of the
-    # accumulator layout's 4-byte stores, whose registers the next row tile waited on (ncu; 10-15% off
-    # the scan on the H100).
-    Knob("scan_gluon", (0, 1, 2, 3), 0, "1: the Gluon chunk scan with TMA operands (sm90); "
-         "2: the Gluon scan with one program per chunk, x resident and pre-scaled; "
-         "3: as 2, y stored by TMA", "chunk_scan",
-         depths=(5, 3), measured_only=True, needs=("tma", "wgmma")),
+    *take(GLUON_SCAN, depths=(5, 3)),
     # 1: programmatic dependent launch. Every launch of the forward may start while the one before
     # it drains: each kernel first waits for its predecessor (griddepcontrol.wait, before any
     # memory access), then lets its successor launch (griddepcontrol.launch_dependents), so

@@ -223,8 +223,9 @@ def _is_sm90(index: int) -> bool:
 
 def _sm90_gaps(what: str, x: torch.Tensor, backend: str) -> list[str]:
     """Why a Gluon kernel for sm90 cannot run this call's device: a GPU that is an sm90 (meta
-    tensors stand for one: compile_config has checked the arch), no interpreter."""
-    if backend != "cuda" or interpreting() or x.device.type not in ("cuda", "meta"):
+    tensors stand for one: compile_config has checked the arch, and they never run, so the
+    interpreter does not apply to them), no interpreter."""
+    if backend != "cuda" or (interpreting() and x.device.type != "meta") or x.device.type not in ("cuda", "meta"):
         return [f"{what} runs on an NVIDIA GPU only (no interpreter)"]
     if x.device.type == "cuda" and (torch.version.hip or not _is_sm90(x.device.index or 0)):
         return [f"{what} needs an sm90 GPU"]
@@ -281,14 +282,20 @@ def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
     return why
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple, dtype: torch.dtype):
+    # the default swizzled shared layout of a block: building one validates its fields (~40 us
+    # of host time, five to eight per packed-prefill call, which launches uncached)
+    from triton.experimental.gluon import language as ttgl
+    return ttgl.NVMMASharedLayout.get_default_for(list(block), getattr(ttgl, str(dtype).split(".")[1]))
+
+
 def _tma_desc(base: torch.Tensor, shape: list, row_stride: int, block: list):
     """A TMA descriptor of `base` viewed as 2-D rows (shape, row_stride) in `block` tiles, in the
     default swizzled shared layout for the block. The base is the caller's tensor itself, so the
     launch cache can put a new call's tensor in its place."""
-    from triton.experimental.gluon import language as ttgl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    layout = ttgl.NVMMASharedLayout.get_default_for(block, getattr(ttgl, str(base.dtype).split(".")[1]))
-    return TensorDescriptor(base, shape, [row_stride, 1], block, layout)
+    return TensorDescriptor(base, shape, [row_stride, 1], block, _shared_layout(tuple(block), base.dtype))
 
 
 def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False, first_stored: int = 0) -> Launch:

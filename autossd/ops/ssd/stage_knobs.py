@@ -58,3 +58,41 @@ CHUNK_SCAN = (
     Knob("scan_maxnreg", MAXNREG, 0, "register cap per thread, 0 = compiler's choice", "chunk_scan",
          measured_only=True, needs=("maxnreg",)),
 )
+# The sm90 Gluon data paths (templates/ssd/state_walk_gluon.jinja, chunk_scan_gluon.jinja): the
+# forward's and packed prefill's. The walk replaces the chunk-state and state-passing stages; the
+# chunk-walking scans (2, 3) read the entering states the walk stores.
+GLUON_WALK = (
+    # 1: the chunk state and the state passing as one Gluon walk over the chunks
+    # (state_walk_gluon.jinja): one program per (headdim tile, dstate tile, head, batch) carries
+    # its state tile through every chunk in the wgmma's accumulator, x and B by TMA through a
+    # ring, the entering states out by TMA store; four launches instead of five, 0.67 GB of local
+    # states neither written nor read back. sm90 only. 8-35% faster than the two stages it
+    # replaces (H100); a call it cannot take (seq_idx, strides TMA cannot address)
+    # runs those two stages. measured_only: the static model cannot rank a data path.
+    Knob("state_walk", (0, 1), 0, "1: chunk state + state passing as one Gluon walk (sm90)", "chunk_state",
+         measured_only=True, needs=("tma", "wgmma")),
+    # tokens per block of the Gluon walk's TMA ring (x and B, two stages): 128 takes 115 KB of
+    # shared memory and 175 registers, 2 CTAs per SM; 64 takes 66 KB and 132, 3 CTAs. Where the
+    # walk's programs fill more than one round of 2 per SM (batch > 1), a third CTA per SM cuts
+    # its rounds (-17% walk time at 2.7b 4x16384 on the H100). measured_only: the static model cannot rank it.
+    Knob("walk_block", (128, 64), 128, "tokens per block of the Gluon walk's TMA ring (sm90)",
+         "chunk_state", measured_only=True, needs=("tma", "wgmma")),
+)
+GLUON_SCAN = (
+    # 1: the chunk scan in Gluon (chunk_scan_gluon.jinja): every MMA operand by TMA into one 48 KB
+    # ring, CB's decay applied to the MMA's register operand; sm90 only (TMA, wgmma). It uses
+    # 64 x 64 tiles and one warpgroup; a call it cannot take (seq_idx, strides TMA cannot
+    # address) runs the tl kernel of the same config. 9-12% faster than the tl kernel at the
+    # large shapes on the H100; measured_only: the static model cannot rank a data path.
+    # 2: one program per chunk and head walks the chunk's row tiles with the state tile and the x
+    # blocks resident in shared memory, x scaled there once per block so that CB feeds the wgmma
+    # as stored, and every dA/dt load issued ahead: 5-7% faster than 1 at the large
+    # shapes, 9 µs slower at 2.7b 1x2048 (a quarter of the programs).
+    # 3: 2 storing y by TMA through shared memory (the diagonal's ring stage) in place of the
+    # accumulator layout's 4-byte stores, whose registers the next row tile waited on (ncu; 10-15% off
+    # the scan on the H100).
+    Knob("scan_gluon", (0, 1, 2, 3), 0, "1: the Gluon chunk scan with TMA operands (sm90); "
+         "2: the Gluon scan with one program per chunk, x resident and pre-scaled; "
+         "3: as 2, y stored by TMA", "chunk_scan",
+         measured_only=True, needs=("tma", "wgmma")),
+)

@@ -22,16 +22,16 @@ import torch
 from ...arch import get_arch
 from ...core import select as _select
 from ...core.cost import StageCost
-from ...core.device import arch_of_device
+from ...core.device import arch_of_device, launch_mode_of
 from ...db import lookup as _lookup
 from ...problem import DTYPES, TORCH_DTYPES, as_flag, parse_dt_limit
 from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
 from .naive import varlen_ref
-from .plan import Launch
+from .plan import Launch, _INT32, _sm90_gaps, _tma_desc
 from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, chunks_for, default_config, fit,  # noqa: F401
-                           lengths_for, problem_for, violations)
+                           lengths_for, problem_for, seed_configs, violations)
 
 STAGES = (
     Stage("cumsum"),
@@ -48,13 +48,21 @@ _INTS = (torch.int32, torch.int64)
 
 
 def includes(cfg: VarlenConfig, backend: str) -> list[str]:
-    """The template files a config's module holds, in launch order: the forward's five-launch
-    stage files of the SSD library (templates/ssd/), which render their packed kernels here
-    (`render_context`), C·Bᵀ's only where it has a launch of its own."""
+    """The template files a config's module holds, in launch order: the forward's stage files of
+    the SSD library (templates/ssd/), which render their packed kernels here (`render_context`),
+    C·Bᵀ's only where it has a launch of its own, and the forward's Gluon walk and chunk scan
+    where the config takes them (CUDA only; a call they cannot take runs the tl stages, so
+    those are always there)."""
     out = ["cumsum.jinja"]
     if cfg.cb == "stage":
         out.append("bmm.jinja")
-    return out + ["chunk_state.jinja", "state_passing.jinja", "chunk_scan.jinja"]
+    out += ["chunk_state.jinja", "state_passing.jinja"]
+    if cfg.state_walk and backend == "cuda":
+        out.append("state_walk_gluon.jinja")
+    out.append("chunk_scan.jinja")
+    if cfg.scan_gluon and backend == "cuda":
+        out.append("chunk_scan_gluon.jinja")
+    return out
 
 
 def render_context(cfg: VarlenConfig, backend: str) -> dict:
@@ -207,10 +215,41 @@ def problem_of(t: dict, chunk_size, dt_softplus, state_dtype) -> VarlenProblem:
                          has_init=init is not None)
 
 
+# --- the Gluon data paths ---------------------------------------------------------------------
+def _view_gaps(views) -> list[str]:
+    """Why these (name, tensor (tokens, k, m)) do not make TMA-addressable 2-D views (tokens,
+    k * m): rows one stride apart, 16-byte aligned."""
+    why = []
+    for name, v in views:
+        if not (v.stride(2) == 1 and v.stride(1) == v.shape[2] and v.stride(0) >= v.shape[1] * v.shape[2]
+                and v.stride(0) * v.element_size() % 16 == 0 and v.data_ptr() % 16 == 0):
+            why.append(f"{name}'s strides {tuple(v.stride())} do not make a TMA-addressable (tokens, "
+                       f"{v.shape[1] * v.shape[2]}) view")
+    return why
+
+
+def gluon_gaps(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str) -> list[str]:
+    """Why this call cannot run the Gluon walk and scan its config takes (state_walk = 1); empty
+    when it can: an sm90 GPU, inputs (and y, which scan_gluon = 3 stores by TMA) TMA can address
+    as 2-D views, coordinates in 32 bits. A call that cannot runs the tl stages of the same
+    config, with the same result to rounding."""
+    x, B, C, y = t["x"], t["B"], t["C"], t["out"]
+    k, q, h, p, g = problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.ngroups
+    why = _sm90_gaps("the Gluon walk and scan", x, backend)
+    why += _view_gaps((("x", x), ("B", B), ("C", C)) + ((("out", y),) if config.scan_gluon == 3 else ()))
+    if max(problem.tokens, k * h * p, k * g * q) >= _INT32:
+        why.append("a TMA coordinate would pass 2**31")
+    return why
+
+
 # --- buffers and launches ---------------------------------------------------------------------
-def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool = False) -> dict:
+def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool = False,
+             gluon: bool = False, keep_states: bool = True) -> dict:
     """The intermediates and outputs a call writes (poison: NaN-filled, so an element a kernel
-    fails to write shows up)."""
+    fails to write shows up). gluon: the Gluon walk and scan run (`gluon_gaps`): the walk stores
+    each chunk's entering state for the scan ("entering", in the inputs' type), and every
+    chunk's end state ("states", in the state dtype) only where the caller keeps them
+    (keep_states); the tl stages always write them (their scan reads them)."""
     k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
                         problem.ngroups)
     sdt = TORCH_DTYPES[problem.state_dtype]
@@ -219,9 +258,12 @@ def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool 
 
     def new(*shape, dtype):
         return make(shape, float("nan"), dtype=dtype, **kw) if poison else make(shape, dtype=dtype, **kw)
+    ends = keep_states or not gluon
     return dict(dtp=new(h, k, q, dtype=torch.float32), dA=new(h, k, q, dtype=torch.float32),
                 cb=new(k, g, q, q, dtype=TORCH_DTYPES[problem.dtype]) if config.cb == "stage" else None,
-                states=new(k, h, p, n, dtype=sdt), final=new(problem.seqs, h, p, n, dtype=sdt))
+                states=new(k, h, p, n, dtype=sdt) if ends else None,
+                entering=new(k, h, p, n, dtype=TORCH_DTYPES[problem.dtype]) if gluon else None,
+                final=new(problem.seqs, h, p, n, dtype=sdt), gluon=gluon)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -244,7 +286,7 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
     D, z, bias, init = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states")
     dtp, dA, cb, st, fin = buf["dtp"], buf["dA"], buf["cb"], buf["states"], buf["final"]
     lo, hi = (float(v) for v in dt_limit)
-    s_x, s_B, s_C, s_st = x.stride(), B.stride(), C.stride(), st.stride()
+    s_x, s_B, s_C, s_st = x.stride(), B.stride(), C.stride(), _st(st, 4)
     s_init = _st(init, 4)
     launches = [Launch("cumsum", "varlen_cumsum", (k, cdiv(h, config.cumsum_block_h)),
                        dict(dt_ptr=dt, A_ptr=t["A"], bias_ptr=bias, cu_chunk_ptr=cuc, dt_out_ptr=dtp,
@@ -261,6 +303,9 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                     s_B_n=s_B[2], s_cb_c=cb.stride(0), s_cb_g=cb.stride(1),
                                     s_cb_i=cb.stride(2), s_cb_j=cb.stride(3)),
                                dict(CHUNK=q), opts["bmm"]))
+    if buf["gluon"]:   # the walk (chunk states and the chain over each sequence's chunks), the scan
+        return launches + [_gluon_walk(problem, config, t, buf), _gluon_scan(problem, config, t, buf, opts)]
+    # the chunk states, then the chain over each sequence's chunks from its initial state
     tiles = cdiv(p, config.state_block_m) * cdiv(n, config.state_block_n)
     launches.append(Launch("chunk_state", "varlen_chunk_state", (h * tiles, k),
                            dict(x_ptr=x, B_ptr=B, dt_ptr=dtp, dA_ptr=dA, cu_chunk_ptr=cuc, st_ptr=st,
@@ -297,6 +342,61 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
     return launches
 
 
+def _gluon_walk(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict) -> Launch:
+    """The Gluon walk over the chunk table (state_walk_gluon.jinja's packed form): one program per
+    (64-row headdim tile, dstate tile of up to 128, head, sequence), from the sequence's initial
+    state through its chunks. It stores each chunk's entering state for the Gluon scan, every
+    chunk's end state where `allocate` kept a buffer for them, and each sequence's final state."""
+    x, B, init = t["x"], t["B"], t.get("initial_states")
+    k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
+                        problem.ngroups)
+    bn, kb = min(n, 128), min(q, config.walk_block)
+    sen = buf["entering"]
+    ends, fin, init_st = buf["states"], buf["final"], _st(init, 4)
+    return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, problem.seqs),
+                  dict(x_desc=_tma_desc(x, [problem.tokens, h * p], x.stride(0), [kb, 64]),
+                       B_desc=_tma_desc(B, [problem.tokens, g * n], B.stride(0), [kb, bn]),
+                       st_desc=_tma_desc(sen, [k * h * p, n], n, [64, bn]),
+                       dt_ptr=buf["dtp"], dA_ptr=buf["dA"], init_ptr=init, final_ptr=fin, end_ptr=ends,
+                       cu_chunk_ptr=t["cu_chunk_seqlens"], last_chunk_ptr=t["last_chunk_indices"],
+                       H=h, P=p, heads_per_group=h // g, s_dt_h=buf["dtp"].stride(0), s_dt_c=buf["dtp"].stride(1),
+                       s_init_b=init_st[0], s_init_h=init_st[1], s_init_p=init_st[2], s_init_n=init_st[3],
+                       s_fin_b=fin.stride(0), s_fin_h=fin.stride(1),
+                       s_end_c=ends.stride(0) if ends is not None else 0,
+                       s_end_h=ends.stride(1) if ends is not None else 0),
+                  dict(N=n, BN=bn, HAS_INIT=init is not None, KEEP_ENDS=ends is not None, CHUNK=q, KB=kb),
+                  # one warpgroup, its ring in the template (as the forward's walk)
+                  dict(num_warps=4, num_stages=1))
+
+
+def _gluon_scan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, opts: dict) -> Launch:
+    """The chunk-walking Gluon scan over the chunk table (chunk_scan_gluon.jinja's packed form):
+    one program per (64-wide headdim tile, head, chunk), from the entering state the walk
+    stored. scan_gluon = 3 stores y's whole row tiles by TMA."""
+    x, C, D, z, y = t["x"], t["C"], t.get("D"), t.get("z"), t["out"]
+    k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
+                        problem.ngroups)
+    T, tile = problem.tokens, [64, 64]
+    descs = dict(C_desc=_tma_desc(C, [T, g * n], C.stride(0), tile),
+                 st_desc=_tma_desc(buf["entering"], [k * h * p, n], n, tile),
+                 cb_desc=_tma_desc(buf["cb"], [k * g * q, q], q, tile),
+                 x_desc=_tma_desc(x, [T, h * p], x.stride(0), tile))
+    if config.scan_gluon == 3:
+        descs["y_desc"] = _tma_desc(y, [T, h * p], y.stride(0), tile)
+    s_z, s_D = _st(z, 3), _st(D, 2)
+    return Launch("chunk_scan", "ssd_chunk_scan_gluon_chunk", ((p // 64) * h, k, 1),
+                  dict(**descs, z_ptr=z, y_ptr=y, dt_ptr=buf["dtp"], dA_ptr=buf["dA"], D_ptr=D,
+                       cu_chunk_ptr=t["cu_chunk_seqlens"], H=h, P=p, G=g, heads_per_group=h // g,
+                       s_z_b=0, s_z_l=s_z[0], s_z_h=s_z[1], s_z_p=s_z[2],
+                       s_y_b=0, s_y_l=y.stride(0), s_y_h=y.stride(1), s_y_p=y.stride(2),
+                       s_dt_b=0, s_dt_h=buf["dtp"].stride(0), s_dt_c=buf["dtp"].stride(1),
+                       s_D_h=s_D[0], s_D_p=s_D[1] if D is not None and D.dim() == 2 else 0),
+                  dict(N=n, HAS_D=D is not None, D_HAS_HDIM=problem.D_has_hdim, HAS_Z=z is not None,
+                       EVEN_L=False, FIRST_STATE=0, CHUNK=q),
+                  # the forward's register cap for this kernel: three CTAs per SM (plan.py)
+                  dict(opts["chunk_scan"], num_warps=4, maxnreg=168))
+
+
 # --- config choice --------------------------------------------------------------------------
 def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None, launch_mode: str = "eager"):
     """(config, why): the one selector's pick (`autossd.core.select`, by the lookup's rules)
@@ -310,7 +410,7 @@ def choose(problem: VarlenProblem, arch: str, db=None, device: str | None = None
     return fit(m.config, problem), m.reason
 
 
-# (problem, arch, device) -> (config, why, backend): a call's choice without the selector's key
+# (problem, arch, device, launch mode) -> (config, why, backend): a call's choice without the selector's key
 # (its database URL and GPU name cost more host time than the kernels of a short prefill)
 _choices: dict = {}
 CHOICES_MAX = 4096
@@ -321,12 +421,15 @@ def clear_cache() -> None:
     _choices.clear()
 
 
-def _config_for(problem: VarlenProblem, device) -> tuple[VarlenConfig, str, str]:
+def _config_for(problem: VarlenProblem, device, mode: str = "eager") -> tuple[VarlenConfig, str, str]:
+    """mode: "graph" while the call is captured in a CUDA graph (`launch_mode_of`), whose replays
+    take no host time: the records timed by graph replay rank first there, the eager ones (host
+    time included) elsewhere, as for the forward's drop-in."""
     arch = arch_of_device(device)
-    key = (problem, arch, device)
+    key = (problem, arch, device, mode)
     hit = _choices.get(key)
     if hit is None:
-        config, why = choose(problem, arch, device=_lookup.device_name(device))
+        config, why = choose(problem, arch, device=_lookup.device_name(device), launch_mode=mode)
         hit = (config, why, get_arch(arch).backend)
         if len(_choices) >= CHOICES_MAX:
             _choices.clear()
@@ -335,10 +438,12 @@ def _config_for(problem: VarlenProblem, device) -> tuple[VarlenConfig, str, str]
 
 
 def run(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str, dt_limit=(0.0, float("inf")),
-        poison: bool = False) -> dict:
-    """Launch a call's kernels; returns the buffers (y is t["out"])."""
+        poison: bool = False, keep_states: bool = True) -> dict:
+    """Launch a call's kernels; returns the buffers (y is t["out"]). keep_states: every chunk's
+    end state is wanted (buf["states"])."""
     module = load(config, backend)
-    buf = allocate(problem, config, t["x"].device, poison)
+    gluon = bool(config.state_walk) and not gluon_gaps(problem, config, t, backend)
+    buf = allocate(problem, config, t["x"].device, poison, gluon, keep_states)
     dev = t["x"].device
     ctx = torch.cuda.device(dev) if dev.type == "cuda" else _nullcontext()
     with ctx:
@@ -409,7 +514,7 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
     if t["out"] is None:
         t["out"] = torch.empty(x.shape, dtype=x.dtype, device=dev)
     if config is None:
-        config, _, backend = _config_for(problem, dev)
+        config, _, backend = _config_for(problem, dev, launch_mode_of(x))
     else:
         if not isinstance(config, VarlenConfig):
             raise TypeError(f"config: expected a VarlenConfig, got {type(config).__name__}")
@@ -418,7 +523,7 @@ def ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=None, z=None, dt_bias=N
         if bad:
             raise ValueError(f"config: {config!r} cannot run {problem} on {arch}: {'; '.join(bad)}")
         backend = get_arch(arch).backend
-    buf = run(problem, config, t, backend, dt_limit, poison)
+    buf = run(problem, config, t, backend, dt_limit, poison, keep_states=bool(return_intermediate_states))
     if return_intermediate_states:
         return t["out"], buf["final"], buf["states"]
     return t["out"], buf["final"]
@@ -433,12 +538,11 @@ def mamba_chunk_scan_combined_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, cu_
     return_intermediate_states every chunk's end state (nchunks, ...), in state_dtype."""
     if out is None:
         raise ValueError("out: expected a (tokens, nheads, headdim) tensor to receive y")
-    _, final, states = ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=D, z=z, dt_bias=dt_bias,
-                                  initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
-                                  cu_chunk_seqlens=cu_chunk_seqlens, last_chunk_indices=last_chunk_indices,
-                                  seq_idx=seq_idx, out=out, return_intermediate_states=True,
-                                  state_dtype=state_dtype)
-    return states if return_intermediate_states else final
+    got = ssd_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, D=D, z=z, dt_bias=dt_bias,
+                     initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                     cu_chunk_seqlens=cu_chunk_seqlens, last_chunk_indices=last_chunk_indices, seq_idx=seq_idx,
+                     out=out, return_intermediate_states=return_intermediate_states, state_dtype=state_dtype)
+    return got[2] if return_intermediate_states else got[1]
 
 
 # --- the tuner's and the compile report's hooks -------------------------------------------------
@@ -503,7 +607,8 @@ def meta_launches(problem: VarlenProblem, config: VarlenConfig, backend: str) ->
              initial_states=m(s, h, p, n, dtype=torch.float32) if problem.has_init else None,
              cu_seqlens=m(s + 1, dtype=i32), cu_chunk_seqlens=m(k + 1, dtype=i32),
              last_chunk_indices=m(s, dtype=i32), seq_idx=m(k, dtype=i32), out=m(T, h, p))
-    return plan(problem, config, t, allocate(problem, config, "meta"), backend)
+    gluon = bool(config.state_walk) and not gluon_gaps(problem, config, t, backend)
+    return plan(problem, config, t, allocate(problem, config, "meta", gluon=gluon), backend)
 
 
 def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
@@ -556,6 +661,7 @@ OP = register(Op(
     cost_model=stage_costs,
     default_config=default_config,
     violations=violations,
+    seeds=seed_configs,
     amd_options=(),
     caps=caps,
     static_caveat="against an H200 sweep of packed prefill (sm90, 66 configs) the model's top-1 ran 1.15x "

@@ -18,7 +18,7 @@ import torch
 
 from ...arch import Arch, get_arch
 from ...problem import MODEL_FLAGS
-from .stage_knobs import BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, STATE_PASSING
+from .stage_knobs import BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, ShapeForm, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -38,6 +38,13 @@ KNOBS: tuple[Knob, ...] = (
     # graph-timed call time at 1 stage against 0.625 at 2 (the other knobs at their defaults)
     *take(CHUNK_SCAN, defaults={"scan_stages": 1},
          docs={"scan_block_d": "dstate step of the C·state (and inline C·Bᵀ) products"}),
+    # The forward's Gluon data paths on sm90, over the chunk table: the walk (one program per state
+    # tile, head and sequence through that sequence's chunks, each from its initial state) in
+    # place of the chunk-state and state-passing launches, and the chunk-walking scan (2, 3) in
+    # place of the tl scan. Both read C·Bᵀ from its own launch (cb = "stage"); the scan reads the
+    # entering states the walk stores, in the inputs' 16-bit type.
+    *take(GLUON_WALK, depths=("stage",)),
+    *take(GLUON_SCAN, depths=("stage",), values={"scan_gluon": (0, 2, 3)}),
 )
 SPACE = KnobSpace("ssd_varlen", KNOBS, mode_knob="cb")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
@@ -162,6 +169,39 @@ def violations(config: VarlenConfig, arch: Arch | str, problem: VarlenProblem | 
         for name, cap in caps(problem).items():
             if config[name] > cap and KNOB_BY_NAME[name].shapes(config.cb):
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
+    return why + gluon_violations(config, problem)
+
+
+def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None) -> list[str]:
+    """What the Gluon walk and scan (state_walk, scan_gluon) cannot do, for this config and
+    problem; the call's strides and device are plan()'s to check (varlen.gluon_gaps). The two
+    run together: the walk stores each chunk's entering state in the inputs' type for the scan,
+    where the tl scan reads the end states of the tl chain."""
+    why = []
+    if config.state_walk and not config.scan_gluon:
+        why.append("state_walk=1 stores the entering states the Gluon scan reads: needs scan_gluon 2 or 3")
+    if config.scan_gluon and not config.state_walk:
+        why.append(f"scan_gluon={config.scan_gluon} reads the entering states the Gluon walk stores: needs state_walk=1")
+    if config.walk_block != 128 and not config.state_walk:
+        why.append(f"walk_block={config.walk_block} sizes the Gluon walk's ring: needs state_walk=1")
+    if not config.scan_gluon:
+        return why
+    tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
+    if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
+        why.append(f"scan_gluon={config.scan_gluon} runs 64 x 64 tiles in one warpgroup: needs scan_block_m, "
+                   f"scan_block_n and scan_block_k = 64 and scan_warps = 4, got {tiles}, "
+                   f"scan_warps={config.scan_warps}")
+    if problem is None:
+        return why
+    if problem.dtype not in ("fp16", "bf16"):
+        why.append(f"scan_gluon={config.scan_gluon} needs fp16/bf16 inputs (16-bit MMA operands), got {problem.dtype}")
+    if problem.dstate not in (64, 128):
+        why.append(f"scan_gluon={config.scan_gluon} needs dstate 64 or 128, got {problem.dstate}")
+    if problem.headdim % 64:
+        why.append(f"scan_gluon={config.scan_gluon} needs headdim a multiple of 64, got {problem.headdim}")
+    if problem.chunk_size not in (64, 128, 256):
+        why.append(f"scan_gluon={config.scan_gluon} needs chunk_size 64, 128 or 256 (whole 64-token tiles, x "
+                   f"resident in shared memory), got {problem.chunk_size}")
     return why
 
 
@@ -179,7 +219,7 @@ def default_config(arch: Arch | str, problem: VarlenProblem | None = None, cb: s
     it; the default does not.) On AMD two warps per program take the threads of four on NVIDIA,
     and pipeline stages are cut until the tiles fit its 64 KB of shared memory. Short prefills
     (under two chunks per sequence on average) compute C·Bᵀ inline: the launch it saves is most
-    of such a call's time."""
+    of such a call's time. On sm90 the Gluon walk and scan, where the problem fits them."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     cfg = VarlenConfig(decay_split=True, state_block_n=128, state_warps=2, state_stages=3)
     if arch.is_amd:
@@ -190,6 +230,14 @@ def default_config(arch: Arch | str, problem: VarlenProblem | None = None, cb: s
         return cfg
     if cb is None and problem.tokens < 2 * problem.chunk_size * problem.seqs:
         cfg = cfg.replace(cb="inline")
+    if cb in (None, "stage") and arch.has("tma", "wgmma"):
+        # the forward's Gluon walk and chunk-walking scan storing y by TMA, where they take the
+        # problem: 1.5-1.7x the tl stages at every packed batch of the H200 benchmark (2026-11-28,
+        # bf16: 0.255 against 0.385 ms at 2.7b's 8192 tokens in one sequence, 0.374 against 0.562
+        # in 64 drawn, where the tl default computes C·Bᵀ inline)
+        gluon = cfg.replace(cb="stage", state_walk=1, scan_gluon=3)
+        if not gluon_violations(gluon, problem):
+            cfg = gluon
     cfg = fit(cfg, problem)
     while violations(cfg, arch, problem) and max(cfg.scan_stages, cfg.state_stages, cfg.bmm_stages) > 1:
         cfg = cfg.replace(scan_stages=max(1, cfg.scan_stages - 1), state_stages=max(1, cfg.state_stages - 1),
@@ -253,3 +301,22 @@ FORM = ShapeForm(
          "engine passes each sequence's initial state)",
     preset_help="packed batches", grid_help="8192 tokens in 16 sequences and 64k in 64")
 VarlenProblem.shape_form = FORM
+
+
+def seed_configs(arch: Arch | str, problem: VarlenProblem, space) -> list[VarlenConfig]:
+    """Starting points enqueued before sampling: the arch default, then each data path a draw
+    would seldom meet (the Gluon pair needs the walk, the scan and 64-wide scan tiles at once):
+    the Gluon scan storing y by registers (2), the walk's 64-token ring, the tl stages with C·Bᵀ
+    staged and inline. Only those inside the space and feasible."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    base = default_config(arch, problem)
+    tl = default_config(arch, problem, cb="stage").replace(state_walk=0, scan_gluon=0)
+    gluon = tl.replace(state_walk=1, scan_gluon=3)
+    cands = [base, gluon.replace(scan_gluon=2), gluon.replace(walk_block=64), gluon, tl,
+             fit(default_config(arch, problem, cb="inline"), problem)]
+    out: list[VarlenConfig] = []
+    for cand in cands:
+        cand = fit(cand, problem)
+        if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
+            out.append(cand)
+    return out
