@@ -20,7 +20,8 @@ import torch
 
 def lengths(kind: str, total: int, gen) -> list[int]:
     """A packed batch's sequence lengths: 'one' (one sequence), 'even:N' (N equal ones),
-    'mixed:N' (N drawn lengths), 'long+short:N' (one long, N - 1 of 64 tokens)."""
+    'mixed:N' (N drawn lengths), 'long+short:N' (one long, N - 1 of 64 tokens), 'gaps:N' (N drawn,
+    every third empty)."""
     name, _, k = kind.partition(":")
     k = int(k or 1)
     if name == "one":
@@ -34,6 +35,12 @@ def lengths(kind: str, total: int, gen) -> list[int]:
         return [int(v) for v in lens]
     if name == "long+short":
         return [total - 64 * (k - 1)] + [64] * (k - 1)
+    if name == "gaps":   # N drawn lengths, every third sequence empty (a request with no new tokens)
+        w = torch.rand(k, generator=gen) + 0.05
+        w[::3] = 0
+        lens = (w / w.sum() * total).floor().long()
+        lens[1] += total - int(lens.sum())
+        return [int(v) for v in lens]
     raise ValueError(kind)
 
 
@@ -65,7 +72,8 @@ def check(args) -> list[dict]:
     that reach each path's corners: ragged chunks, a prefix-cached resume mid-chunk (the chunk
     table's first chunk of each sequence ends at the cache's block edge), chunk 64 and 128,
     dstate 64, headdim 128, no initial states, the chunk states kept or not, a strided out=
-    (not TMA-addressable: the tl stages take it)."""
+    (not TMA-addressable: the tl stages take it), empty sequences (no chunk: the final state is
+    the initial one)."""
     import autossd
     from autossd.ops.ssd.naive import varlen_ref
     from autossd.testing import rel_err, tolerance
@@ -74,7 +82,7 @@ def check(args) -> list[dict]:
     cases = [("mixed:32", 8192, {}), ("long+short:64", 100_000 + 63 * 64, {}), ("even:256", 256, {}), ("one", 1, {}),
              ("mixed:7", 3000, {}), ("mixed:9", 5000, {"resume": True}), ("mixed:5", 3000, {"chunk": 64}),
              ("mixed:5", 3000, {"chunk": 128, "n": 64}), ("mixed:6", 4000, {"p": 128, "init": False}),
-             ("mixed:6", 4000, {"keep": False}), ("mixed:6", 4000, {"strided_out": True})]
+             ("mixed:6", 4000, {"keep": False}), ("mixed:6", 4000, {"strided_out": True}), ("gaps:9", 3000, {})]
     configs = {"pick": None, **forced(args)}
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for kind, total, opt in cases:
