@@ -29,7 +29,8 @@ from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
 from .naive import varlen_ref
-from .plan import Launch, _INT32, _sm90_gaps, _tma_desc
+from .plan import Launch
+from .varlen_gluon import gluon_gaps, gluon_scan, gluon_walk, strides
 from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, chunks_for, default_config, fit,  # noqa: F401
                            lengths_for, problem_for, seed_configs, violations)
 
@@ -215,33 +216,6 @@ def problem_of(t: dict, chunk_size, dt_softplus, state_dtype) -> VarlenProblem:
                          has_init=init is not None)
 
 
-# --- the Gluon data paths ---------------------------------------------------------------------
-def _view_gaps(views) -> list[str]:
-    """Why these (name, tensor (tokens, k, m)) do not make TMA-addressable 2-D views (tokens,
-    k * m): rows one stride apart, 16-byte aligned."""
-    why = []
-    for name, v in views:
-        if not (v.stride(2) == 1 and v.stride(1) == v.shape[2] and v.stride(0) >= v.shape[1] * v.shape[2]
-                and v.stride(0) * v.element_size() % 16 == 0 and v.data_ptr() % 16 == 0):
-            why.append(f"{name}'s strides {tuple(v.stride())} do not make a TMA-addressable (tokens, "
-                       f"{v.shape[1] * v.shape[2]}) view")
-    return why
-
-
-def gluon_gaps(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: str) -> list[str]:
-    """Why this call cannot run the Gluon walk and scan its config takes (state_walk = 1); empty
-    when it can: an sm90 GPU, inputs (and y, which scan_gluon = 3 stores by TMA) TMA can address
-    as 2-D views, coordinates in 32 bits. A call that cannot runs the tl stages of the same
-    config, with the same result to rounding."""
-    x, B, C, y = t["x"], t["B"], t["C"], t["out"]
-    k, q, h, p, g = problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.ngroups
-    why = _sm90_gaps("the Gluon walk and scan", x, backend)
-    why += _view_gaps((("x", x), ("B", B), ("C", C)) + ((("out", y),) if config.scan_gluon == 3 else ()))
-    if max(problem.tokens, k * h * p, k * g * q) >= _INT32:
-        why.append("a TMA coordinate would pass 2**31")
-    return why
-
-
 # --- buffers and launches ---------------------------------------------------------------------
 def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool = False,
              gluon: bool = False, keep_states: bool = True) -> dict:
@@ -271,10 +245,6 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _st(v, n):
-    return tuple(v.stride()) if v is not None else (0,) * n
-
-
 def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backend: str = "cuda",
          dt_limit=(0.0, float("inf"))) -> list:
     """The launches of a call on validated tensors `t` and buffers `buf` (`allocate`)."""
@@ -286,8 +256,8 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
     D, z, bias, init = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states")
     dtp, dA, cb, st, fin = buf["dtp"], buf["dA"], buf["cb"], buf["states"], buf["final"]
     lo, hi = (float(v) for v in dt_limit)
-    s_x, s_B, s_C, s_st = x.stride(), B.stride(), C.stride(), _st(st, 4)
-    s_init = _st(init, 4)
+    s_x, s_B, s_C, s_st = x.stride(), B.stride(), C.stride(), strides(st, 4)
+    s_init = strides(init, 4)
     launches = [Launch("cumsum", "varlen_cumsum", (k, cdiv(h, config.cumsum_block_h)),
                        dict(dt_ptr=dt, A_ptr=t["A"], bias_ptr=bias, cu_chunk_ptr=cuc, dt_out_ptr=dtp,
                             dA_out_ptr=dA, H=h, dt_lo=lo, dt_hi=hi, s_dt_t=dt.stride(0), s_dt_h=dt.stride(1),
@@ -304,7 +274,7 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                     s_cb_i=cb.stride(2), s_cb_j=cb.stride(3)),
                                dict(CHUNK=q), opts["bmm"]))
     if buf["gluon"]:   # the walk (chunk states and the chain over each sequence's chunks), the scan
-        return launches + [_gluon_walk(problem, config, t, buf), _gluon_scan(problem, config, t, buf, opts)]
+        return launches + [gluon_walk(problem, config, t, buf), gluon_scan(problem, config, t, buf, opts)]
     # the chunk states, then the chain over each sequence's chunks from its initial state
     tiles = cdiv(p, config.state_block_m) * cdiv(n, config.state_block_n)
     launches.append(Launch("chunk_state", "varlen_chunk_state", (h * tiles, k),
@@ -323,7 +293,7 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                 s_fin_s=fin.stride(0), s_fin_h=fin.stride(1)),
                            dict(HAS_INIT=init is not None), opts["state_passing"]))
     tiles = cdiv(q, config.scan_block_m) * cdiv(p, config.scan_block_n)
-    s_z, s_y, s_cb, s_D = _st(z, 3), y.stride(), _st(cb, 4), _st(D, 2)
+    s_z, s_y, s_cb, s_D = strides(z, 3), y.stride(), strides(cb, 4), strides(D, 2)
     launches.append(Launch("chunk_scan", "varlen_chunk_scan", (h * tiles, k),
                            dict(x_ptr=x, z_ptr=z, y_ptr=y, C_ptr=C, B_ptr=B, cb_ptr=cb, dt_ptr=dtp, dA_ptr=dA,
                                 st_ptr=st, init_ptr=init, D_ptr=D, cu_chunk_ptr=cuc, chunk_seq_ptr=seq,
@@ -340,61 +310,6 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                 D_HAS_HDIM=D is not None and D.dim() == 2, HAS_Z=z is not None),
                            opts["chunk_scan"]))
     return launches
-
-
-def _gluon_walk(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict) -> Launch:
-    """The Gluon walk over the chunk table (state_walk_gluon.jinja's packed form): one program per
-    (64-row headdim tile, dstate tile of up to 128, head, sequence), from the sequence's initial
-    state through its chunks. It stores each chunk's entering state for the Gluon scan, every
-    chunk's end state where `allocate` kept a buffer for them, and each sequence's final state."""
-    x, B, init = t["x"], t["B"], t.get("initial_states")
-    k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
-                        problem.ngroups)
-    bn, kb = min(n, 128), min(q, config.walk_block)
-    sen = buf["entering"]
-    ends, fin, init_st = buf["states"], buf["final"], _st(init, 4)
-    return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, problem.seqs),
-                  dict(x_desc=_tma_desc(x, [problem.tokens, h * p], x.stride(0), [kb, 64]),
-                       B_desc=_tma_desc(B, [problem.tokens, g * n], B.stride(0), [kb, bn]),
-                       st_desc=_tma_desc(sen, [k * h * p, n], n, [64, bn]),
-                       dt_ptr=buf["dtp"], dA_ptr=buf["dA"], init_ptr=init, final_ptr=fin, end_ptr=ends,
-                       cu_chunk_ptr=t["cu_chunk_seqlens"], last_chunk_ptr=t["last_chunk_indices"],
-                       H=h, P=p, heads_per_group=h // g, s_dt_h=buf["dtp"].stride(0), s_dt_c=buf["dtp"].stride(1),
-                       s_init_b=init_st[0], s_init_h=init_st[1], s_init_p=init_st[2], s_init_n=init_st[3],
-                       s_fin_b=fin.stride(0), s_fin_h=fin.stride(1),
-                       s_end_c=ends.stride(0) if ends is not None else 0,
-                       s_end_h=ends.stride(1) if ends is not None else 0),
-                  dict(N=n, BN=bn, HAS_INIT=init is not None, KEEP_ENDS=ends is not None, CHUNK=q, KB=kb),
-                  # one warpgroup, its ring in the template (as the forward's walk)
-                  dict(num_warps=4, num_stages=1))
-
-
-def _gluon_scan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, opts: dict) -> Launch:
-    """The chunk-walking Gluon scan over the chunk table (chunk_scan_gluon.jinja's packed form):
-    one program per (64-wide headdim tile, head, chunk), from the entering state the walk
-    stored. scan_gluon = 3 stores y's whole row tiles by TMA."""
-    x, C, D, z, y = t["x"], t["C"], t.get("D"), t.get("z"), t["out"]
-    k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
-                        problem.ngroups)
-    T, tile = problem.tokens, [64, 64]
-    descs = dict(C_desc=_tma_desc(C, [T, g * n], C.stride(0), tile),
-                 st_desc=_tma_desc(buf["entering"], [k * h * p, n], n, tile),
-                 cb_desc=_tma_desc(buf["cb"], [k * g * q, q], q, tile),
-                 x_desc=_tma_desc(x, [T, h * p], x.stride(0), tile))
-    if config.scan_gluon == 3:
-        descs["y_desc"] = _tma_desc(y, [T, h * p], y.stride(0), tile)
-    s_z, s_D = _st(z, 3), _st(D, 2)
-    return Launch("chunk_scan", "ssd_chunk_scan_gluon_chunk", ((p // 64) * h, k, 1),
-                  dict(**descs, z_ptr=z, y_ptr=y, dt_ptr=buf["dtp"], dA_ptr=buf["dA"], D_ptr=D,
-                       cu_chunk_ptr=t["cu_chunk_seqlens"], H=h, P=p, G=g, heads_per_group=h // g,
-                       s_z_b=0, s_z_l=s_z[0], s_z_h=s_z[1], s_z_p=s_z[2],
-                       s_y_b=0, s_y_l=y.stride(0), s_y_h=y.stride(1), s_y_p=y.stride(2),
-                       s_dt_b=0, s_dt_h=buf["dtp"].stride(0), s_dt_c=buf["dtp"].stride(1),
-                       s_D_h=s_D[0], s_D_p=s_D[1] if D is not None and D.dim() == 2 else 0),
-                  dict(N=n, HAS_D=D is not None, D_HAS_HDIM=problem.D_has_hdim, HAS_Z=z is not None,
-                       EVEN_L=False, FIRST_STATE=0, CHUNK=q),
-                  # the forward's register cap for this kernel: three CTAs per SM (plan.py)
-                  dict(opts["chunk_scan"], num_warps=4, maxnreg=168))
 
 
 # --- config choice --------------------------------------------------------------------------

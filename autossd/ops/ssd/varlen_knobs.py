@@ -174,7 +174,7 @@ def violations(config: VarlenConfig, arch: Arch | str, problem: VarlenProblem | 
 
 def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None) -> list[str]:
     """What the Gluon walk and scan (state_walk, scan_gluon) cannot do, for this config and
-    problem; the call's strides and device are plan()'s to check (varlen.gluon_gaps). The two
+    problem; the call's strides and device are plan()'s to check (varlen_gluon.gluon_gaps). The two
     run together: the walk stores each chunk's entering state in the inputs' type for the scan,
     where the tl scan reads the end states of the tl chain."""
     why = []
