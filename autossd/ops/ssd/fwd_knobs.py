@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ...arch import Arch, get_arch
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
-from .stage_knobs import BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING
+from .stage_knobs import (BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING,
+                          gluon_scan_tile_violations)
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -190,12 +191,8 @@ def gluon_scan_violations(config: Config, problem=None) -> list[str]:
     """What the Gluon chunk scans (scan_gluon = 1 or 2, chunk_scan_gluon.jinja) cannot do, for this
     config and problem on sm90. Strides and alignment are the call's: plan() checks those
     (ops.ssd.chunk.gluon_scan_gaps)."""
-    why = []   # (launches == 1 cannot occur: a Config resets scan_gluon there, Knob.depths)
-    tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
-    if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
-        why.append(f"scan_gluon={config.scan_gluon} runs 64 x 64 tiles in one warpgroup: needs scan_block_m, "
-                   f"scan_block_n and scan_block_k = 64 and scan_warps = 4, got {tiles}, "
-                   f"scan_warps={config.scan_warps}")
+    # (launches == 1 cannot occur: a Config resets scan_gluon there, Knob.depths)
+    why = gluon_scan_tile_violations(config)
     return why + _gluon_problem_violations("scan_gluon", config, problem, (64, 128),
                                            "the state tile is an MMA operand as stored")
 

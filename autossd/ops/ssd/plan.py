@@ -49,7 +49,8 @@ class Launch:
     options: dict = field(default_factory=dict)
 
 
-def _strides(t, n):
+def strides(t, n: int) -> tuple:
+    """A tensor's strides, or n zeros for an argument not given (a kernel's unused strides)."""
     return tuple(t.stride()) if t is not None else (0,) * n
 
 
@@ -85,7 +86,7 @@ def plan(prob: _problem.Problem, config: Config, t: dict, buf: Buffers, backend:
     x, dt, A, B, C = t["x"], t["dt"], t["A"], t["B"], t["C"]
     D, z, bias, init, seq = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx")
     s_dt = buf.dt.stride()[:3]
-    s_seq = _strides(seq, 2)
+    s_seq = strides(seq, 2)
     if D is None:
         s_D = (0, 0)
     else:
@@ -403,5 +404,5 @@ def _gluon_scan(prob, config, t, buf, opts, s_dt, s_D, after_walk: bool, split: 
 
 
 def _named(prefix, dims, t):
-    st = _strides(t, len(dims))
+    st = strides(t, len(dims))
     return {f"{prefix}_{d}": s for d, s in zip(dims, st)}

@@ -96,3 +96,14 @@ GLUON_SCAN = (
          "3: as 2, y stored by TMA", "chunk_scan",
          measured_only=True, needs=("tma", "wgmma")),
 )
+
+
+def gluon_scan_tile_violations(config) -> list[str]:
+    """The Gluon chunk scans' one shape, whichever op takes them: 64 x 64 tiles in one warpgroup
+    (a config's tl scan tiles and warps must say so, or two configs would run the same code)."""
+    tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
+    if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
+        return [f"scan_gluon={config.scan_gluon} runs 64 x 64 tiles in one warpgroup: needs scan_block_m, "
+                f"scan_block_n and scan_block_k = 64 and scan_warps = 4, got {tiles}, "
+                f"scan_warps={config.scan_warps}"]
+    return []

@@ -29,8 +29,8 @@ from ...render import interpreting, load
 from ..common.checks import check_no_overlap
 from ..registry import Op, Stage, register
 from .naive import varlen_ref
-from .plan import Launch
-from .varlen_gluon import gluon_gaps, gluon_scan, gluon_walk, strides
+from .plan import Launch, strides
+from .varlen_gluon import gluon_gaps, gluon_scan, gluon_walk
 from .varlen_knobs import (SPACE, VarlenConfig, VarlenProblem, caps, chunks_for, default_config, fit,  # noqa: F401
                            lengths_for, problem_for, seed_configs, violations)
 
@@ -237,7 +237,7 @@ def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool 
                 cb=new(k, g, q, q, dtype=TORCH_DTYPES[problem.dtype]) if config.cb == "stage" else None,
                 states=new(k, h, p, n, dtype=sdt) if ends else None,
                 entering=new(k, h, p, n, dtype=TORCH_DTYPES[problem.dtype]) if gluon else None,
-                final=new(problem.seqs, h, p, n, dtype=sdt), gluon=gluon)
+                final=new(problem.seqs, h, p, n, dtype=sdt))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -273,7 +273,7 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                     s_B_n=s_B[2], s_cb_c=cb.stride(0), s_cb_g=cb.stride(1),
                                     s_cb_i=cb.stride(2), s_cb_j=cb.stride(3)),
                                dict(CHUNK=q), opts["bmm"]))
-    if buf["gluon"]:   # the walk (chunk states and the chain over each sequence's chunks), the scan
+    if buf["entering"] is not None:   # allocated for the Gluon path: its walk, then its scan
         return launches + [gluon_walk(problem, config, t, buf), gluon_scan(problem, config, t, buf, opts)]
     # the chunk states, then the chain over each sequence's chunks from its initial state
     tiles = cdiv(p, config.state_block_m) * cdiv(n, config.state_block_n)

@@ -5,13 +5,8 @@ chunk-state, state-passing and chunk-scan stages where the config asks (state_wa
 call fits."""
 from __future__ import annotations
 
-from .plan import _INT32, Launch, _sm90_gaps, _tma_desc
+from .plan import _INT32, Launch, _sm90_gaps, _tma_desc, strides
 from .varlen_knobs import VarlenConfig, VarlenProblem
-
-
-def strides(v, n: int) -> tuple:
-    """A tensor's strides, or n zeros for an argument not given (a kernel's unused strides)."""
-    return tuple(v.stride()) if v is not None else (0,) * n
 
 
 def _view_gaps(views) -> list[str]:

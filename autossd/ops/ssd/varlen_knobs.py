@@ -18,7 +18,8 @@ import torch
 
 from ...arch import Arch, get_arch
 from ...problem import MODEL_FLAGS
-from .stage_knobs import BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING
+from .stage_knobs import (BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING,
+                          gluon_scan_tile_violations)
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, ShapeForm, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -186,11 +187,7 @@ def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None)
         why.append(f"walk_block={config.walk_block} sizes the Gluon walk's ring: needs state_walk=1")
     if not config.scan_gluon:
         return why
-    tiles = {k: config[k] for k in ("scan_block_m", "scan_block_n", "scan_block_k")}
-    if any(v != 64 for v in tiles.values()) or config.scan_warps != 4:
-        why.append(f"scan_gluon={config.scan_gluon} runs 64 x 64 tiles in one warpgroup: needs scan_block_m, "
-                   f"scan_block_n and scan_block_k = 64 and scan_warps = 4, got {tiles}, "
-                   f"scan_warps={config.scan_warps}")
+    why += gluon_scan_tile_violations(config)
     if problem is None:
         return why
     if problem.dtype not in ("fp16", "bf16"):
@@ -313,10 +310,9 @@ def seed_configs(arch: Arch | str, problem: VarlenProblem, space) -> list[Varlen
     tl = default_config(arch, problem, cb="stage").replace(state_walk=0, scan_gluon=0)
     gluon = tl.replace(state_walk=1, scan_gluon=3)
     cands = [base, gluon.replace(scan_gluon=2), gluon.replace(walk_block=64), gluon, tl,
-             fit(default_config(arch, problem, cb="inline"), problem)]
+             default_config(arch, problem, cb="inline")]   # (each default is fitted to the problem)
     out: list[VarlenConfig] = []
     for cand in cands:
-        cand = fit(cand, problem)
         if cand not in out and space.params(cand) is not None and not violations(cand, arch, problem):
             out.append(cand)
     return out
