@@ -140,6 +140,12 @@ CHECKS = [
             dt_softplus=True),
     Problem(2, 333, 4, 32, 64, 4, "fp32", chunk_size=64, has_initial_states=True, return_final_states=True),
     Problem(1, 1, 4, 64, 128, 1, "fp32", chunk_size=128, has_z=True, has_D=True),
+    # shapes the sm90 Gluon dx takes (16-bit, headdim in 64s, dstate 64 or 128, no seq_idx): a
+    # ragged last chunk, chunks of 64 and 128, groups, initial and final states
+    Problem(2, 700, 8, 128, 64, 2, "fp32", chunk_size=128, has_D=True, D_has_hdim=True,
+            has_initial_states=True, return_final_states=True),
+    Problem(3, 1000, 6, 64, 128, 3, "fp32", chunk_size=64, has_D=True, has_z=True, has_dt_bias=True,
+            dt_softplus=True),
 ]
 
 

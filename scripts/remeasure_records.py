@@ -2,9 +2,13 @@
 one trial: the float64 gate, then eager and graph times), into a new database. For shipped records
 that a template change made stale: the configs stay, their times and hashes become this code's.
 
-    python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--only large|small]
-        [--dtype fp16|bf16] [--where FIELD=VALUE]... [--also KNOB=VALUE ...] [--alt KNOB=VALUE,...]...
-        [--dry-run]
+    python scripts/remeasure_records.py --db tuning_db/sm90.sqlite --out new.sqlite [--op ssd_fwd|ssd_bwd]
+        [--only large|small] [--dtype fp16|bf16] [--where FIELD=VALUE]... [--device NAME]
+        [--also KNOB=VALUE ...] [--alt KNOB=VALUE,...]... [--dry-run]
+
+--op: the op whose records are re-measured (an SSD op whose shapes `autossd tune --shapes` states
+in b l h p n g form: ssd_fwd, the default, or ssd_bwd). --device NAME: only records measured on
+that GPU (e.g. "NVIDIA H200"), the card this run stands for.
 
 --also KNOB=VALUE: measure each config a second time with these knobs changed (where that config
 is feasible for its problem), e.g. `--also scan_gluon=1` when a new knob's value is to compete
@@ -44,14 +48,19 @@ def shape_of(p: dict) -> str:
 
 
 def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None = None,
-         arch: str = "sm90", dtype: str | None = None, where: dict | None = None) -> list[tuple[str, str, str]]:
-    """(shape, dtype, pinned knobs) per config to measure: each record's config as stored, then
-    with each set of knob changes in `also` where that is feasible for its problem. `where`:
-    only records whose problem has these field values (e.g. nheads=80)."""
-    from autossd.ops.ssd.fwd_knobs import Config, violations
+         arch: str = "sm90", dtype: str | None = None, where: dict | None = None, op: str = "ssd_fwd",
+         device: str | None = None) -> list[tuple[str, str, str]]:
+    """(shape, dtype, pinned knobs) per config to measure: each of `op`'s records' config as
+    stored, then with each set of knob changes in `also` where that is feasible for its problem.
+    `where`: only records whose problem has these field values (e.g. nheads=80); `device`: only
+    records measured on that GPU."""
+    from autossd.ops.registry import get_op
+    Config, violations = get_op(op).config_type, get_op(op).fn("violations")
     alts = [also] if isinstance(also, dict) else list(also or [])
     seen, out = set(), []
     for r in records:
+        if r.get("op", "ssd_fwd") != op or (device and r.get("device") != device):
+            continue
         p = r["problem"]
         if only == "large" and p["seqlen"] * p["batch"] <= 2048 or only == "small" and p["seqlen"] * p["batch"] > 2048:
             continue
@@ -88,6 +97,8 @@ def main() -> int:
     ap.add_argument("--db", required=True, help="the store whose configs are re-measured")
     ap.add_argument("--out", required=True, help="database the new records go to")
     ap.add_argument("--arch", default="sm90")
+    ap.add_argument("--op", default="ssd_fwd", choices=("ssd_fwd", "ssd_bwd"), help="the op whose records are re-measured")
+    ap.add_argument("--device", default=None, help="only records measured on this GPU, e.g. 'NVIDIA H200'")
     ap.add_argument("--only", choices=("large", "small"), help="shapes above / up to 2048 tokens")
     ap.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="only this input dtype's records")
     ap.add_argument("--storage-dir", default=None, help="Optuna journals (default: beside --out)")
@@ -107,11 +118,11 @@ def main() -> int:
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
     alts = [dict(_override(t) for t in a.also)] + [dict(_override(t) for t in g.split(",")) for g in a.alt]
-    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where)
+    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where, a.op, a.device)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     for i, (shape, dtype, fix) in enumerate(todo):
-        cmd = [*AUTOSSD, "tune", "--arch", a.arch, "--mode", "measured", "--shapes", shape,
+        cmd = [*AUTOSSD, "tune", "--op", a.op, "--arch", a.arch, "--mode", "measured", "--shapes", shape,
                "--dtype", dtype, "--trials", "1", "--fix", fix, "--seed", "1", "--no-progress",
                "--db", a.out, "--storage", os.path.join(store, f"remeasure_{i}.journal")]
         print(f"[{i + 1}/{len(todo)}] {shape} {dtype}", flush=True)

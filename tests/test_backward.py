@@ -486,6 +486,69 @@ def test_declaration_and_defaults():
     assert max(dims["dx_block_n"]) == 64 and max(dims["state_block_m"]) == 64 and max(dims["dbc_block_n"]) == 128
 
 
+def test_gluon_dx_is_the_sm90_default_where_the_problem_fits():
+    """dx_gluon = 1 (the forward's chunk-walking scan run in reverse time) is sm90's default at
+    16-bit inputs with headdim in 64s and dstate 64 or 128, with the staged C·Bᵀ in 16 bits it
+    reads; elsewhere (fp32, dstate 256, seq_idx, another arch) the default keeps the tl dx, and a
+    config asking for it without its C·Bᵀ is refused with the reason."""
+    prob = Problem(8, 2048, 80, 64, 128, 1, "bf16", chunk_size=256, has_D=True)
+    cfg = default_config("sm90", prob)
+    assert (cfg.dx_gluon, cfg.cb, cfg.cb_dtype) == (1, "stage", "input") and not violations(cfg, "sm90", prob)
+    for other in (prob.replace(dtype="fp32"), prob.replace(dstate=256), prob.replace(has_seq_idx=True),
+                  prob.replace(headdim=32)):
+        c = default_config("sm90", other)
+        assert c.dx_gluon == 0 and not violations(c, "sm90", other), other
+    for arch in ("sm80", "gfx942"):
+        assert default_config(arch, prob).dx_gluon == 0
+        assert violations(cfg, arch, prob)                # not offered there (no TMA, no wgmma)
+    why = " ".join(violations(cfg.replace(cb="inline"), "sm90", prob))
+    assert "dx_gluon=1" in why and "cb=stage" in why
+    assert violations(cfg.replace(dx_block_k=32), "sm90", prob)   # one config per Gluon dx
+    assert default_config("sm90", prob, cb="inline").dx_gluon == 0
+
+
+@pytest.mark.parametrize("features", [{}, {"seqlen": 1000, "batch": 2, "has_z": True, "D_has_hdim": True,
+                                           "has_initial_states": True, "return_final_states": True, "ngroups": 2},
+                                      {"dstate": 64, "headdim": 128, "dtype": "fp16"}, {"chunk_size": 128},
+                                      {"chunk_size": 64, "has_D": False}])
+def test_gluon_dx_cross_compiles_in_two_ctas_per_sm_without_spills(features):
+    """The Gluon dx for sm90 (its CI coverage; scripts/bench_bwd.py --check runs it on a GPU, with
+    profile_kernels.py --set for configs other than the default): one program per (headdim tile,
+    head, chunk), at most 91 KB of shared memory and no spills, so two CTAs per SM (three at
+    64-token chunks), and code other than the tl dx's."""
+    from autossd.compile import compile_config
+    from autossd.render import _interpret
+    prob = Problem(1, 4096, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True).replace(**features)
+    cfg = default_config("sm90", prob)
+    with _interpret(False):
+        (dx,) = [ln for ln in get_op("ssd_bwd").fn("meta_launches")(prob, cfg, "cuda") if ln.stage == "dx"]
+    nc = -(-prob.seqlen // prob.chunk_size)
+    assert dx.kernel == "ssd_bwd_dx_gluon" and dx.grid == ((prob.headdim // 64) * prob.nheads, nc, prob.batch)
+    rep = compile_config(cfg, "sm90", prob, stages=("dx",))
+    assert rep.ok, rep.why()
+    (st,) = rep.stages
+    assert st.spill_bytes == 0 and st.shared_bytes <= 91 * 1024 + 1024
+    assert st.occupancy >= (3 if prob.chunk_size == 64 else 2)
+    tl = compile_config(cfg.replace(dx_gluon=0), "sm90", prob, stages=("dx",))
+    assert tl.ok and tl.stages[0].artifact_sha != st.artifact_sha
+
+
+def test_gluon_dx_falls_back_to_the_tl_kernel_where_the_call_cannot_take_it(monkeypatch):
+    """sm90's default with the Gluon dx, where a call cannot run it (here: no GPU, or a GPU with
+    seq_idx): the backward runs the tl dx of the same config, whose gradients hold the dtype's
+    bound; the reason is named."""
+    from autossd.ops.ssd.bwd_gluon import dx_gluon_gaps
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: default_config("sm90", p.replace(has_seq_idx=False)))
+    prob = _prob("bf16", l=150, h=2, p=64, n=64, chunk=64, has_D=True, has_seq_idx=DEV != "cpu",
+                 return_final_states=True)
+    cfg = default_config("sm90", prob.replace(has_seq_idx=False))
+    assert cfg.dx_gluon == 1
+    t = make_inputs(prob, DEV, seed=5)
+    buf = bw.allocate(prob, cfg, t, torch.randn_like(t["x"]), None, set(bw.GRAD_NAMES), None)
+    assert dx_gluon_gaps(prob, cfg, t, buf, "cuda")
+    _check(prob, seed=17)
+
+
 def test_opcheck_on_the_backward_op():
     """torch.library.opcheck on autossd::ssd_bwd: schema, fake kernel and dispatch agree."""
     prob = _prob("fp32", l=20, has_D=True)

@@ -1038,6 +1038,10 @@ def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(mon
     assert rm.jobs(recs, "small", alts, "sm80") == rm.jobs(recs, "small", [], "sm80")   # sm90 knobs
     assert rm.jobs(recs, "small", alts, "sm90", where={"nheads": 8}) == todo     # --where nheads=8
     assert rm.jobs(recs, "small", alts, "sm90", where={"nheads": 80}) == []
+    assert rm.jobs(recs, "small", alts, "sm90", op="ssd_bwd") == []           # --op: another op's records
+    dev = [dict(r, device="NVIDIA H200") for r in recs]
+    assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H100 80GB HBM3") == []
+    assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H200") == todo
 
 
 def test_rehash_only_where_the_launched_kernels_and_their_launch_are_unchanged(monkeypatch, capsys):

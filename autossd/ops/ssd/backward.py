@@ -31,6 +31,7 @@ import triton
 
 from ...core import select as _select
 from ...render import launch_options, load
+from .bwd_gluon import dx_gluon, dx_gluon_gaps
 from .bwd_knobs import STATE_DTYPES, BwdConfig
 from .naive import ssd_chunked, ssd_recurrent
 from .plan import Launch
@@ -226,7 +227,23 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
     else:
         s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
     g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
-    out.append(Launch("dx", "ssd_bwd_dx",
+    if config.dx_gluon and not dx_gluon_gaps(prob, config, t, buf, backend):
+        out.append(dx_gluon(prob, config, t, buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]), s_D))
+    else:
+        out.append(_dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2))
+    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, g5, P2, N2)
+    out.append(_ddt(prob, config, buf, dt_in, dt_flags, opts))
+    return out
+
+
+def _dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2) -> Launch:
+    """The tl dx kernel's launch (dx.jinja)."""
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc, hpg = triton.cdiv(l, q), h // g
+    x, B, C, D, seq = t["x"], t["B"], t["C"], t.get("D"), t.get("seq_idx")
+    dy = buf.dy
+    return Launch("dx", "ssd_bwd_dx",
                       (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
                       dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
                            seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
@@ -237,8 +254,19 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                            s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
                            **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
                            **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
-                      dict(HAS_SEQ=has_seq, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
-                      opts["dx"]))
+                      dict(HAS_SEQ=seq is not None, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
+                      opts["dx"])
+
+
+def _dbc(prob, config, t, buf, opts, dtb, seq_s, g5, P2, N2) -> list[Launch]:
+    """The launches of dCB (with the causal parts of the dt and dA gradients), dB and dC."""
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc, hpg = triton.cdiv(l, q), h // g
+    x, B, C, seq = t["x"], t["B"], t["C"], t.get("seq_idx")
+    has_seq, dy = seq is not None, buf.dy
+    st5 = _named("s_st", ("b", "c", "h", "p", "n"), buf.states)
+    out = []
     dcb6 = _named("s_cb", ("b", "c", "s", "g", "i", "j"), buf.dcb)
     dd4 = _named("s_dd", ("b", "h", "c", "j"), buf.ddir)
     da4 = _named("s_da", ("b", "h", "c", "j"), buf.dap)
@@ -268,22 +296,26 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                            **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **st5,
                            **_named("s_o", ("b", "l", "s", "g", "n"), buf.dCp), **da4),
                       dict(HAS_SEQ=has_seq, P2=P2), opts["dc"]))
-    dt_args = {k: v for k, v in dt_in.items()}
-    out.append(Launch("ddt", "ssd_bwd_ddt", (nc, triton.cdiv(h, config.cumsum_block_h), b),
-                      dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, ddir_ptr=buf.ddir, dsx_ptr=buf.dsx, dap_ptr=buf.dap,
-                           dlast_ptr=buf.dlast, ddt_ptr=buf.ddt, dAp_ptr=buf.dAp, dbp_ptr=buf.dbp,
-                           L=l, H=h, dt_lo=lo, dt_hi=hi, NDT=buf.ddir.shape[3], NPT=buf.dsx.shape[3],
-                           NNT=buf.dap.shape[3], NPB=buf.dlast.shape[3],
-                           s_dt_b=dt_args["s_dt_b"], s_dt_l=dt_args["s_dt_l"], s_dt_h=dt_args["s_dt_h"],
-                           s_A_h=dt_args["s_A_h"], s_bias_h=dt_args["s_bias_h"],
-                           **_named("s_dr", ("b", "h", "c", "j"), buf.ddir),
-                           **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
-                           **_named("s_da", ("b", "h", "c", "j"), buf.dap),
-                           **_named("s_dl", ("b", "h", "c"), buf.dlast),
-                           **_named("s_g", ("b", "l", "h"), buf.ddt),
-                           s_p_b=buf.dAp.stride(0), s_p_h=buf.dAp.stride(1)),
-                      dt_flags, opts["ddt"]))
     return out
+
+
+def _ddt(prob, config, buf, dt_in, dt_flags, opts) -> Launch:
+    """The ddt launch: d dA summed to the chunk's end -> d dt', dA, d dt_bias, d dt."""
+    nc = triton.cdiv(prob.seqlen, config.chunk_size)
+    return Launch("ddt", "ssd_bwd_ddt", (nc, triton.cdiv(prob.nheads, config.cumsum_block_h), prob.batch),
+                  dict(**{k: dt_in[k] for k in ("dt_ptr", "A_ptr", "bias_ptr")},
+                       ddir_ptr=buf.ddir, dsx_ptr=buf.dsx, dap_ptr=buf.dap,
+                       dlast_ptr=buf.dlast, ddt_ptr=buf.ddt, dAp_ptr=buf.dAp, dbp_ptr=buf.dbp,
+                       **{k: dt_in[k] for k in ("L", "H", "dt_lo", "dt_hi")},
+                       NDT=buf.ddir.shape[3], NPT=buf.dsx.shape[3], NNT=buf.dap.shape[3], NPB=buf.dlast.shape[3],
+                       **{k: dt_in[k] for k in ("s_dt_b", "s_dt_l", "s_dt_h", "s_A_h", "s_bias_h")},
+                       **_named("s_dr", ("b", "h", "c", "j"), buf.ddir),
+                       **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
+                       **_named("s_da", ("b", "h", "c", "j"), buf.dap),
+                       **_named("s_dl", ("b", "h", "c"), buf.dlast),
+                       **_named("s_g", ("b", "l", "h"), buf.ddt),
+                       s_p_b=buf.dAp.stride(0), s_p_h=buf.dAp.stride(1)),
+                  dt_flags, opts["ddt"])
 
 
 def run(launches: list[Launch], module) -> None:

@@ -43,7 +43,10 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
         out.append("recompute_states.jinja")
     if cfg.cb == "stage":
         out.append("bmm.jinja")
-    return out + ["dx.jinja", "dbc.jinja", "gate.jinja"]
+    out.append("dx.jinja")
+    if cfg.dx_gluon and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
+        out.append("dx_gluon.jinja")
+    return out + ["dbc.jinja", "gate.jinja"]
 
 
 def render_context(cfg: BwdConfig, backend: str) -> dict:

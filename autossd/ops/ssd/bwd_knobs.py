@@ -66,6 +66,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dx_maxnreg", MAXNREG, 0, "register cap per thread of the dx kernel, 0 = compiler's choice", "dx",
          measured_only=True, needs=("maxnreg",)),
     Knob("dx_stages", (1, 2, 3), 2, "num_stages", "dx"),
+    # 1: dx in Gluon for sm90 (templates/ssd_bwd/dx_gluon.jinja), the forward's chunk-walking
+    # scan run in reverse time: one program per (headdim tile, head, chunk) walks the chunk's row
+    # tiles from the last, its dy blocks resident in shared memory and scaled there, the staged
+    # C·Bᵀ (16-bit) and B by TMA through a ring, every MMA a wgmma. It reads the bmm stage's C·Bᵀ
+    # in the inputs' type: needs cb = "stage", cb_dtype = "input". A call it cannot take (seq_idx,
+    # strides TMA cannot address) runs the tl kernel of the same config. measured_only: the
+    # static model cannot rank a data path.
+    Knob("dx_gluon", (0, 1), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90)", "dx",
+         measured_only=True, needs=("tma", "wgmma")),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
     Knob("dbc_block_k", TILES, 32, "time step of the dB / dC programs' causal products", "dbc"),
@@ -130,6 +139,8 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
     for stage in ("state", "pass", "bmm", "dx", "dcb", "dbc"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
+    if config.dx_gluon:
+        why += dx_gluon_violations(config, problem)
     if problem is not None:
         for name, cap in caps(problem).items():
             if config[name] > cap:
@@ -137,6 +148,34 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
         r = problem.nheads // problem.ngroups
         if config.group_split > r:
             why.append(f"group_split={config.group_split} exceeds the heads per group ({r})")
+    return why
+
+
+def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
+    """What the Gluon dx (dx_gluon = 1) cannot do, for this config and problem on sm90: it reads
+    the staged C·Bᵀ in 16 bits, runs 64 x 64 tiles in one warpgroup (the tl dx's tile knobs must
+    say so, or two configs would run the same code), 16-bit inputs, dstate 64 or 128, headdim in
+    64-wide tiles, no seq_idx. Strides and alignment are the call's (backward.dx_gluon_gaps)."""
+    why = []
+    if config.cb != "stage" or config.cb_dtype != "input":
+        why.append(f"dx_gluon=1 reads the staged C·Bᵀ in the inputs' 16-bit type: needs cb=stage and "
+                   f"cb_dtype=input, got cb={config.cb}, cb_dtype={config.cb_dtype}")
+    tiles = {k: config[k] for k in ("dx_block_m", "dx_block_n", "dx_block_k", "dx_block_d")}
+    if any(v != 64 for v in tiles.values()) or config.dx_warps != 4 or config.dx_stages != 1 or config.dx_maxnreg:
+        why.append(f"dx_gluon=1 runs 64 x 64 tiles in one warpgroup, its ring in the template: needs dx_block_m, "
+                   f"dx_block_n, dx_block_k and dx_block_d = 64, dx_warps = 4, dx_stages = 1 and "
+                   f"dx_maxnreg = 0, got {tiles}, dx_warps={config.dx_warps}, dx_stages={config.dx_stages}, "
+                   f"dx_maxnreg={config.dx_maxnreg}")
+    if problem is None:
+        return why
+    if problem.dtype not in ("fp16", "bf16"):
+        why.append(f"dx_gluon=1 needs fp16/bf16 inputs, got {problem.dtype}")
+    if problem.dstate not in (64, 128):
+        why.append(f"dx_gluon=1 needs dstate 64 or 128, got {problem.dstate}")
+    if problem.headdim % 64:
+        why.append(f"dx_gluon=1 needs headdim a multiple of 64, got {problem.headdim}")
+    if problem.has_seq_idx:
+        why.append("dx_gluon=1 does not take seq_idx")
     return why
 
 
@@ -191,6 +230,14 @@ def default_config(arch: Arch | str, problem=None, cb: str | None = None) -> Bwd
         split = max((v for v in KNOB_BY_NAME["group_split"].values if v <= max(1, r // 16)), default=1)
         base = base.replace(group_split=split)
         base = fit(base, problem)
+        if arch.name.startswith("sm9"):
+            # dx in Gluon where the problem fits it (H200, mamba2-2.7b bf16, from the shipped
+            # record's config: dx 2821 -> 1801 us at 4 x 16384, 713 -> 471 at 8 x 2048; the
+            # step 10.41 -> 9.39 ms), reading C·Bᵀ staged in 16 bits as the forward's scan does
+            gl = base.replace(cb="stage", cb_dtype="input", dx_gluon=1, dx_block_m=64, dx_block_n=64,
+                              dx_block_k=64, dx_block_d=64, dx_warps=4, dx_stages=1, dx_maxnreg=0)
+            if not dx_gluon_violations(gl, problem):
+                base = gl
     if cb is not None:   # the default at that mode (the tuner asks for it when the mode is pinned)
-        base = base.replace(cb=cb)
+        base = base.replace(cb=cb, **({"dx_gluon": 0} if cb != "stage" else {}))
     return base
