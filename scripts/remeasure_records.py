@@ -6,6 +6,8 @@ that a template change made stale: the configs stay, their times and hashes beco
         [--only large|small] [--dtype fp16|bf16] [--where FIELD=VALUE]... [--device NAME]
         [--also KNOB=VALUE ...] [--alt KNOB=VALUE,...]... [--dry-run]
 
+--variants-only: measure only the configs --also / --alt make (the stored ones keep their times),
+when device time is short.
 --op: the op whose records are re-measured (an SSD op whose shapes `autossd tune --shapes` states
 in b l h p n g form: ssd_fwd, the default, or ssd_bwd). --device NAME: only records measured on
 that GPU (e.g. "NVIDIA H200"), the card this run stands for.
@@ -49,11 +51,11 @@ def shape_of(p: dict) -> str:
 
 def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None = None,
          arch: str = "sm90", dtype: str | None = None, where: dict | None = None, op: str = "ssd_fwd",
-         device: str | None = None) -> list[tuple[str, str, str]]:
+         device: str | None = None, variants_only: bool = False) -> list[tuple[str, str, str]]:
     """(shape, dtype, pinned knobs) per config to measure: each of `op`'s records' config as
     stored, then with each set of knob changes in `also` where that is feasible for its problem.
     `where`: only records whose problem has these field values (e.g. nheads=80); `device`: only
-    records measured on that GPU."""
+    records measured on that GPU; `variants_only`: only the changed configs."""
     from autossd.ops.registry import get_op
     Config, violations = get_op(op).config_type, get_op(op).fn("violations")
     alts = [also] if isinstance(also, dict) else list(also or [])
@@ -75,7 +77,7 @@ def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None =
             changed = Config({**r["config"], **alt})
             if not violations(changed, arch, Problem(**p)):
                 configs.append(changed.as_dict())
-        for cfg in configs:
+        for cfg in configs[1:] if variants_only else configs:
             fix = ",".join(f"{k}={v}" for k, v in sorted(cfg.items()))
             key = (shape_of(p), p["dtype"], fix)
             if key not in seen:
@@ -109,6 +111,7 @@ def main() -> int:
                          "beside --also's set)")
     ap.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
                     help="only records whose problem has this field value, e.g. nheads=80 (repeatable)")
+    ap.add_argument("--variants-only", action="store_true", help="measure only the configs --also / --alt make")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     where = dict(_override(t) for t in a.where)
@@ -118,7 +121,7 @@ def main() -> int:
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
     alts = [dict(_override(t) for t in a.also)] + [dict(_override(t) for t in g.split(",")) for g in a.alt]
-    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where, a.op, a.device)
+    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where, a.op, a.device, a.variants_only)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     for i, (shape, dtype, fix) in enumerate(todo):

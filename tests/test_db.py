@@ -1042,6 +1042,7 @@ def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(mon
     dev = [dict(r, device="NVIDIA H200") for r in recs]
     assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H100 80GB HBM3") == []
     assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H200") == todo
+    assert rm.jobs(recs, "small", alts, "sm90", variants_only=True) == [todo[1], todo[2]]   # --variants-only
 
 
 def test_rehash_only_where_the_launched_kernels_and_their_launch_are_unchanged(monkeypatch, capsys):

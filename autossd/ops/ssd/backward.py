@@ -31,7 +31,7 @@ import triton
 
 from ...core import select as _select
 from ...render import launch_options, load
-from .bwd_gluon import dx_gluon, dx_gluon_gaps
+from .bwd_gluon import dx_gluon, dx_gluon_gaps, rev_walk, rev_walk_gaps, rev_walk_slots
 from .bwd_knobs import STATE_DTYPES, BwdConfig
 from .naive import ssd_chunked, ssd_recurrent
 from .plan import Launch
@@ -112,7 +112,8 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         cb=(e(b, nc, g, q, q, dtype=f32 if config.cb_dtype == "fp32" or x.dtype == f32
               else torch.promote_types(t["B"].dtype, t["C"].dtype))
             if config.cb == "stage" else None),
-        dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, npb),
+        # the reverse walk (rev_walk) writes one partial per program, the tl stage one per block
+        dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, max(npb, rev_walk_slots(prob)) if config.rev_walk else npb),
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),
         # dCB in the type its products take it in (B's and C's): the dB and dC stages round it
@@ -202,6 +203,33 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                           dict(C_ptr=C, B_ptr=B, cb_ptr=buf.cb, L=l, G=g, N=n, **_named("s_C", "blgn", C),
                                **_named("s_B", "blgn", B), **cb5),
                           dict(N2=N2), opts["bmm"]))
+    if config.rev_walk and not rev_walk_gaps(prob, config, t, buf, backend):
+        out.append(rev_walk(prob, config, t, buf, dfinal))
+    else:
+        out += _state_grads_tl(prob, config, t, buf, opts, dtb, seq_s, st5, dfinal)
+    if D is None:
+        s_D = (0, 0)
+    else:
+        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+    g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
+    if config.dx_gluon and not dx_gluon_gaps(prob, config, t, buf, backend):
+        out.append(dx_gluon(prob, config, t, buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]), s_D))
+    else:
+        out.append(_dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2))
+    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, g5, P2, N2)
+    out.append(_ddt(prob, config, buf, dt_in, dt_flags, opts))
+    return out
+
+
+def _state_grads_tl(prob, config, t, buf, opts, dtb, seq_s, st5, dfinal) -> list[Launch]:
+    """The tl dstates and reverse state-passing launches: each chunk's entering-state gradient from
+    its own outputs, then the chain backwards over the chunks."""
+    q = config.chunk_size
+    b, l, h, p, n = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate
+    nc, hpg = triton.cdiv(l, q), h // prob.ngroups
+    C, seq, dy = t["C"], t.get("seq_idx"), buf.dy
+    has_seq = seq is not None
+    out = []
     d5 = _named("s_d", ("b", "c", "h", "p", "n"), buf.dst)
     out.append(Launch("dstates", "ssd_bwd_dstates",
                       (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b),
@@ -222,17 +250,6 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
                            s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2), **seq_s),
                       dict(HAS_DFINAL=dfinal is not None, HAS_DINIT=buf.dinit is not None, HAS_SEQ=has_seq),
                       opts["state_passing_rev"]))
-    if D is None:
-        s_D = (0, 0)
-    else:
-        s_D = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
-    g5 = _named("s_g", ("b", "c", "h", "p", "n"), buf.dst)
-    if config.dx_gluon and not dx_gluon_gaps(prob, config, t, buf, backend):
-        out.append(dx_gluon(prob, config, t, buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]), s_D))
-    else:
-        out.append(_dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2))
-    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, g5, P2, N2)
-    out.append(_ddt(prob, config, buf, dt_in, dt_flags, opts))
     return out
 
 

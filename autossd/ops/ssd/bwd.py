@@ -43,6 +43,8 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
         out.append("recompute_states.jinja")
     if cfg.cb == "stage":
         out.append("bmm.jinja")
+    if cfg.rev_walk and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
+        out.append("state_walk_rev_gluon.jinja")
     out.append("dx.jinja")
     if cfg.dx_gluon and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
         out.append("dx_gluon.jinja")

@@ -1,12 +1,14 @@
-"""The SSD backward's sm90 data path: dx in Gluon (templates/ssd_bwd/dx_gluon.jinja, the forward's
-chunk-walking scan run in reverse time), the check of whether a call fits it, and its launch.
-`backward.plan` takes it in place of the tl dx kernel where the config asks (dx_gluon = 1) and
-the call fits; the two write the same buffers."""
+"""The SSD backward's sm90 data paths, each the check of whether a call fits it and its launch:
+dx in Gluon (templates/ssd_bwd/dx_gluon.jinja, the forward's chunk-walking scan run in reverse
+time), and the reverse walk (state_walk_rev_gluon.jinja, the forward's state walk run backwards
+over the chunks, in place of the dstates and reverse state-passing stages). `backward.plan`
+takes each where the config asks (dx_gluon = 1, rev_walk = 1) and the call fits; each writes
+the buffers of the tl stages it replaces."""
 from __future__ import annotations
 
 import triton
 
-from .bwd_knobs import BwdConfig, dx_gluon_violations
+from .bwd_knobs import BwdConfig, gluon_problem_violations, dx_gluon_violations
 from .plan import _INT32, Launch, _sm90_gaps, _tma_desc, _tma_view_gaps, strides
 
 
@@ -60,4 +62,58 @@ def dx_gluon(prob, config: BwdConfig, t: dict, buf, s_dt: tuple, s_D: tuple) -> 
                   dict(N=n, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim),
                   # one warpgroup, its ring in the template. Not in the module's LAUNCH table: a
                   # row there would change every config's kernel hash and leave every record stale
+                  dict(num_warps=4, num_stages=1))
+
+
+def rev_walk_slots(prob) -> int:
+    """The reverse walk's partials of each chunk's last dA gradient per (batch, head): one per row
+    of each program's (64-row headdim tile, dstate tile of up to 128)."""
+    return 64 * (prob.headdim // 64) * triton.cdiv(prob.dstate, 128) if prob.headdim % 64 == 0 else 0
+
+
+def rev_walk_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[str]:
+    """Why this call cannot run the reverse Gluon walk (rev_walk = 1); empty when it can: the
+    config's and problem's limits, an sm90 GPU, C and dy as TMA-addressable 2-D views, the state
+    buffers contiguous, coordinates in 32 bits. A call that cannot runs the dstates and reverse
+    state-passing stages of the same config."""
+    C, dy, x = t["C"], buf.dy, t["x"]
+    b, l, h, p, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.ngroups
+    why = gluon_problem_violations("rev_walk", config, prob) + _sm90_gaps("the reverse Gluon walk", x, backend)
+    if why:
+        return why
+    why += _tma_view_gaps(prob, (("C", C, g * prob.dstate), ("dy", dy, h * p)))
+    if C.dtype != dy.dtype:
+        why.append(f"C ({C.dtype}) and dy ({dy.dtype}) must share a type")
+    if not (buf.dst.is_contiguous() and buf.states.is_contiguous()
+            and (buf.dinit is None or buf.dinit.is_contiguous())):
+        why.append("the states and their gradients must be contiguous buffers")
+    if buf.dlast.shape[3] < rev_walk_slots(prob):
+        why.append("the last-dA partials need a slot per program of the walk")
+    if max(b * l, b * triton.cdiv(l, config.chunk_size) * h * p) >= _INT32:
+        why.append("a TMA coordinate would pass 2**31")
+    return why
+
+
+def rev_walk(prob, config: BwdConfig, t: dict, buf, dfinal) -> Launch:
+    """The reverse Gluon walk's launch: one program per (64-row headdim tile, dstate tile of up to
+    128, head, batch), from the final state's gradient back to the initial state's."""
+    C, dy = t["C"], buf.dy
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    bn = min(n, 128)
+    sst, sdf = strides(buf.states, 5), strides(dfinal, 4)
+    sdi, sdl = strides(buf.dinit, 4), strides(buf.dlast, 4)
+    nc = triton.cdiv(l, config.chunk_size)
+    return Launch("state_passing_rev", "ssd_bwd_state_walk_rev", ((p // 64) * (n // bn), h, b),
+                  dict(dy_desc=_tma_desc(dy, [b * l, h * p], dy.stride(1), [64, 64]),
+                       C_desc=_tma_desc(C, [b * l, g * n], C.stride(1), [64, bn]),
+                       dst_desc=_tma_desc(buf.dst, [b * nc * h * p, n], n, [64, bn]),
+                       dA_ptr=buf.dA, st_ptr=buf.states, dfin_ptr=dfinal, dinit_ptr=buf.dinit,
+                       dlast_ptr=buf.dlast, L=l, H=h, P=p, heads_per_group=h // g,
+                       s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2),
+                       s_st_b=sst[0], s_st_c=sst[1], s_st_h=sst[2], s_st_p=sst[3],
+                       s_df_b=sdf[0], s_df_h=sdf[1], s_df_p=sdf[2], s_df_n=sdf[3],
+                       s_di_b=sdi[0], s_di_h=sdi[1], s_dl_b=sdl[0], s_dl_h=sdl[1], s_dl_c=sdl[2]),
+                  dict(N=n, BN=bn, HAS_DFINAL=dfinal is not None, HAS_DINIT=buf.dinit is not None,
+                       EVEN_L=l % config.chunk_size == 0),
+                  # one warpgroup, its ring in the template (not in the module's LAUNCH table, as dx's)
                   dict(num_warps=4, num_stages=1))

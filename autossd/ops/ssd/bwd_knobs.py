@@ -75,6 +75,15 @@ KNOBS: tuple[Knob, ...] = (
     # static model cannot rank a data path.
     Knob("dx_gluon", (0, 1), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90)", "dx",
          measured_only=True, needs=("tma", "wgmma")),
+    # 1: the dstates stage and the reverse state passing as one Gluon launch for sm90
+    # (templates/ssd_bwd/state_walk_rev_gluon.jinja), the forward's state walk run backwards
+    # over the chunks: one program per (headdim tile, dstate tile, head, batch) carries the
+    # gradient wrt the state leaving a chunk in the wgmma's accumulator, dy and C by TMA through a
+    # ring; the per-chunk gradients from the chunks' own outputs (b x chunks x h x p x n in fp32)
+    # are neither written nor read back. A call it cannot take runs the two tl stages.
+    # measured_only: the static model cannot rank a data path.
+    Knob("rev_walk", (0, 1), 0, "1: dstates + the reverse state passing as one Gluon walk (sm90)",
+         "state_passing_rev", measured_only=True, needs=("tma", "wgmma")),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
     Knob("dbc_block_k", TILES, 32, "time step of the dB / dC programs' causal products", "dbc"),
@@ -141,6 +150,8 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
     if config.dx_gluon:
         why += dx_gluon_violations(config, problem)
+    if config.rev_walk:
+        why += gluon_problem_violations("rev_walk", config, problem)
     if problem is not None:
         for name, cap in caps(problem).items():
             if config[name] > cap:
@@ -166,16 +177,23 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
                    f"dx_block_n, dx_block_k and dx_block_d = 64, dx_warps = 4, dx_stages = 1 and "
                    f"dx_maxnreg = 0, got {tiles}, dx_warps={config.dx_warps}, dx_stages={config.dx_stages}, "
                    f"dx_maxnreg={config.dx_maxnreg}")
+    return why + gluon_problem_violations("dx_gluon", config, problem)
+
+
+def gluon_problem_violations(knob: str, config: BwdConfig, problem) -> list[str]:
+    """What the backward's sm90 Gluon kernels share: 16-bit inputs, dstate 64 or 128 (one or two
+    64-wide halves, or one tile of the walk), headdim in 64-wide tiles, no seq_idx."""
+    why = []
     if problem is None:
         return why
     if problem.dtype not in ("fp16", "bf16"):
-        why.append(f"dx_gluon=1 needs fp16/bf16 inputs, got {problem.dtype}")
+        why.append(f"{knob}=1 needs fp16/bf16 inputs, got {problem.dtype}")
     if problem.dstate not in (64, 128):
-        why.append(f"dx_gluon=1 needs dstate 64 or 128, got {problem.dstate}")
+        why.append(f"{knob}=1 needs dstate 64 or 128, got {problem.dstate}")
     if problem.headdim % 64:
-        why.append(f"dx_gluon=1 needs headdim a multiple of 64, got {problem.headdim}")
+        why.append(f"{knob}=1 needs headdim a multiple of 64, got {problem.headdim}")
     if problem.has_seq_idx:
-        why.append("dx_gluon=1 does not take seq_idx")
+        why.append(f"{knob}=1 does not take seq_idx")
     return why
 
 
@@ -238,6 +256,11 @@ def default_config(arch: Arch | str, problem=None, cb: str | None = None) -> Bwd
                               dx_block_k=64, dx_block_d=64, dx_warps=4, dx_stages=1, dx_maxnreg=0)
             if not dx_gluon_violations(gl, problem):
                 base = gl
+            # the dstates stage and the reverse state passing as one Gluon walk where the problem
+            # fits it (same shape and card: 882 -> 711 us at 2.7b 4 x 16384; even at 1 x 65536,
+            # whose 80 chains leave most SMs idle)
+            if not gluon_problem_violations("rev_walk", base, problem):
+                base = base.replace(rev_walk=1)
     if cb is not None:   # the default at that mode (the tuner asks for it when the mode is pinned)
         base = base.replace(cb=cb, **({"dx_gluon": 0} if cb != "stage" else {}))
     return base
