@@ -533,6 +533,74 @@ def test_gluon_dx_cross_compiles_in_two_ctas_per_sm_without_spills(features):
     assert tl.ok and tl.stages[0].artifact_sha != st.artifact_sha
 
 
+@pytest.mark.parametrize("features", [{}, {"seqlen": 1000, "batch": 2, "has_initial_states": True,
+                                           "return_final_states": True, "ngroups": 2},
+                                      {"dstate": 64, "headdim": 128, "dtype": "fp16", "state_dtype": "fp16"},
+                                      {"chunk_size": 64, "state_dtype": "fp32"}])
+def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(features):
+    """rev_walk = 1 (sm90's default where the problem fits): one Gluon launch in place of the
+    dstates and reverse state-passing stages, one program per (headdim tile, dstate tile of up to
+    128, head, batch), a slot per row of each program's tile for the last-dA partials; it
+    compiles for sm90 in two CTAs per SM (three at dstate 64) without spills at states in the
+    inputs' type (fp32 states spill a few bytes: the state tile it reads for those partials)."""
+    from autossd.compile import compile_config
+    from autossd.ops.ssd.bwd_gluon import rev_walk_slots
+    from autossd.render import _interpret
+    features = dict(features)
+    sd = features.pop("state_dtype", "bf16")
+    prob = Problem(1, 4096, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True).replace(**features)
+    cfg = default_config("sm90", prob).replace(state_dtype=sd)
+    assert cfg.rev_walk == 1
+    with _interpret(False):
+        launches = get_op("ssd_bwd").fn("meta_launches")(prob, cfg, "cuda")
+    stages = [ln.stage for ln in launches]
+    assert "dstates" not in stages and stages.count("state_passing_rev") == 1
+    (walk,) = [ln for ln in launches if ln.stage == "state_passing_rev"]
+    n_tiles = (prob.headdim // 64) * -(-prob.dstate // 128)
+    assert walk.kernel == "ssd_bwd_state_walk_rev" and walk.grid == (n_tiles, prob.nheads, prob.batch)
+    assert rev_walk_slots(prob) == 64 * n_tiles
+    rep = compile_config(cfg, "sm90", prob, stages=("state_passing_rev",))
+    assert rep.ok, rep.why()
+    (st,) = rep.stages
+    assert st.occupancy >= (3 if prob.dstate == 64 else 2)
+    assert st.spill_bytes == 0 if sd != "fp32" else st.spill_bytes <= 16
+    for other in (prob.replace(dtype="fp32"), prob.replace(has_seq_idx=True), prob.replace(dstate=256)):
+        assert default_config("sm90", other).rev_walk == 0
+
+
+def test_reverse_walk_falls_back_to_the_two_stages_where_the_call_cannot_take_it(monkeypatch):
+    """sm90's default with the reverse walk, where a call cannot run it (no GPU here, or seq_idx on a
+    GPU): the dstates and reverse state-passing stages of the same config, every gradient within
+    the dtype's bound, initial and final states included."""
+    from autossd.ops.ssd.bwd_gluon import rev_walk_gaps
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: default_config("sm90", p.replace(has_seq_idx=False)))
+    prob = _prob("fp16", l=200, h=2, p=64, n=64, chunk=64, has_D=True, has_initial_states=True,
+                 return_final_states=True, has_seq_idx=DEV != "cpu")
+    cfg = default_config("sm90", prob.replace(has_seq_idx=False))
+    assert cfg.rev_walk == 1
+    t = make_inputs(prob, DEV, seed=6)
+    buf = bw.allocate(prob, cfg, t, torch.randn_like(t["x"]), None, set(bw.GRAD_NAMES), None)
+    assert rev_walk_gaps(prob, cfg, t, buf, "cuda")
+    _check(prob, seed=18)
+
+
+def test_a_record_carried_to_a_narrow_headdim_avoids_the_tl_dx_tiles_that_fault():
+    """The tl dx with 64-wide rows, time steps and dstate steps over a headdim tile of 32 faulted on
+    an H200: sm90's default at a 64-wide headdim (those three at 64 with the Gluon dx), carried to
+    headdim 32 by the lookup, leaves one of them at 32, and a config asking for all three is
+    refused with the reason."""
+    from autossd.db.lookup import transfer
+    wide = Problem(8, 2048, 80, 64, 128, 1, "bf16", chunk_size=256, has_D=True)
+    narrow = Problem(2, 333, 4, 32, 64, 4, "bf16", chunk_size=64, has_initial_states=True)
+    c = transfer(default_config("sm90", wide), "sm90", narrow, op="ssd_bwd")
+    assert c is not None and c.dx_gluon == 0 and not violations(c, "sm90", narrow)
+    assert 32 in (c.dx_block_m, c.dx_block_k, c.dx_block_d) and c.dx_block_n == 32
+    why = violations(c.replace(dx_block_m=64, dx_block_k=64, dx_block_d=64), "sm90", narrow)
+    assert any("faults" in w for w in why)
+    assert not any("faults" in w for w in violations(c.replace(dx_block_m=64, dx_block_k=64, dx_block_d=64),
+                                                      "gfx942", narrow))
+
+
 def test_gluon_dx_falls_back_to_the_tl_kernel_where_the_call_cannot_take_it(monkeypatch):
     """sm90's default with the Gluon dx, where a call cannot run it (here: no GPU, or a GPU with
     seq_idx): the backward runs the tl dx of the same config, whose gradients hold the dtype's
@@ -571,7 +639,9 @@ def test_default_config_cross_compiles(arch):
     cfg = default_config(arch, prob)
     rep = compile_config(cfg, arch, prob)
     assert not rep.reasons, rep.reasons
-    assert {s.stage for s in rep.stages} == set(get_op("ssd_bwd").sequences[cfg.cb])
+    # (the reverse walk, sm90's default, is one launch in the dstates and reverse passing's place)
+    gone = {"dstates"} if cfg.rev_walk else set()
+    assert {s.stage for s in rep.stages} == set(get_op("ssd_bwd").sequences[cfg.cb]) - gone
     assert all(not s.reasons for s in rep.stages), [s.reasons for s in rep.stages]
 
 

@@ -12,7 +12,9 @@ The stages, in order (templates/ssd_bwd; the op's declaration is ops/ssd/bwd.py)
   state_passing_rev  that gradient carried backwards over the chunks (with the final state's
                   gradient): the gradient wrt the state leaving each chunk, the initial state's
                   gradient, and the entering state's part of each chunk's last dA gradient
+                  (on sm90 with rev_walk = 1, both stages as one Gluon walk: bwd_gluon.py)
   dx              dx, per token the state's part of x·dx (a part of d dt'), and dD's partial sums
+                  (on sm90 with dx_gluon = 1, in Gluon: bwd_gluon.py)
   dcb             per (chunk, group) the causal products' gradient dCB = sum over heads of
                   dt'·decay·(dy·xᵀ), one partial per group split; per head the causal parts of
                   x·dx and of C·dC (the gradients wrt dt' and dA), from the same fp32 products

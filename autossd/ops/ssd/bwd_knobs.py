@@ -148,6 +148,14 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
     for stage in ("state", "pass", "bmm", "dx", "dcb", "dbc"):
         if config[f"{stage}_warps"] * arch.warp_size > 1024:
             why.append(f"{stage}_warps={config[f'{stage}_warps']} x warp {arch.warp_size} > 1024 threads")
+    # the tl dx with 64 x 64 rows x time steps and dstate steps over a headdim tile of 32 or less
+    # faulted on an H200 (illegal address, Triton 3.6: bf16, chunk 64, headdim 32, dstate 64,
+    # whichever cb); 32 in any one of the three ran. A record carried to a narrower headdim
+    # (lookup.transfer shrinks dx_block_n) must not land there
+    if not config.dx_gluon and config.dx_block_n <= 32 and config.dx_block_m == config.dx_block_k \
+            == config.dx_block_d == 64 and not arch.is_amd:
+        why.append(f"dx_block_n={config.dx_block_n} with dx_block_m, dx_block_k and dx_block_d all 64 faults in "
+                   f"the tl dx on sm90 (Triton 3.6): take 32 for one of the three")
     if config.dx_gluon:
         why += dx_gluon_violations(config, problem)
     if config.rev_walk:
