@@ -568,22 +568,6 @@ def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(feat
         assert default_config("sm90", other).rev_walk == 0
 
 
-def test_reverse_walk_falls_back_to_the_two_stages_where_the_call_cannot_take_it(monkeypatch):
-    """sm90's default with the reverse walk, where a call cannot run it (no GPU here, or seq_idx on a
-    GPU): the dstates and reverse state-passing stages of the same config, every gradient within
-    the dtype's bound, initial and final states included."""
-    from autossd.ops.ssd.bwd_gluon import rev_walk_gaps
-    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: default_config("sm90", p.replace(has_seq_idx=False)))
-    prob = _prob("fp16", l=200, h=2, p=64, n=64, chunk=64, has_D=True, has_initial_states=True,
-                 return_final_states=True, has_seq_idx=DEV != "cpu")
-    cfg = default_config("sm90", prob.replace(has_seq_idx=False))
-    assert cfg.rev_walk == 1
-    t = make_inputs(prob, DEV, seed=6)
-    buf = bw.allocate(prob, cfg, t, torch.randn_like(t["x"]), None, set(bw.GRAD_NAMES), None)
-    assert rev_walk_gaps(prob, cfg, t, buf, "cuda")
-    _check(prob, seed=18)
-
-
 def test_a_record_carried_to_a_narrow_headdim_avoids_the_tl_dx_tiles_that_fault():
     """The tl dx with 64-wide rows, time steps and dstate steps over a headdim tile of 32 faulted on
     an H200: sm90's default at a 64-wide headdim (those three at 64 with the Gluon dx), carried to
@@ -601,19 +585,23 @@ def test_a_record_carried_to_a_narrow_headdim_avoids_the_tl_dx_tiles_that_fault(
                                                       "gfx942", narrow))
 
 
-def test_gluon_dx_falls_back_to_the_tl_kernel_where_the_call_cannot_take_it(monkeypatch):
-    """sm90's default with the Gluon dx, where a call cannot run it (here: no GPU, or a GPU with
-    seq_idx): the backward runs the tl dx of the same config, whose gradients hold the dtype's
-    bound; the reason is named."""
-    from autossd.ops.ssd.bwd_gluon import dx_gluon_gaps
+@pytest.mark.parametrize("knob,dtype,flags", [("dx_gluon", "bf16", dict(l=150)),
+                                             ("rev_walk", "fp16", dict(l=200, has_initial_states=True))])
+def test_each_gluon_stage_falls_back_to_the_tl_stages_where_the_call_cannot_take_it(monkeypatch, knob, dtype, flags):
+    """sm90's default with a Gluon stage (the dx, the reverse walk), where a call cannot run it
+    (here: no GPU, or a GPU with seq_idx): the backward runs the tl stages of the same config,
+    every gradient within the dtype's bound (initial and final states included); the reason is
+    named."""
+    from autossd.ops.ssd import bwd_gluon
+    gaps = {"dx_gluon": bwd_gluon.dx_gluon_gaps, "rev_walk": bwd_gluon.rev_walk_gaps}[knob]
     monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: default_config("sm90", p.replace(has_seq_idx=False)))
-    prob = _prob("bf16", l=150, h=2, p=64, n=64, chunk=64, has_D=True, has_seq_idx=DEV != "cpu",
-                 return_final_states=True)
+    prob = _prob(dtype, h=2, p=64, n=64, chunk=64, has_D=True, return_final_states=True,
+                 has_seq_idx=DEV != "cpu", **flags)
     cfg = default_config("sm90", prob.replace(has_seq_idx=False))
-    assert cfg.dx_gluon == 1
+    assert cfg[knob] == 1
     t = make_inputs(prob, DEV, seed=5)
     buf = bw.allocate(prob, cfg, t, torch.randn_like(t["x"]), None, set(bw.GRAD_NAMES), None)
-    assert dx_gluon_gaps(prob, cfg, t, buf, "cuda")
+    assert gaps(prob, cfg, t, buf, "cuda")
     _check(prob, seed=17)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import triton
 
-from .bwd_knobs import BwdConfig, gluon_problem_violations, dx_gluon_violations
+from .bwd_knobs import BwdConfig, dx_gluon_violations
+from .stage_knobs import gluon_problem_violations
 from .plan import _INT32, Launch, _sm90_gaps, _tma_desc, _tma_view_gaps, strides
 
 
@@ -78,7 +79,7 @@ def rev_walk_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[s
     state-passing stages of the same config."""
     C, dy, x = t["C"], buf.dy, t["x"]
     b, l, h, p, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.ngroups
-    why = gluon_problem_violations("rev_walk", config, prob) + _sm90_gaps("the reverse Gluon walk", x, backend)
+    why = gluon_problem_violations("rev_walk=1", prob) + _sm90_gaps("the reverse Gluon walk", x, backend)
     if why:
         return why
     why += _tma_view_gaps(prob, (("C", C, g * prob.dstate), ("dy", dy, h * p)))

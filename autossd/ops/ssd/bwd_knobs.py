@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...arch import Arch, get_arch
 from ...knobs import (BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink,  # noqa: F401 (ConfigError: re-exported)
                       state_dtype_excluded, take)
-from .stage_knobs import BMM, CHUNK, CHUNK_STATE, CUMSUM, STATE_PASSING, TILES
+from .stage_knobs import BMM, CHUNK, CHUNK_STATE, CUMSUM, STATE_PASSING, TILES, gluon_problem_violations
 
 MAXNREG = (0, 96, 128)   # the dx and dCB kernels' register caps
 
@@ -159,7 +159,7 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
     if config.dx_gluon:
         why += dx_gluon_violations(config, problem)
     if config.rev_walk:
-        why += gluon_problem_violations("rev_walk", config, problem)
+        why += gluon_problem_violations("rev_walk=1", problem)
     if problem is not None:
         for name, cap in caps(problem).items():
             if config[name] > cap:
@@ -185,24 +185,7 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
                    f"dx_block_n, dx_block_k and dx_block_d = 64, dx_warps = 4, dx_stages = 1 and "
                    f"dx_maxnreg = 0, got {tiles}, dx_warps={config.dx_warps}, dx_stages={config.dx_stages}, "
                    f"dx_maxnreg={config.dx_maxnreg}")
-    return why + gluon_problem_violations("dx_gluon", config, problem)
-
-
-def gluon_problem_violations(knob: str, config: BwdConfig, problem) -> list[str]:
-    """What the backward's sm90 Gluon kernels share: 16-bit inputs, dstate 64 or 128 (one or two
-    64-wide halves, or one tile of the walk), headdim in 64-wide tiles, no seq_idx."""
-    why = []
-    if problem is None:
-        return why
-    if problem.dtype not in ("fp16", "bf16"):
-        why.append(f"{knob}=1 needs fp16/bf16 inputs, got {problem.dtype}")
-    if problem.dstate not in (64, 128):
-        why.append(f"{knob}=1 needs dstate 64 or 128, got {problem.dstate}")
-    if problem.headdim % 64:
-        why.append(f"{knob}=1 needs headdim a multiple of 64, got {problem.headdim}")
-    if problem.has_seq_idx:
-        why.append(f"{knob}=1 does not take seq_idx")
-    return why
+    return why + gluon_problem_violations("dx_gluon=1", problem)
 
 
 def fit(config: BwdConfig, problem) -> BwdConfig:
@@ -267,7 +250,7 @@ def default_config(arch: Arch | str, problem=None, cb: str | None = None) -> Bwd
             # the dstates stage and the reverse state passing as one Gluon walk where the problem
             # fits it (same shape and card: 882 -> 711 us at 2.7b 4 x 16384; even at 1 x 65536,
             # whose 80 chains leave most SMs idle)
-            if not gluon_problem_violations("rev_walk", base, problem):
+            if not gluon_problem_violations("rev_walk=1", problem):
                 base = base.replace(rev_walk=1)
     if cb is not None:   # the default at that mode (the tuner asks for it when the mode is pinned)
         base = base.replace(cb=cb, **({"dx_gluon": 0} if cb != "stage" else {}))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...arch import Arch, get_arch
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
 from .stage_knobs import (BMM, CHUNK, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING,
-                          gluon_scan_tile_violations)
+                          gluon_problem_violations, gluon_scan_tile_violations)
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -211,23 +211,14 @@ def walk_violations(config: Config, problem=None) -> list[str]:
 
 
 def _gluon_problem_violations(knob: str, config: Config, problem, dstates: tuple, why_states: str) -> list[str]:
-    """What the sm90 Gluon kernels share: 16-bit inputs and states in the input dtype, dstate
-    among `dstates`, headdim in 64-wide tiles, no seq_idx."""
-    why = []
-    if problem is None:
-        return why
-    if problem.dtype not in ("fp16", "bf16"):
-        why.append(f"{knob}={config[knob]} needs fp16/bf16 inputs, got {problem.dtype}")
-    elif config.state_dtype != problem.dtype:
-        why.append(f"{knob}={config[knob]} needs states in the input dtype ({problem.dtype}): {why_states}, "
-                   f"got state_dtype={config.state_dtype}")
-    if problem.dstate not in dstates:
-        allowed = ", ".join(map(str, dstates[:-1])) + f" or {dstates[-1]}"
-        why.append(f"{knob}={config[knob]} needs dstate {allowed}, got {problem.dstate}")
-    if problem.headdim % 64:
-        why.append(f"{knob}={config[knob]} needs headdim a multiple of 64, got {problem.headdim}")
-    if problem.has_seq_idx:
-        why.append(f"{knob}={config[knob]} does not take seq_idx")
+    """What the sm90 Gluon kernels share (stage_knobs.gluon_problem_violations), and the forward's
+    states in the input dtype."""
+    label = f"{knob}={config[knob]}"
+    why = gluon_problem_violations(label, problem, dstates)
+    if problem is not None and problem.dtype in ("fp16", "bf16") and config.state_dtype != problem.dtype:
+        # (where the inputs are 16-bit, so that this is the first reason, as the inputs' type would be)
+        why.insert(0, f"{label} needs states in the input dtype ({problem.dtype}): {why_states}, "
+                      f"got state_dtype={config.state_dtype}")
     return why
 
 

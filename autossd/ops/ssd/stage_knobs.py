@@ -107,3 +107,23 @@ def gluon_scan_tile_violations(config) -> list[str]:
                 f"scan_block_n and scan_block_k = 64 and scan_warps = 4, got {tiles}, "
                 f"scan_warps={config.scan_warps}"]
     return []
+
+
+def gluon_problem_violations(label: str, problem, dstates: tuple = (64, 128)) -> list[str]:
+    """What a problem must be for any of the SSD ops' sm90 Gluon kernels (their MMA operands are
+    16-bit 64-wide tiles): fp16/bf16 inputs, dstate among `dstates`, headdim in 64-wide tiles, no
+    seq_idx (a problem type without one has none). `label` names the knob and value asking, e.g.
+    "scan_gluon=3"."""
+    why = []
+    if problem is None:
+        return why
+    if problem.dtype not in ("fp16", "bf16"):
+        why.append(f"{label} needs fp16/bf16 inputs, got {problem.dtype}")
+    if problem.dstate not in dstates:
+        allowed = ", ".join(map(str, dstates[:-1])) + f" or {dstates[-1]}"
+        why.append(f"{label} needs dstate {allowed}, got {problem.dstate}")
+    if problem.headdim % 64:
+        why.append(f"{label} needs headdim a multiple of 64, got {problem.headdim}")
+    if getattr(problem, "has_seq_idx", False):
+        why.append(f"{label} does not take seq_idx")
+    return why

@@ -19,7 +19,7 @@ import torch
 from ...arch import Arch, get_arch
 from ...problem import MODEL_FLAGS
 from .stage_knobs import (BMM, CHUNK_SCAN, CHUNK_STATE, CUMSUM, GLUON_SCAN, GLUON_WALK, STATE_PASSING,
-                          gluon_scan_tile_violations)
+                          gluon_problem_violations, gluon_scan_tile_violations)
 from ...knobs import BaseConfig, ConfigError, Knob, KnobSpace, ProblemFields, ShapeForm, pow2_at_least, shrink, take  # noqa: F401 (ConfigError: re-exported)
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -190,12 +190,7 @@ def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None)
     why += gluon_scan_tile_violations(config)
     if problem is None:
         return why
-    if problem.dtype not in ("fp16", "bf16"):
-        why.append(f"scan_gluon={config.scan_gluon} needs fp16/bf16 inputs (16-bit MMA operands), got {problem.dtype}")
-    if problem.dstate not in (64, 128):
-        why.append(f"scan_gluon={config.scan_gluon} needs dstate 64 or 128, got {problem.dstate}")
-    if problem.headdim % 64:
-        why.append(f"scan_gluon={config.scan_gluon} needs headdim a multiple of 64, got {problem.headdim}")
+    why += gluon_problem_violations(f"scan_gluon={config.scan_gluon}", problem)
     if problem.chunk_size not in (64, 128, 256):
         why.append(f"scan_gluon={config.scan_gluon} needs chunk_size 64, 128 or 256 (whole 64-token tiles, x "
                    f"resident in shared memory), got {problem.chunk_size}")
