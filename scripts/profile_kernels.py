@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     bwd.add_argument("--sweep", default="", help="override sets separated by ';'")
     bwd.add_argument("--check", default="", metavar="DTYPES",
                      help="scripts/bench_bwd.py's gradient check in these dtypes with --set applied")
-    bwd.add_argument("--stages", default="dx,dcb,ssd_bwd_db,ssd_bwd_dc,chunk_state,dstates,state_passing",
+    bwd.add_argument("--stages", default="dx,dcb,ssd_bwd_db,ssd_bwd_dc,chunk_state,dstates,state_passing,walk_rev",
                      help="kernel name parts shown per swept set")
     var = ap.add_argument_group("--op ssd_varlen")
     var.add_argument("--model", default="mamba2-2.7b", help="a model of autossd/tuner/shapes.py")
