@@ -11,6 +11,8 @@ mamba_chunk_scan_combined where it imports, and the floor of a training step's S
     floor = max(bytes time, FLOPs time).
 autossd is timed twice: as it runs by default (the forward keeps the ungated output for z's
 gradient) and with autossd.grad.KEEP_UNGATED_OUTPUT off (the backward runs the forward again).
+Beside each wall time (`*_ms`), the GPU time of one step (`*_gpu_ms`: the sum of its kernels'
+times under torch.profiler): where the wall time is well above it, the step waits on the host.
 Peak memory: torch.cuda.max_memory_allocated over one forward + backward, above what the inputs
 and their gradients take. Each library is timed from the same inputs (do_bench, median).
 
@@ -31,7 +33,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
 from autossd import grad  # noqa: E402
-from autossd.bench import measure_ceilings  # noqa: E402
+from autossd.bench import kernel_times, measure_ceilings  # noqa: E402
 from autossd.ops.ssd import backward as bw  # noqa: E402
 from autossd.problem import DTYPE_BYTES, Problem  # noqa: E402
 from autossd.testing import call_kwargs, grad_tolerance, make_inputs, rel_err  # noqa: E402
@@ -117,6 +119,7 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
                 torch.cuda.synchronize()
                 row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - start) / 2**20
                 row[f"{name}_ms"] = do_bench(step, warmup=25, rep=200, return_mode="median")
+                row[f"{name}_gpu_ms"] = sum(v for v, _ in kernel_times(step, reps=5).values()) / 1e3
                 grad.KEEP_UNGATED_OUTPUT = True
             fl, fb, ff = floor_ms(prob, ceil)
             row.update(floor_ms=fl, floor_bytes_ms=fb, floor_flops_ms=ff,
