@@ -114,7 +114,8 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         cb=(e(b, nc, g, q, q, dtype=f32 if config.cb_dtype == "fp32" or x.dtype == f32
               else torch.promote_types(t["B"].dtype, t["C"].dtype))
             if config.cb == "stage" else None),
-        # the reverse walk (rev_walk) writes one partial per program, the tl stage one per block
+        # the reverse walk (rev_walk) writes one partial per row of each program's tile, the tl
+        # stage one per block
         dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, max(npb, rev_walk_slots(prob)) if config.rev_walk else npb),
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),
@@ -218,7 +219,7 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
         out.append(dx_gluon(prob, config, t, buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]), s_D))
     else:
         out.append(_dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2))
-    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, g5, P2, N2)
+    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2)
     out.append(_ddt(prob, config, buf, dt_in, dt_flags, opts))
     return out
 
@@ -263,28 +264,27 @@ def _dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2) -> Launch:
     x, B, C, D, seq = t["x"], t["B"], t["C"], t.get("D"), t.get("seq_idx")
     dy = buf.dy
     return Launch("dx", "ssd_bwd_dx",
-                      (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
-                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
-                           seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
-                           dD_ptr=buf.dDp,
-                           L=l, H=h, P=p, N=n, heads_per_group=hpg,
-                           **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
-                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
-                           s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
-                           **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
-                           **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
-                      dict(HAS_SEQ=seq is not None, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
-                      opts["dx"])
+                  (triton.cdiv(q, config.dx_block_m) * triton.cdiv(p, config.dx_block_n) * h, nc, b),
+                  dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, cb_ptr=buf.cb, dt_ptr=buf.dt, dA_ptr=buf.dA,
+                       seq_ptr=seq, gst_ptr=buf.dst, D_ptr=D, dx_ptr=buf.dx, dsx_ptr=buf.dsx,
+                       dD_ptr=buf.dDp,
+                       L=l, H=h, P=p, N=n, heads_per_group=hpg,
+                       **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                       **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **cb5, **dtb, **seq_s, **g5,
+                       s_D_h=s_D[0], s_D_p=s_D[1], **_named("s_dx", "blhp", buf.dx),
+                       **_named("s_dd", ("b", "h", "c", "j"), buf.dsx),
+                       **_named("s_dD", ("b", "c", "m", "h"), buf.dDp)),
+                  dict(HAS_SEQ=seq is not None, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim, N2=N2),
+                  opts["dx"])
 
 
-def _dbc(prob, config, t, buf, opts, dtb, seq_s, g5, P2, N2) -> list[Launch]:
+def _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2) -> list[Launch]:
     """The launches of dCB (with the causal parts of the dt and dA gradients), dB and dC."""
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc, hpg = triton.cdiv(l, q), h // g
     x, B, C, seq = t["x"], t["B"], t["C"], t.get("seq_idx")
     has_seq, dy = seq is not None, buf.dy
-    st5 = _named("s_st", ("b", "c", "h", "p", "n"), buf.states)
     out = []
     dcb6 = _named("s_cb", ("b", "c", "s", "g", "i", "j"), buf.dcb)
     dd4 = _named("s_dd", ("b", "h", "c", "j"), buf.ddir)

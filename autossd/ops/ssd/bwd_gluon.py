@@ -89,7 +89,7 @@ def rev_walk_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[s
             and (buf.dinit is None or buf.dinit.is_contiguous())):
         why.append("the states and their gradients must be contiguous buffers")
     if buf.dlast.shape[3] < rev_walk_slots(prob):
-        why.append("the last-dA partials need a slot per program of the walk")
+        why.append("the last-dA partials need a slot per row of each program's tile")
     if max(b * l, b * triton.cdiv(l, config.chunk_size) * h * p) >= _INT32:
         why.append("a TMA coordinate would pass 2**31")
     return why

@@ -170,17 +170,24 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
     return why
 
 
+# The knobs the Gluon dx takes at one value each: the staged C·Bᵀ it reads, and the tl dx's tiles,
+# warps, stages and register cap set to what it runs (64 x 64 tiles in one warpgroup, its ring in
+# the template), so that no two configs run the same code.
+DX_GLUON_FIXED = dict(cb="stage", cb_dtype="input", dx_block_m=64, dx_block_n=64, dx_block_k=64, dx_block_d=64,
+                      dx_warps=4, dx_stages=1, dx_maxnreg=0)
+
+
 def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
-    """What the Gluon dx (dx_gluon = 1) cannot do, for this config and problem on sm90: it reads
-    the staged C·Bᵀ in 16 bits, runs 64 x 64 tiles in one warpgroup (the tl dx's tile knobs must
-    say so, or two configs would run the same code), 16-bit inputs, dstate 64 or 128, headdim in
-    64-wide tiles, no seq_idx. Strides and alignment are the call's (backward.dx_gluon_gaps)."""
+    """What the Gluon dx (dx_gluon = 1) cannot do, for this config and problem on sm90: the knobs
+    of DX_GLUON_FIXED at other values, inputs other than 16-bit, dstate other than 64 or 128,
+    headdim not in 64-wide tiles, seq_idx. Strides and alignment are the call's
+    (bwd_gluon.dx_gluon_gaps)."""
     why = []
     if config.cb != "stage" or config.cb_dtype != "input":
         why.append(f"dx_gluon=1 reads the staged C·Bᵀ in the inputs' 16-bit type: needs cb=stage and "
                    f"cb_dtype=input, got cb={config.cb}, cb_dtype={config.cb_dtype}")
     tiles = {k: config[k] for k in ("dx_block_m", "dx_block_n", "dx_block_k", "dx_block_d")}
-    if any(v != 64 for v in tiles.values()) or config.dx_warps != 4 or config.dx_stages != 1 or config.dx_maxnreg:
+    if any(config[k] != v for k, v in DX_GLUON_FIXED.items() if k.startswith("dx_")):
         why.append(f"dx_gluon=1 runs 64 x 64 tiles in one warpgroup, its ring in the template: needs dx_block_m, "
                    f"dx_block_n, dx_block_k and dx_block_d = 64, dx_warps = 4, dx_stages = 1 and "
                    f"dx_maxnreg = 0, got {tiles}, dx_warps={config.dx_warps}, dx_stages={config.dx_stages}, "
@@ -244,8 +251,7 @@ def default_config(arch: Arch | str, problem=None, cb: str | None = None) -> Bwd
             # dx in Gluon where the problem fits it (H200, mamba2-2.7b bf16, from the shipped
             # record's config: dx 2821 -> 1801 us at 4 x 16384, 713 -> 471 at 8 x 2048; the
             # step 10.41 -> 9.39 ms), reading C·Bᵀ staged in 16 bits as the forward's scan does
-            gl = base.replace(cb="stage", cb_dtype="input", dx_gluon=1, dx_block_m=64, dx_block_n=64,
-                              dx_block_k=64, dx_block_d=64, dx_warps=4, dx_stages=1, dx_maxnreg=0)
+            gl = base.replace(dx_gluon=1, **DX_GLUON_FIXED)
             if not dx_gluon_violations(gl, problem):
                 base = gl
             # the dstates stage and the reverse state passing as one Gluon walk where the problem

@@ -216,7 +216,6 @@ def _gluon_problem_violations(knob: str, config: Config, problem, dstates: tuple
     label = f"{knob}={config[knob]}"
     why = gluon_problem_violations(label, problem, dstates)
     if problem is not None and problem.dtype in ("fp16", "bf16") and config.state_dtype != problem.dtype:
-        # (where the inputs are 16-bit, so that this is the first reason, as the inputs' type would be)
         why.insert(0, f"{label} needs states in the input dtype ({problem.dtype}): {why_states}, "
                       f"got state_dtype={config.state_dtype}")
     return why
