@@ -643,3 +643,116 @@ def test_the_backward_asks_for_the_config_of_the_inputs_gpu(monkeypatch):
     monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: asked.append(d) or cfg(p, a, d))
     _check(_prob("fp32", l=70, h=2, p=16, n=16), seed=3)
     assert asked and set(asked) == {"NVIDIA H200"}
+
+
+class _Interpreted:
+    """A compiled kernel as the launch cache records and replays one, launching through the
+    interpreter: with a launch hook set, a replay calls kernel[grid](*args) with the call's own
+    tensors in the kernel's parameter order (the CPU has no compiled kernels or streams)."""
+
+    run = None   # not triton's launcher: no direct launch is made
+
+    def __init__(self, fn, options):
+        self.fn, self.options = fn, options
+
+    def _init_handles(self):
+        pass
+
+    def __getitem__(self, grid):
+        return lambda *args: self.fn[grid](*args, **self.options)
+
+
+def test_a_recorded_backward_replays_on_each_calls_own_tensors(monkeypatch):
+    """The backward's launch cache: the first call of a key plans, launches and records (the gate
+    separately, as it runs before the other buffers exist); a second call of the same key with
+    other inputs launches nothing through the plan, replays the record on its own tensors and
+    buffers, and its gradients match float64 as the first call's do; another key records anew."""
+    from autossd.ops.common import launch_cache as lc
+    seen = {"planned": 0, "replays": 0}
+    real_run, real_replay = bw.run, lc.replay
+
+    def run(launches, module):
+        seen["planned"] += len(launches)
+        real_run(launches, module)
+        return [_Interpreted(getattr(module, ln.kernel), ln.options) for ln in launches]
+
+    def replay(*a, **k):
+        seen["replays"] += 1
+        return real_replay(*a, **k)
+
+    monkeypatch.setattr(bw, "run", run)
+    monkeypatch.setattr(lc, "replay", replay)
+    monkeypatch.setattr(lc, "_hooked", lambda: True)
+    monkeypatch.setattr(bw, "_replay_stream", lambda device: 7)
+    monkeypatch.setattr(bw, "_launch_cache", {})
+    prob = _prob("fp32", **FULL)
+    _check(prob, seed=0)
+    planned = seen["planned"]
+    assert planned >= 8 and seen["replays"] == 0 and len(bw._launch_cache) == 1
+    (gate, rest), = bw._launch_cache.values()
+    assert len(gate) == 1 and len(gate) + len(rest) == planned
+    _check(prob, seed=3)   # other inputs, the same key
+    assert seen == {"planned": planned, "replays": 2}
+    _check(prob.replace(seqlen=130), seed=4)   # another key
+    assert seen["planned"] > planned and seen["replays"] == 2 and len(bw._launch_cache) == 2
+
+
+def test_a_replay_of_the_sm90_gluon_stages_passes_a_fresh_plans_arguments(monkeypatch):
+    """sm90's default backward (the Gluon dx and reverse walk, planned as on a GPU: their gaps
+    stubbed) recorded once and replayed on two other calls' inputs and buffers: each launch gets
+    what a fresh plan of that call passes, pointers as the call's own addresses and each TMA
+    descriptor on the call's own tensor with the recorded shape (compiled kernels stubbed)."""
+    from autossd.ops.common import launch_cache as lc
+    from autossd.render import load
+    monkeypatch.setattr(bw, "dx_gluon_gaps", lambda *a, **k: [])
+    monkeypatch.setattr(bw, "rev_walk_gaps", lambda *a, **k: [])
+    prob = _prob("bf16", b=2, l=200, h=2, p=64, n=64, chunk=64, has_D=True, has_z=True, has_initial_states=True,
+                 return_final_states=True)
+    cfg = default_config("sm90", prob)
+    assert cfg.dx_gluon and cfg.rev_walk
+    mod = load(cfg)
+
+    class Stub:   # what the record and the replay use of a compiled kernel
+        function, packed_metadata = "fn", "meta"
+
+        def __init__(self):
+            self.calls = []
+
+        def _init_handles(self):
+            pass
+
+        def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
+            assert (stream, function, meta) == (7, "fn", "meta")
+            self.calls.append(((gx, gy, gz), args))
+
+    def planned(seed):
+        t = make_inputs(prob, DEV, seed=seed)
+        t["y_pre"] = torch.randn_like(t["x"])
+        dout, dfinal = torch.randn_like(t["x"]), torch.randn(2, 2, 64, 64, device=DEV)
+        ti = dict(t, dout=dout, dfinal=dfinal)
+        buf = bw.allocate(prob, cfg, t, dout, dfinal, set(bw.GRAD_NAMES), None)
+        return ti, buf, bw.plan(prob, cfg, t, buf, "cuda", (0.0, float("inf")), dout, dfinal)
+
+    ti1, buf1, launches1 = planned(1)
+    kernels = [ln.kernel for ln in launches1]
+    assert "ssd_bwd_dx_gluon" in kernels and "ssd_bwd_state_walk_rev" in kernels and "ssd_bwd_gate" in kernels
+    stubs = [Stub() for _ in launches1]
+    rec = lc.record(launches1, stubs, ti1, buf1, mod, bw.BWD_INPUTS, bw._BWD_BUFFERS)
+    descs = 0
+    for seed in (2, 3):
+        ti, buf, launches = planned(seed)
+        lc.replay(rec, ti, buf, stream=7)
+        for ln, stub in zip(launches, stubs):
+            grid, args = stub.calls.pop()
+            want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
+            assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want), ln.kernel
+            for a, w in zip(args, want):
+                if isinstance(w, torch.Tensor):
+                    assert a == w.data_ptr(), ln.kernel
+                elif isinstance(w, lc.TMA_DESCRIPTORS):
+                    descs += 1
+                    assert a.base is w.base and (list(a.shape), list(a.strides), a.padding) == (
+                        list(w.shape), list(w.strides), w.padding), ln.kernel
+                else:
+                    assert a == w, ln.kernel
+    assert descs >= 2 * 6   # dx's three and the walk's three, per replay
