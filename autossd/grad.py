@@ -61,7 +61,9 @@ class _SSDFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, call, *inputs):
         t = dict(zip(DIFFERENTIABLE + ("seq_idx",), inputs))
-        kept = forward_saving(t, call)
+        # the problem, validated once per step: the backward takes it from here
+        ctx.problem = _problem_of(t, call, bool(call.get("return_final_states")))
+        kept = forward_saving(t, call, ctx.problem)
         ctx.y_pre = None
         if kept is not None:
             out, saved = kept
@@ -91,7 +93,7 @@ class _SSDFunction(torch.autograd.Function):
         if ctx.y_pre is not None:
             # handed over, not shared: the backward frees it once the gate has read it
             t["y_pre"], ctx.y_pre = ctx.y_pre, None
-        g = ssd_backward(t, dout, dfinal, call, need, saved) if need else {}
+        g = ssd_backward(t, dout, dfinal, call, need, saved, ctx.problem) if need else {}
         return (None, None, *(g.get(k) for k in DIFFERENTIABLE), None)
 
 
@@ -190,7 +192,7 @@ def _problem_of(t: dict, call: dict, final: bool):
                               call["dt_softplus"], call["dt_limit"], final, False, call.get("state_dtype"))
 
 
-def forward_saving(t: dict, call: dict):
+def forward_saving(t: dict, call: dict, prob=None):
     """The forward run with buffers of its own, kept for the backward (save_states = 1): returns
     (the forward's outputs as the drop-in returns them, Saved), or None where the backward's
     config recomputes, or the forward's config does not leave every chunk's entering state in
@@ -199,8 +201,8 @@ def forward_saving(t: dict, call: dict):
     if call.get("cu_seqlens") is not None or call.get("return_varlen_states"):
         return None
     x = t["x"]
-    final = bool(call.get("return_final_states"))
-    prob = _problem_of(t, call, final)
+    if prob is None:
+        prob = _problem_of(t, call, bool(call.get("return_final_states")))
     arch = arch_of_device(x.device)
     cfg = _bw.config_for(prob, arch, _lookup.device_name(x.device))
     if not cfg.save_states:
@@ -229,14 +231,16 @@ def forward_ungated(t: dict, call: dict, outputs: bool = False):
                     outputs and call["return_varlen_states"], call.get("state_dtype"), keep=outputs)
 
 
-def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None) -> dict:
+def ssd_backward(t: dict, dout, dfinal, call: dict, need, saved: Saved | None = None, prob=None) -> dict:
     """Gradients (name -> tensor) of the inputs named in `need`, from the gradient wrt y and wrt
     the final states (None where not returned). t: the forward's inputs by name; call: its
     chunk_size, dt_softplus, dt_limit (a pair of floats) and state_dtype. t["y_pre"], where
     given, is the ungated output the forward kept; it is taken out of `t` (the backward frees it
-    once read), and computed again where z's gradient is needed and it is not given."""
+    once read), and computed again where z's gradient is needed and it is not given. prob: the
+    call's Problem as the forward validated it, where the caller kept it."""
     x = t["x"]
-    prob = _problem_of(t, call, dfinal is not None)
+    if prob is None or prob.return_final_states != (dfinal is not None):
+        prob = _problem_of(t, call, dfinal is not None)
     arch = arch_of_device(x.device)
     config = _bw.config_for(prob, arch, _lookup.device_name(x.device))
     backend = get_arch(arch).backend

@@ -389,7 +389,7 @@ def test_a_config_keeping_states_whose_forward_kept_none_recomputes_them(monkeyp
     cfg = bw.config_for
     monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(save_states=1))
     from autossd import grad
-    monkeypatch.setattr(grad, "forward_saving", lambda t, call: None)
+    monkeypatch.setattr(grad, "forward_saving", lambda t, call, prob=None: None)
     got, _ = _grads(prob, seed=13)
     for k in ref:
         assert torch.allclose(got[k], recomputed[k], rtol=1e-5, atol=1e-7), k

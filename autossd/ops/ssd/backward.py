@@ -26,6 +26,7 @@ a fixed order, so the gradients are bitwise reproducible run to run.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 
@@ -79,8 +80,8 @@ class BwdBuffers:
     ddir: torch.Tensor        # (b, h, c, dcb row tiles, q) fp32: x·dx, the causal part
     dsx: torch.Tensor         # (b, h, c, headdim tiles, q) fp32: x·dx, the state's part
     dDp: torch.Tensor | None  # (b, c, row tiles, h, p) fp32
-    dBp: torch.Tensor | None  # (b, l, group_split, g, n) fp32
-    dCp: torch.Tensor         # (b, l, group_split, g, n) fp32
+    dBp: torch.Tensor | None  # (b, l, group_split, g, n) fp32 (one split: B's type)
+    dCp: torch.Tensor         # (b, l, group_split, g, n) fp32 (one split: C's type)
     dap: torch.Tensor         # (b, h, c, dcb column tiles + dstate tiles, q) fp32: C·dC
     ddt: torch.Tensor         # (b, l, h) in dt's dtype
     dAp: torch.Tensor         # (b, h, c) fp32
@@ -103,8 +104,25 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
     # a tile or position a short chunk leaves unwritten must add nothing, and the GPU's caching
     # allocator hands back memory holding whatever it held (an H200 gave dA off by 1e292 at
     # one-token sequences with these uninitialized)
-    zp = lambda *s, dtype=f32: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
+    # They are carved from one zeroed allocation: one fill instead of six (each a launch and
+    # 10-20 us of host time per step), every part starting at a 16-byte boundary as a whole
+    # allocation would (what the kernels, and the launch cache's records, assume)
     npb = triton.cdiv(p * n, config.pass_block)
+    zshapes = dict(dlast=(b, h, nc, max(npb, rev_walk_slots(prob)) if config.rev_walk else npb),
+                   ddir=(b, h, nc, triton.cdiv(q, config.dcb_block_m), q),
+                   dsx=(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+                   dap=(b, h, nc, triton.cdiv(q, config.dcb_block_k) + triton.cdiv(n, config.dbc_block_n), q),
+                   dAp=(b, h, nc), dbp=(b, h, nc))
+    sizes = {k: math.prod(v) for k, v in zshapes.items()}
+    flat = torch.zeros(sum(-(-v // 4) * 4 for v in sizes.values()), dtype=f32, device=dev)
+    zero, at = {}, 0
+    for k, shape in zshapes.items():
+        zero[k] = flat[at:at + sizes[k]].view(shape)
+        at += -(-sizes[k] // 4) * 4
+    # dB and dC: one partial per group split, summed after in fp32; with one split the kernels
+    # store the gradient itself, in the input's type (a store rounds as .to() would)
+    split = config.group_split
+    bc = lambda dtype: e(b, l, split, g, n, dtype=dtype if split == 1 else f32)  # noqa: E731
     if saved is None:
         states = e(b, nc, h, p, n, dtype=_TORCH_STATE[config.state_dtype])
         dtb, dAb = e(b, h, nc, q), e(b, h, nc, q)
@@ -119,22 +137,26 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
             if config.cb == "stage" else None),
         # the reverse walk (rev_walk) writes one partial per row of each program's tile, the tl
         # stage one per block
-        dst=e(b, nc, h, p, n), dlast=zp(b, h, nc, max(npb, rev_walk_slots(prob)) if config.rev_walk else npb),
+        dst=e(b, nc, h, p, n), dlast=zero["dlast"],
         dinit=e(b, h, p, n) if "initial_states" in need else None,
         dx=e(b, l, h, p, dtype=x.dtype),
         # dCB in the type its products take it in (B's and C's): the dB and dC stages round it
         # to that before their tensor-core products anyway
         dcb=e(b, nc, config.group_split, g, q, q, dtype=torch.promote_types(t["B"].dtype, t["C"].dtype)),
-        ddir=zp(b, h, nc, triton.cdiv(q, config.dcb_block_m), q),
-        dsx=zp(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
+        ddir=zero["ddir"], dsx=zero["dsx"],
         # every element of these the kernels write (each tile of the grid, rows past the
         # sequence's end masked on both sides): no zero fill (dB's and dC's are 67 MB each at
         # mamba2-2.7b 8 x 2048 with the heads split in 8)
         dDp=e(b, nc, triton.cdiv(q, config.dx_block_m), h, p) if t.get("D") is not None else None,
-        dBp=e(b, l, config.group_split, g, n) if "B" in need else None,
-        dCp=e(b, l, config.group_split, g, n),
-        dap=zp(b, h, nc, triton.cdiv(q, config.dcb_block_k) + triton.cdiv(n, config.dbc_block_n), q),
-        ddt=e(b, l, h, dtype=dt.dtype), dAp=zp(b, h, nc), dbp=zp(b, h, nc))
+        dBp=bc(t["B"].dtype) if "B" in need else None,
+        dCp=bc(t["C"].dtype), dap=zero["dap"],
+        ddt=e(b, l, h, dtype=dt.dtype), dAp=zero["dAp"], dbp=zero["dbp"])
+
+
+def _split_sum(part: torch.Tensor, dtype) -> torch.Tensor:
+    """dB or dC from its (b, l, group split, g, n) partials: the one partial itself, already in the
+    input's type, or the fp32 partials summed in a fixed order."""
+    return part[:, :, 0] if part.shape[2] == 1 else part.sum(2).to(dtype)
 
 
 def gate_launch(prob, t: dict, dout, dy, dz, opts: dict) -> Launch:
@@ -442,9 +464,9 @@ def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(
     if "A" in need:
         out["A"] = buf.dAp.sum((0, 2)).to(t["A"].dtype)
     if "B" in need:
-        out["B"] = buf.dBp.sum(2).to(t["B"].dtype)
+        out["B"] = _split_sum(buf.dBp, t["B"].dtype)
     if "C" in need:
-        out["C"] = buf.dCp.sum(2).to(t["C"].dtype)
+        out["C"] = _split_sum(buf.dCp, t["C"].dtype)
     if "D" in need and t.get("D") is not None:
         dD = buf.dDp.sum((0, 1, 2))
         out["D"] = (dD if t["D"].dim() == 2 else dD.sum(-1)).to(t["D"].dtype)
