@@ -77,7 +77,11 @@ FWD_CONFIGS = {
     "serial-many-chunks": FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1),
     "serial-one-chunk": FwdConfig(block_d=2, chunk=64, lanes_n=16, warps=1, stages=2),
     "serial-time-lanes": FwdConfig(block_d=2, chunk=16, lanes_n=2, lanes_t=8, warps=1),
-    "serial-channel-rows": FwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1)}
+    "serial-channel-rows": FwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1),
+    # 45 steps in 6 chunks of 8: segments of 2 chunks (3), of 1 chunk (6, the split past the chunks)
+    "serial-seq-split": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=2),
+    "serial-seq-split-lanes": FwdConfig(block_d=2, chunk=8, lanes_n=4, lanes_t=4, warps=1, seq_split=4),
+    "serial-seq-split-past-chunks": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16)}
 
 
 @pytest.mark.parametrize("cfg", FWD_CONFIGS.values(), ids=FWD_CONFIGS.keys())
@@ -99,8 +103,29 @@ def test_forward_checkpoints_are_the_chunk_start_states():
     p = _problem("3d", has_D=True, delta_softplus=True)
     t = fwd.tune_inputs(p, DEV, seed=2)
     for cfg in (FwdConfig(scan="assoc", block_d=4, chunk=16),
-                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1)):
+                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1),
+                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2)):
         _check_checkpoints(p, t, cfg)
+
+
+def test_a_split_sequence_plans_a_summary_launch_and_whole_chunk_segments():
+    """seq_split: segments of whole chunks, none empty (6 chunks in 4 asked for: 3 segments of 2);
+    a summary launch over all but the last segment and one chaining them before the main one,
+    which alone writes the output, the last state and the checkpoints; without a split, one
+    launch as before."""
+    p = _problem("groups", has_D=True, return_last_state=True)
+    cfg = FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4)
+    assert fwd.segments(p, cfg) == (2, 3) and fwd.segments(p, cfg.replace(seq_split=1)) == (6, 1)
+    t = fwd.tune_inputs(p, DEV, seed=3)
+    buf = fwd.allocate(p, cfg, t, last=True, ckpt_dtype="fp32")
+    first, chain, main = fwd.plan(p, cfg, t, buf)
+    assert (first.grid[2], chain.grid[2], main.grid[2]) == (2, 1, 3) and first.grid[:2] == main.grid[:2]
+    assert [ln.constexprs["PHASE"] for ln in (first, chain, main)] == [1, 2, 0]
+    assert not any(ln.constexprs["LAST"] or ln.constexprs["SAVE"] for ln in (first, chain))
+    assert main.constexprs["LAST"] and main.constexprs["SAVE"]
+    assert buf["he"].shape == (p.batch, 2, p.dim, p.dstate) and buf["sd"].shape == (p.batch, 2, p.dim)
+    (one,) = fwd.plan(p, cfg.replace(seq_split=1), t, fwd.allocate(p, cfg.replace(seq_split=1), t, True, None))
+    assert len(one.grid) == 2 and "PHASE" not in one.constexprs
 
 
 def _check_checkpoints(p, t, cfg):
@@ -408,3 +433,14 @@ def test_the_interpreters_scans_and_reductions_of_own_combines_step_whole_slices
         h = ys[:, j] if j == 0 else xs[:, j] * h + ys[:, j]
         ref[:, j] = h
     assert torch.allclose(forward.view(8, 4, 8), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_a_split_sequence_cross_compiles_for_sm90_without_spills():
+    """seq_split's three launches of the one kernel (summaries, their chain, the main walk)
+    compile for sm90 at Mamba 2.8b's width, batch 1, without spills."""
+    from autossd.compile import compile_config
+    prob = ScanProblem(batch=1, dim=5120, dstate=16, seqlen=2048, ngroups=1, dtype="bf16", B_var=True, C_var=True,
+                       has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+    rep = compile_config(FwdConfig(block_d=32, chunk=16, lanes_n=4, seq_split=16), "sm90", prob)
+    assert rep.ok, rep.why()
+    assert len(rep.stages) == 3 and all(s.spill_bytes == 0 for s in rep.stages)

@@ -71,19 +71,47 @@ def common_args(problem: ScanProblem, config, t: dict) -> tuple[dict, dict, dict
     return ptrs, args, constexprs
 
 
-def grid(problem: ScanProblem, config) -> tuple[int, int]:
+def grid(problem: ScanProblem, config) -> tuple[int, ...]:
+    if config.get("seq_split", 1) > 1:
+        return (_cdiv(problem.dim, config.block_d), problem.batch, segments(problem, config)[1])
     return (_cdiv(problem.dim, config.block_d), problem.batch)
 
 
+def segments(problem: ScanProblem, config) -> tuple[int, int]:
+    """(chunks per segment, segments) of a config's seq_split: whole chunks, none empty (1, 1
+    without a split)."""
+    nchunks = _cdiv(problem.seqlen, config.chunk)
+    spc = _cdiv(nchunks, config.get("seq_split", 1))
+    return spc, _cdiv(nchunks, spc)
+
+
 def plan(problem: ScanProblem, config: FwdConfig, t: dict, buffers: dict, backend: str = "cuda") -> list:
-    """The one launch: t holds the inputs by name, buffers out, last (or None) and ckpt (or None)."""
+    """The launch: t holds the inputs by name, buffers out, last (or None) and ckpt (or None), and
+    with seq_split the segments' summaries (he, sd): two launches of the same kernel before the
+    main one write each segment's summary but the last's (PHASE 1), then chain them into the
+    states entering the segments (PHASE 2, in place)."""
     ptrs, sizes, constexprs = common_args(problem, config, t)
     out = buffers["out"]
-    args = ptrs | dict(out_ptr=out, last_ptr=buffers.get("last"), ck_ptr=buffers.get("ckpt")) | sizes
+    args = ptrs | dict(out_ptr=out, last_ptr=buffers.get("last"), ck_ptr=buffers.get("ckpt"))
+    split = config.get("seq_split", 1) > 1
+    if split:
+        spc, nseg = segments(problem, config)
+        args |= dict(he_ptr=buffers["he"], sd_ptr=buffers["sd"], SPC=spc, NSEG=nseg)
+    args |= sizes
     args.update(zip(("s_o_b", "s_o_d", "s_o_t"), out.stride()))
     constexprs.update(LAST=buffers.get("last") is not None, SAVE=buffers.get("ckpt") is not None)
-    return [Launch("fwd", "sscan_fwd", grid(problem, config), args, constexprs,
-                   OP.launch_options(config, backend)["fwd"])]
+    opts = OP.launch_options(config, backend)["fwd"]
+    g = grid(problem, config)
+    if not split:
+        return [Launch("fwd", "sscan_fwd", g, args, constexprs, opts)]
+    main = Launch("fwd", "sscan_fwd", g, args, constexprs | dict(PHASE=0), opts)
+    if nseg == 1:
+        return [main]
+    # the summaries and their chain write neither the output nor the checkpoints
+    quiet = constexprs | dict(LAST=False, SAVE=False)
+    return [Launch("fwd", "sscan_fwd", g[:2] + (nseg - 1,), args, quiet | dict(PHASE=1), opts),
+            Launch("fwd", "sscan_fwd", g[:2] + (1,), args, quiet | dict(PHASE=2), opts),
+            main]
 
 
 def allocate(problem: ScanProblem, config, t: dict, last: bool, ckpt_dtype: str | None, poison: bool = False) -> dict:
@@ -94,9 +122,13 @@ def allocate(problem: ScanProblem, config, t: dict, last: bool, ckpt_dtype: str 
     make = (lambda *s, dtype: torch.full(s, float("nan"), dtype=dtype, device=u.device)) if poison else \
         (lambda *s, dtype: torch.empty(s, dtype=dtype, device=u.device))
     b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
-    return dict(out=make(b, d, l, dtype=u.dtype),
-                last=make(b, d, n, dtype=torch.float32) if last else None,
-                ckpt=make(b, _cdiv(l, config.chunk), d, n, dtype=CKPT_DTYPES[ckpt_dtype]) if ckpt_dtype else None)
+    buf = dict(out=make(b, d, l, dtype=u.dtype),
+               last=make(b, d, n, dtype=torch.float32) if last else None,
+               ckpt=make(b, _cdiv(l, config.chunk), d, n, dtype=CKPT_DTYPES[ckpt_dtype]) if ckpt_dtype else None)
+    if config.get("seq_split", 1) > 1:   # each segment's end state and delta' sum, but the last's
+        k = max(1, segments(problem, config)[1] - 1)
+        buf.update(he=make(b, k, d, n, dtype=torch.float32), sd=make(b, k, d, dtype=torch.float32))
+    return buf
 
 
 def launch(launches: list, module, device) -> None:
@@ -198,9 +230,14 @@ def stage_costs(problem: ScanProblem, config: FwdConfig) -> list:
     e = DTYPE_BYTES[problem.dtype]
     blocks = _cdiv(problem.dim, config.block_d)
     bc = 2 * problem.batch * problem.ngroups * problem.dstate * problem.seqlen * e
-    return [StageCost("fwd", blocks * problem.batch, float(problem.min_bytes()), float(bc * max(0, blocks // problem.ngroups - 1)),
-                      float(problem.flops()), (config.block_d, n2(problem), config.chunk), config.stages,
-                      chain=_cdiv(problem.seqlen, config.chunk))]
+    spc, nseg = segments(problem, config)
+    # seq_split: all but the last segment walked twice (u, delta and B read again)
+    again = (nseg - 1) / nseg
+    bytes_again = again * (2 * problem.batch * problem.dim * problem.seqlen * e + bc / 2)
+    return [StageCost("fwd", blocks * problem.batch * nseg, float(problem.min_bytes() + bytes_again),
+                      float(bc * max(0, blocks // problem.ngroups - 1)),
+                      float(problem.flops() * (1 + again)), (config.block_d, n2(problem), config.chunk), config.stages,
+                      chain=spc)]
 
 
 OP = register(Op(

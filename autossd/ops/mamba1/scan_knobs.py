@@ -59,7 +59,18 @@ SHARED: tuple[Knob, ...] = (
          measured_only=True, needs=("maxnreg",)),
 )
 
-FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED), mode_knob="scan")
+FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (
+    # a batch of one fills the GPU with channel blocks alone only thinly (Mamba 2.8b: 160 programs
+    # of 32 channels for 132 SMs), each walking the whole sequence; seq_split cuts the sequence
+    # into segments of whole chunks, a program each, at the price of walking all but the last
+    # segment twice (a first launch finds each segment's end state from zero and its decay).
+    # Not measured on a GPU yet. Cross-compiled for sm90 at 1x2048, 32 channels x 16 steps x 4
+    # state lanes: the main launch takes 158 registers against 122 unsplit (3 blocks per SM
+    # against 4; the state entering a segment, loaded, costs what a zero state does not)
+    Knob("seq_split", (1, 2, 4, 8, 16), 1,
+         "serial: segments the sequence is cut into, one program each (a first launch summarizes each "
+         "segment's end state and decay)", "scan", depths=("serial",), measured_only=True),
+), mode_knob="scan")
 BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n": 8}) + (
     Knob("sub", (1, 2, 4, 8, 16, 32), 8,
          "channel blocks per program, one after another: their time-varying dB / dC partials summed in "
@@ -231,7 +242,10 @@ SEED_FAMILIES = {
     "sscan_fwd": (dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2), dict(block_d=128, chunk=8, lanes_n=1),
                   dict(block_d=64, chunk=8, lanes_n=2), dict(block_d=8, chunk=16, lanes_n=4, warps=1),
                   dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2),
-                  dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, maxnreg=128)),
+                  dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, maxnreg=128),
+                  # not measured yet: the batch-1 pick with its sequence in segments
+                  dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, seq_split=4),
+                  dict(block_d=32, chunk=16, lanes_n=4, seq_split=16)),
     "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1),
                   dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1), dict(block_d=4, chunk=16, lanes_n=8, warps=1),
