@@ -241,7 +241,10 @@ BWD_CONFIGS = {
     "serial-many-chunks": BwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1),
     "serial-one-chunk-bf16-ckpt": BwdConfig(block_d=2, chunk=64, lanes_n=16, warps=1, ckpt_dtype="bf16"),
     "serial-time-lanes": BwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1),
-    "serial-channel-rows": BwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1)}
+    "serial-channel-rows": BwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1),
+    # 6 chunks of 8: 3 segments of 2 chunks; 6 of one (time lanes)
+    "serial-seq-split": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4),
+    "serial-seq-split-lanes": BwdConfig(block_d=4, chunk=8, lanes_n=2, lanes_t=4, warps=1, seq_split=16)}
 
 
 @pytest.mark.parametrize("cfg", BWD_CONFIGS.values(), ids=BWD_CONFIGS.keys())
@@ -435,12 +438,40 @@ def test_the_interpreters_scans_and_reductions_of_own_combines_step_whole_slices
     assert torch.allclose(forward.view(8, 4, 8), ref, rtol=1e-6, atol=1e-6)
 
 
-def test_a_split_sequence_cross_compiles_for_sm90_without_spills():
+@pytest.mark.parametrize("cfg", [FwdConfig(block_d=32, chunk=16, lanes_n=4, seq_split=16),
+                                 BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8)], ids=["fwd", "bwd"])
+def test_a_split_sequence_cross_compiles_for_sm90_without_spills(cfg):
     """seq_split's three launches of the one kernel (summaries, their chain, the main walk)
-    compile for sm90 at Mamba 2.8b's width, batch 1, without spills."""
+    compile for sm90 at Mamba 2.8b's width, batch 1, without spills; the backward's main launch
+    in the registers of the unsplit one's."""
     from autossd.compile import compile_config
     prob = ScanProblem(batch=1, dim=5120, dstate=16, seqlen=2048, ngroups=1, dtype="bf16", B_var=True, C_var=True,
                        has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
-    rep = compile_config(FwdConfig(block_d=32, chunk=16, lanes_n=4, seq_split=16), "sm90", prob)
+    rep = compile_config(cfg, "sm90", prob)
     assert rep.ok, rep.why()
     assert len(rep.stages) == 3 and all(s.spill_bytes == 0 for s in rep.stages)
+    if cfg.op == "sscan_bwd":
+        whole = compile_config(cfg.replace(seq_split=1), "sm90", prob)
+        assert rep.stages[2].registers <= whole.stages[0].registers
+
+
+
+@pytest.mark.parametrize("form", ["invariant", "mixed", "3d"])
+def test_a_split_backward_sums_each_segments_channel_sums(form):
+    """seq_split in the backward: every gradient against float64 where B or C is time-invariant
+    (their sums, like dA's, dD's and ddelta_bias's, are written per batch row and segment and added
+    after), without a last state's gradient, at 4 segments of 3 chunks; the plan's three launches."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem(form, seqlen=90, has_D=True, has_delta_bias=True, delta_softplus=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4)
+    assert not violations(cfg, "sm90", p) and fwd.segments(p, cfg) == (3, 4)
+    t = bwd.tune_inputs(p, DEV, seed=9)
+    got = bwd.tune_run(p, cfg, t, poison=True)
+    ref = bwd.tune_reference(p, t)
+    for k in ref:
+        assert torch.isfinite(got[k]).all(), k
+        assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
+    buf = bwd.allocate(p, cfg, t)
+    tt = dict(t, ckpt=torch.zeros(2, 12, 8, 16, device=DEV))
+    phases = [ln.constexprs["PHASE"] for ln in bwd.plan(p, cfg, tt, buf)]
+    assert phases == [1, 2, 0] and buf["pA"].shape[0] == p.batch * 4

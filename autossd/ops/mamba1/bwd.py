@@ -30,6 +30,8 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
     dev = u.device
     b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
     nblk = programs(problem, config)
+    nseg = _fwd.segments(problem, config)[1]
+    rows = b * nseg   # with seq_split, each segment's per-channel sums in rows of their own
 
     def make(*s, dtype=torch.float32):
         return torch.full(s, float("nan"), dtype=dtype, device=dev) if poison else torch.empty(s, dtype=dtype,
@@ -37,13 +39,17 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
 
     return dict(du=make(b, d, l, dtype=u.dtype), ddelta=make(b, d, l, dtype=t["delta"].dtype),
                 dz=make(b, d, l, dtype=t["z"].dtype) if problem.has_z else None,
-                pA=make(b, d, n),
-                pB=make(b, nblk, n, l) if problem.B_var else make(b, d, n),
-                pC=make(b, nblk, n, l) if problem.C_var else make(b, d, n),
-                pD=make(b, d) if problem.has_D else None,
-                pdb=make(b, d) if problem.has_delta_bias else None,
+                pA=make(rows, d, n),
+                pB=make(b, nblk, n, l) if problem.B_var else make(rows, d, n),
+                pC=make(b, nblk, n, l) if problem.C_var else make(rows, d, n),
+                pD=make(rows, d) if problem.has_D else None,
+                pdb=make(rows, d) if problem.has_delta_bias else None,
                 # the gradient each channel block carries between chunks (sub > 1: through memory)
-                gc=make(b, d, n) if sub_blocks(config) > 1 else None)
+                gc=make(b, d, n) if sub_blocks(config) > 1 else None,
+                # seq_split: each segment's start gradient from zero, then the one entering it; and
+                # its delta' sum (every segment but one; at least one row, so the kernel has a buffer)
+                **({"we": make(b, max(1, nseg - 1), d, n), "sd": make(b, max(1, nseg - 1), d)}
+                   if config.get("seq_split", 1) > 1 else {}))
 
 
 def programs(problem: ScanProblem, config: BwdConfig) -> int:
@@ -62,8 +68,19 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
                        pdb_ptr=buffers.get("pdb"), gc_ptr=buffers.get("gc")) | sizes
     args.update(zip(("s_g_b", "s_g_d", "s_g_t"), du.stride()))
     constexprs["HAS_DLAST"] = t.get("dlast") is not None
-    return [Launch("bwd", "sscan_bwd", (programs(problem, config), problem.batch), args, constexprs,
-                   OP.launch_options(config, backend)["bwd"])]
+    opts = OP.launch_options(config, backend)["bwd"]
+    g = (programs(problem, config), problem.batch)
+    if config.get("seq_split", 1) == 1:
+        return [Launch("bwd", "sscan_bwd", g, args, constexprs, opts)]
+    # seq_split: each segment's start gradient (PHASE 1), their chain from the sequence's end
+    # (PHASE 2), then the walk of every segment (PHASE 0); see the kernel
+    spc, nseg = _fwd.segments(problem, config)
+    args = {**args, "we_ptr": buffers["we"], "sd_ptr": buffers["sd"], "SPC": spc, "NSEG": nseg}
+    main = Launch("bwd", "sscan_bwd", g + (nseg,), args, constexprs | dict(PHASE=0), opts)
+    if nseg == 1:
+        return [main]
+    return [Launch("bwd", "sscan_bwd", g + (nseg - 1,), args, constexprs | dict(PHASE=1), opts),
+            Launch("bwd", "sscan_bwd", g + (1,), args, constexprs | dict(PHASE=2), opts), main]
 
 
 def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfig | None, arch: str) -> FwdConfig:

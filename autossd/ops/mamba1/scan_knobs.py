@@ -59,18 +59,20 @@ SHARED: tuple[Knob, ...] = (
          measured_only=True, needs=("maxnreg",)),
 )
 
-FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (
-    # a batch of one fills the GPU with channel blocks alone only thinly (Mamba 2.8b: 160 programs
-    # of 32 channels for 132 SMs), each walking the whole sequence; seq_split cuts the sequence
-    # into segments of whole chunks, a program each, at the price of walking all but the last
-    # segment twice (a first launch finds each segment's end state from zero and its decay).
-    # Not measured on a GPU yet. Cross-compiled for sm90 at 1x2048, 32 channels x 16 steps x 4
-    # state lanes: the main launch takes 158 registers against 122 unsplit (3 blocks per SM
-    # against 4; the state entering a segment, loaded, costs what a zero state does not)
-    Knob("seq_split", (1, 2, 4, 8, 16), 1,
-         "serial: segments the sequence is cut into, one program each (a first launch summarizes each "
-         "segment's end state and decay)", "scan", depths=("serial",), measured_only=True),
-), mode_knob="scan")
+# A batch of one fills the GPU with channel blocks alone only thinly (Mamba 2.8b: 160 programs of
+# 32 channels for 132 SMs), each walking the whole sequence. seq_split cuts the sequence into
+# segments of whole chunks, a program each, at the price of walking all but one segment twice: a
+# first launch finds each segment's end state (the forward) or its start gradient (the backward)
+# from zero, and its decay; a second chains them. Both ops take it (the forward's and the
+# backward's configs are tuned apart). Not measured on a GPU yet. Cross-compiled for sm90 at
+# 1x2048, 32 channels x 16 steps x 4 state lanes: the forward's main launch takes 158 registers
+# against 122 unsplit (3 blocks per SM against 4: the entering state, loaded, costs what a zero
+# state does not).
+SEQ_SPLIT = Knob("seq_split", (1, 2, 4, 8, 16), 1,
+                 "serial: segments the sequence is cut into, one program each (two small launches first "
+                 "summarize the segments and chain them)", "scan", depths=("serial",), measured_only=True)
+
+FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT,), mode_knob="scan")
 BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n": 8}) + (
     Knob("sub", (1, 2, 4, 8, 16, 32), 8,
          "channel blocks per program, one after another: their time-varying dB / dC partials summed in "
@@ -79,6 +81,7 @@ BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n":
     Knob("ckpt_dtype", ("fp32", "bf16"), "fp32",
          "type of the chunk-start states the forward stores for the backward (bf16: half the bytes, the "
          "states rounded to 8 bits of mantissa before the backward's recompute)", "scan"),
+    SEQ_SPLIT,
 ), mode_knob="scan")
 
 
