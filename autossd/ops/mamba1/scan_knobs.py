@@ -254,7 +254,9 @@ SEED_FAMILIES = {
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1), dict(block_d=4, chunk=16, lanes_n=8, warps=1),
                   dict(block_d=64, chunk=8, lanes_n=4), dict(stages=2),
                   # cross-compiled: 128 registers, 40 bytes of spills, 16 warps an SM where 12 fit
-                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, maxnreg=128)),
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, maxnreg=128),
+                  # not measured yet: the batch-1 pick with its sequence in segments
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8)),
 }
 
 
