@@ -446,27 +446,6 @@ def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
     print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_the_factored_decay_below_the_diagonal_gives_the_per_pair_gradients(dtype, monkeypatch):
-    """dcb_factored = 1: dCB's tiles below the diagonal take the decay as row x column factors.
-    At 16 x 16 tiles of a 64-token chunk most tiles are below it; every gradient is within the
-    dtype's bound, and in fp32 within rounding of the per-pair exponentials' (seq_idx, a ragged
-    chunk, initial and final states)."""
-    cfg = bw.config_for
-    got = {}
-    prob = _prob(dtype, l=150, h=4, p=16, n=16, g=2, chunk=64, has_D=True, has_dt_bias=True, dt_softplus=True,
-                 has_seq_idx=True, has_initial_states=True, return_final_states=True)
-    for factored in (0, 1):
-        monkeypatch.setattr(bw, "config_for", lambda p, a, d=None, f=factored: cfg(p, a, d).replace(
-            dcb_factored=f, dcb_block_m=16, dcb_block_k=16, group_split=1))
-        got[factored], ref = _grads(prob, seed=21)
-        errs = {k: rel_err(got[factored][k], ref[k]) for k in ref}
-        assert all(e < TOL[dtype] for e in errs.values()), (factored, errs)
-    if dtype == "fp32":
-        for k in got[0]:
-            assert rel_err(got[1][k], got[0][k].double()) < 1e-5, k
-
-
 def test_varlen_states_are_returned_without_gradient():
     prob = _prob("fp32", l=64, has_seq_idx=True, return_varlen_states=True)
     t = make_inputs(prob, DEV, seed=15)

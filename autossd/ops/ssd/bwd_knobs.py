@@ -94,13 +94,6 @@ KNOBS: tuple[Knob, ...] = (
     # registers for the next heads' tiles in flight (H200, mamba2-2.7b 8 x 2048 bf16: dCB 641
     # us at one stage, 608 at two, 536 at three)
     Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb"),
-    # 1: below the diagonal the dCB tile's decay exp(dA_t - dA_s) is taken as a row factor times
-    # a column factor (each at most 1) instead of an exponential per pair: the per-head loop's
-    # exponentials were a third of the stage (H200, 2.7b 4 x 16384 bf16, the record's dCB with
-    # the exponential taken out: 1606 -> 1121 us). measured_only: the static model counts no
-    # exponentials
-    Knob("dcb_factored", (0, 1), 0, "1: dCB's decay below the diagonal as row x column factors", "dcb",
-         measured_only=True),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
          measured_only=True, needs=("maxnreg",)),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
