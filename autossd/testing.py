@@ -78,3 +78,43 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return float((o - ref.to(o.device)).norm() / ref.norm().clamp_min(1e-300))
+
+
+class StubKernel:
+    """A compiled kernel as the launch cache (ops.common.launch_cache) records and replays one,
+    for tests without a GPU: it keeps each replayed launch's grid and arguments. Its launcher is
+    not triton's, so a record makes no direct launch and a replay calls `run` on stream 7."""
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self):
+        self.calls = []
+
+    def _init_handles(self):
+        pass
+
+    def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
+        assert (stream, function, meta, launch_meta, enter, exit_) == (7, "fn", "meta", None, None, None)
+        self.calls.append(((gx, gy, gz), args))
+
+
+def replayed_as_planned(launches: list, stubs: list, module) -> int:
+    """Check that the last launch each StubKernel of `stubs` replayed passed what `launches` (a
+    fresh plan of the same call) would: the grid; every tensor as its address; a TMA descriptor
+    on the same tensor with the same shape, strides and padding; every other value as it is.
+    Returns how many descriptors were compared."""
+    from .ops.common.launch_cache import TMA_DESCRIPTORS
+    descs = 0
+    for ln, stub in zip(launches, stubs, strict=True):
+        grid, args = stub.calls.pop()
+        want = [{**ln.args, **ln.constexprs}[n] for n in getattr(module, ln.kernel).arg_names]
+        assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want), ln.kernel
+        for a, w in zip(args, want):
+            if isinstance(w, torch.Tensor):
+                assert a == w.data_ptr(), ln.kernel
+            elif isinstance(w, TMA_DESCRIPTORS):
+                descs += 1
+                assert a.base is w.base and (list(a.shape), list(a.strides), a.padding) == (
+                    list(w.shape), list(w.strides), w.padding), ln.kernel
+            else:
+                assert a == w, ln.kernel
+    return descs

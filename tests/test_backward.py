@@ -12,7 +12,7 @@ from autossd.ops.registry import get_op
 from autossd.ops.ssd import backward as bw
 from autossd.ops.ssd.bwd_knobs import KNOBS, BwdConfig, default_config, violations
 from autossd.problem import Problem
-from autossd.testing import call_kwargs, grad_tolerance, make_inputs, rel_err
+from autossd.testing import StubKernel, call_kwargs, grad_tolerance, make_inputs, rel_err, replayed_as_planned
 from autossd.tuner import build_space
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -712,19 +712,6 @@ def test_a_replay_of_the_sm90_gluon_stages_passes_a_fresh_plans_arguments(monkey
     assert cfg.dx_gluon and cfg.rev_walk
     mod = load(cfg)
 
-    class Stub:   # what the record and the replay use of a compiled kernel
-        function, packed_metadata = "fn", "meta"
-
-        def __init__(self):
-            self.calls = []
-
-        def _init_handles(self):
-            pass
-
-        def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
-            assert (stream, function, meta) == (7, "fn", "meta")
-            self.calls.append(((gx, gy, gz), args))
-
     def planned(seed):
         t = make_inputs(prob, DEV, seed=seed)
         t["y_pre"] = torch.randn_like(t["x"])
@@ -736,23 +723,11 @@ def test_a_replay_of_the_sm90_gluon_stages_passes_a_fresh_plans_arguments(monkey
     ti1, buf1, launches1 = planned(1)
     kernels = [ln.kernel for ln in launches1]
     assert "ssd_bwd_dx_gluon" in kernels and "ssd_bwd_state_walk_rev" in kernels and "ssd_bwd_gate" in kernels
-    stubs = [Stub() for _ in launches1]
+    stubs = [StubKernel() for _ in launches1]
     rec = lc.record(launches1, stubs, ti1, buf1, mod, bw.BWD_INPUTS, bw._BWD_BUFFERS)
     descs = 0
     for seed in (2, 3):
         ti, buf, launches = planned(seed)
         lc.replay(rec, ti, buf, stream=7)
-        for ln, stub in zip(launches, stubs):
-            grid, args = stub.calls.pop()
-            want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
-            assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want), ln.kernel
-            for a, w in zip(args, want):
-                if isinstance(w, torch.Tensor):
-                    assert a == w.data_ptr(), ln.kernel
-                elif isinstance(w, lc.TMA_DESCRIPTORS):
-                    descs += 1
-                    assert a.base is w.base and (list(a.shape), list(a.strides), a.padding) == (
-                        list(w.shape), list(w.strides), w.padding), ln.kernel
-                else:
-                    assert a == w, ln.kernel
+        descs += replayed_as_planned(launches, stubs, mod)
     assert descs >= 2 * 6   # dx's three and the walk's three, per replay

@@ -14,7 +14,7 @@ from autossd.ops.ssd.chunk import ssd_forward
 from autossd.ops.ssd.naive import ssd_chunked
 from autossd.problem import Problem
 from autossd.ops.ssd.fwd_knobs import KNOBS, Config, fit, violations
-from autossd.testing import call_kwargs, make_inputs, rel_err, tolerance
+from autossd.testing import StubKernel, call_kwargs, make_inputs, rel_err, replayed_as_planned, tolerance
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # configs must be feasible where they run; the interpreter is checked as sm80 (no arch-specific
@@ -319,42 +319,18 @@ def _replays_what_a_fresh_plan_would_launch(prob, config):
     t1, t2 = make_inputs(prob, seed=1), make_inputs(prob, seed=2)
     mod = load(config)
 
-    class Stub:  # what _record/_replay use of a CompiledKernel
-        function, packed_metadata = "fn", "meta"
-
-        def __init__(self):
-            self.calls = []
-
-        def _init_handles(self):
-            pass
-
-        def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
-            assert (stream, function, meta, launch_meta, enter, exit_) == (7, "fn", "meta", None, None, None)
-            self.calls.append(((gx, gy, gz), args))
-
     def planned(t):
         buf = chunk.allocate(prob, config, "cpu")
         return buf, chunk.plan(prob, config, t, buf, "cuda", (0.001, 0.1))
 
     buf1, launches1 = planned(t1)
-    stubs = [Stub() for _ in launches1]
+    stubs = [StubKernel() for _ in launches1]
     rec = chunk._record(launches1, stubs, t1, buf1, mod)
     buf2, launches2 = planned(t2)
     buf3, launches3 = planned(t1)   # a third call, on the first call's inputs and new buffers
     for bufn, tn, lns in ((buf2, t2, launches2), (buf3, t1, launches3)):
         chunk._replay(rec, tn, bufn, stream=7)   # the recorded argument templates stay as recorded
-        for ln, stub in zip(lns, stubs):
-            grid, args = stub.calls.pop()
-            want = [{**ln.args, **ln.constexprs}[n] for n in getattr(mod, ln.kernel).arg_names]
-            assert grid == tuple(ln.grid) + (1,) * (3 - len(ln.grid)) and len(args) == len(want)
-            for a, w in zip(args, want):  # tensors go to the launcher as their addresses
-                if isinstance(w, torch.Tensor):
-                    assert a == w.data_ptr()
-                elif isinstance(w, chunk._TMA_DESCRIPTORS):   # a descriptor on this call's tensor
-                    assert a.base is w.base and (list(a.shape), list(a.strides), a.padding) == (
-                        list(w.shape), list(w.strides), w.padding)
-                else:
-                    assert a == w
+        replayed_as_planned(lns, stubs, mod)
     for _, _, _, template, slots, _ in rec:   # a replay fills a copy: concurrent replays share these
         assert all(template[i] is None for i, _, _, _ in slots)
     return launches1
