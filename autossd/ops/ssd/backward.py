@@ -408,22 +408,12 @@ def _launch(launches: list[Launch], module, key, ti: dict, buf, buffers: tuple):
     return _lc.record(launches, compiled, ti, buf, module, BWD_INPUTS, buffers)
 
 
-def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(GRAD_NAMES),
-            dt_limit=(0.0, float("inf")), saved: Saved | None = None, backend: str = "cuda",
-            module=None, drop_y_pre: bool = False, poison: bool = False) -> dict:
-    """The gradients named in `need` (a dict name -> tensor, in each input's dtype) from the
-    gradient wrt y (`dout`) and wrt the final states (`dfinal`, or None). t: the forward's inputs
-    by name, and "y_pre", the ungated output, where z is given and its gradient needed.
-    drop_y_pre: t holds the only reference to y_pre, which may go once the gate has read it."""
-    need = set(need)
-    if saved is not None and (saved.states.shape[1] != triton.cdiv(prob.seqlen, config.chunk_size)
-                              or saved.dt.shape[-1] != config.chunk_size):
-        saved = None   # kept at another chunk size: recompute
-    if saved is None and config.save_states:
-        # nothing kept (the forward's config keeps its states elsewhere, or a caller without a
-        # forward, as the tuner): the module that recomputes them
-        config, module = config.replace(save_states=0), None
-    module = module or load(config, backend)
+def _launch_all(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, dt_limit, saved: Saved | None,
+                backend: str, module, drop_y_pre: bool, poison: bool) -> BwdBuffers:
+    """Allocate the backward's buffers and launch it: the call's record replayed where one is
+    kept (on a GPU, the launch cache on), else planned, launched through triton's JIT and
+    recorded. The gate (with y_pre to drop) runs first, on buffers of its own, so that y_pre is
+    freed before the rest are allocated."""
     x = t["x"]
     ti = dict(t, dout=dout, dfinal=dfinal)   # every tensor a launch may take, by name
     if saved is not None:
@@ -455,7 +445,26 @@ def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(
                       module, key, ti, buf, _BWD_BUFFERS)
         if rec is not None and (gate_rec is not None or dy is None):
             _lc.remember(_launch_cache, key, (gate_rec, rec), LAUNCH_CACHE_MAX)
-    del ti
+    return buf
+
+
+def execute(prob, config: BwdConfig, t: dict, dout, dfinal=None, need=frozenset(GRAD_NAMES),
+            dt_limit=(0.0, float("inf")), saved: Saved | None = None, backend: str = "cuda",
+            module=None, drop_y_pre: bool = False, poison: bool = False) -> dict:
+    """The gradients named in `need` (a dict name -> tensor, in each input's dtype) from the
+    gradient wrt y (`dout`) and wrt the final states (`dfinal`, or None). t: the forward's inputs
+    by name, and "y_pre", the ungated output, where z is given and its gradient needed.
+    drop_y_pre: t holds the only reference to y_pre, which may go once the gate has read it."""
+    need = set(need)
+    if saved is not None and (saved.states.shape[1] != triton.cdiv(prob.seqlen, config.chunk_size)
+                              or saved.dt.shape[-1] != config.chunk_size):
+        saved = None   # kept at another chunk size: recompute
+    if saved is None and config.save_states:
+        # nothing kept (the forward's config keeps its states elsewhere, or a caller without a
+        # forward, as the tuner): the module that recomputes them
+        config, module = config.replace(save_states=0), None
+    module = module or load(config, backend)
+    buf = _launch_all(prob, config, t, dout, dfinal, need, dt_limit, saved, backend, module, drop_y_pre, poison)
     out = {}
     if "x" in need:
         out["x"] = buf.dx
