@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .ops.common.launch_cache import StubKernel  # noqa: F401 - for the replay tests
 from .problem import TORCH_DTYPES, Problem
 
 # ‖out − ref‖ / ‖ref‖ bounds. The kernels round matmul operands (x·scale, C·B products, the
@@ -78,23 +79,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return float((o - ref.to(o.device)).norm() / ref.norm().clamp_min(1e-300))
-
-
-class StubKernel:
-    """A compiled kernel as the launch cache (ops.common.launch_cache) records and replays one,
-    for tests without a GPU: it keeps each replayed launch's grid and arguments. Its launcher is
-    not triton's, so a record makes no direct launch and a replay calls `run` on stream 7."""
-    function, packed_metadata = "fn", "meta"
-
-    def __init__(self):
-        self.calls = []
-
-    def _init_handles(self):
-        pass
-
-    def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
-        assert (stream, function, meta, launch_meta, enter, exit_) == (7, "fn", "meta", None, None, None)
-        self.calls.append(((gx, gy, gz), args))
 
 
 def replayed_as_planned(launches: list, stubs: list, module) -> int:

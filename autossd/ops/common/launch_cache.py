@@ -560,3 +560,21 @@ def replay(cached: list, t: dict, buf, stream=None) -> None:
             v = t[k] if from_input else getattr(buf, k)
             args[i] = v.data_ptr() if desc is None else DescArg(v, desc)
         ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
+
+
+class StubKernel:
+    """A stand-in for a compiled kernel with what `record` and `replay` use of one, for tests
+    without a GPU (autossd.testing): it keeps each replayed launch's grid and arguments. Its
+    launcher is not triton's, so a record makes no direct launch and a replay calls `run` (the
+    tests replay on stream 7)."""
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self):
+        self.calls = []
+
+    def _init_handles(self):
+        pass
+
+    def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
+        assert (stream, function, meta, launch_meta, enter, exit_) == (7, "fn", "meta", None, None, None)
+        self.calls.append(((gx, gy, gz), args))
