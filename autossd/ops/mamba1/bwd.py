@@ -190,7 +190,7 @@ def meta_launches(problem: ScanProblem, config: BwdConfig, backend: str) -> list
 
 
 def stage_costs(problem: ScanProblem, config: BwdConfig) -> list:
-    """The one launch: u, delta (twice: one step ahead, from the cache), z, dout read, du, ddelta,
+    """The main launch: u, delta (twice: one step ahead, from the cache), z, dout read, du, ddelta,
     dz written, the checkpoints read, the dB / dC partials written; about three times the
     forward's FLOPs (the states again, the reversed scan, the gradients' products)."""
     e = DTYPE_BYTES[problem.dtype]
@@ -200,9 +200,14 @@ def stage_costs(problem: ScanProblem, config: BwdConfig) -> list:
     ck = b * _cdiv(l, config.chunk) * d * n * (4 if config.ckpt_dtype == "fp32" else 2)
     parts = sum(b * nblk * n * l * 4 for var in (problem.B_var, problem.C_var) if var)
     bc = sum(b * problem.ngroups * n * l * e for var in (problem.B_var, problem.C_var) if var)
-    return [StageCost("bwd", nblk * b, float(act + ck + parts + bc), float(bc * max(0, nblk // problem.ngroups - 1)),
-                      3.0 * problem.flops(), (config.block_d, n2(problem), config.chunk), config.stages,
-                      chain=_cdiv(l, config.chunk))]
+    # seq_split: all but one segment's gradient walked once more (delta, dout, z and C read again,
+    # about a third of the arithmetic)
+    spc, nseg = _fwd.segments(problem, config)
+    again = (nseg - 1) / nseg
+    act += again * b * d * l * e * (3 if problem.has_z else 2)
+    return [StageCost("bwd", nblk * b * nseg, float(act + ck + parts + bc),
+                      float(bc * max(0, nblk // problem.ngroups - 1)), (3.0 + again) * problem.flops(),
+                      (config.block_d, n2(problem), config.chunk), config.stages, chain=spc)]
 
 
 def excluded(problem: ScanProblem, static: bool = False) -> dict:
