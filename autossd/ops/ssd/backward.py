@@ -36,7 +36,7 @@ import triton
 from ...core import select as _select
 from ...render import launch_options, load
 from ..common import launch_cache as _lc
-from .chunk import warm_up
+from .chunk import run, warm_up
 from .bwd_gluon import dx_gluon, dx_gluon_gaps, rev_walk, rev_walk_gaps, rev_walk_slots
 from .bwd_knobs import STATE_DTYPES, BwdConfig
 from .naive import ssd_chunked, ssd_recurrent
@@ -113,12 +113,12 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
                    dsx=(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
                    dap=(b, h, nc, triton.cdiv(q, config.dcb_block_k) + triton.cdiv(n, config.dbc_block_n), q),
                    dAp=(b, h, nc), dbp=(b, h, nc))
-    sizes = {k: math.prod(v) for k, v in zshapes.items()}
-    flat = torch.zeros(sum(-(-v // 4) * 4 for v in sizes.values()), dtype=f32, device=dev)
+    padded = {k: -(-math.prod(v) // 4) * 4 for k, v in zshapes.items()}   # 4 fp32 = 16 bytes
+    flat = torch.zeros(sum(padded.values()), dtype=f32, device=dev)
     zero, at = {}, 0
     for k, shape in zshapes.items():
-        zero[k] = flat[at:at + sizes[k]].view(shape)
-        at += -(-sizes[k] // 4) * 4
+        zero[k] = flat[at:at + math.prod(shape)].view(shape)
+        at += padded[k]
     # dB and dC: one partial per group split, summed after in fp32; with one split the kernels
     # store the gradient itself, in the input's type (a store rounds as .to() would)
     split = config.group_split
@@ -360,11 +360,6 @@ def _ddt(prob, config, buf, dt_in, dt_flags, opts) -> Launch:
                        **_named("s_g", ("b", "l", "h"), buf.ddt),
                        s_p_b=buf.dAp.stride(0), s_p_h=buf.dAp.stride(1)),
                   dt_flags, opts["ddt"])
-
-
-def run(launches: list[Launch], module) -> list:
-    """Launch through triton's JIT; returns what it returns (the compiled kernels)."""
-    return [getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options) for ln in launches]
 
 
 # --- launch cache -------------------------------------------------------------------------------
