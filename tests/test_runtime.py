@@ -293,6 +293,28 @@ def test_varlen_states_for_empty_and_malformed_cu_seqlens_never_read_out_of_boun
         assert rel_err(states, ref) < tolerance("fp32")
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_varlen_states_at_chunk_edges_groups_and_ragged_tiles(dtype):
+    # sequences ending on a chunk's last token, on its first, mid-chunk, spanning three chunks, and
+    # one token long; two groups of three heads; headdim and dstate off the kernel's tile sizes;
+    # x read through a strided view. Each state against float64, and none left unwritten.
+    p = Problem(1, 300, 6, 24, 40, 2, dtype, 64, has_seq_idx=True, return_varlen_states=True,
+                has_D=True, has_dt_bias=True, dt_softplus=True)
+    args, kw = _args(p, seed=11)
+    cu = torch.tensor([0, 64, 65, 100, 101, 290, 300], dtype=torch.int32)
+    seq = torch.repeat_interleave(torch.arange(6, dtype=torch.int32), cu[1:] - cu[:-1])[None]
+    x = torch.empty(1, 300, 6, 48, dtype=args[0].dtype)[..., ::2]
+    x.copy_(args[0])
+    args = (x,) + args[1:]
+    kw = {**kw, "cu_seqlens": cu, "seq_idx": seq}
+    y, states = autossd.mamba_chunk_scan_combined(*args, 64, **kw)
+    _, _, ref = _reference(args, 64, kw)
+    assert states.shape == (6, 6, 24, 40) and torch.isfinite(states).all()
+    assert rel_err(states, ref) < tolerance(dtype)
+    for i in range(6):   # each sequence on its own: a wrong carry or cut shows in one of them
+        assert rel_err(states[i], ref[i]) < 2 * tolerance(dtype), i
+
+
 def test_get_kernel_without_an_arch_follows_the_current_device(monkeypatch):
     # a process with GPUs of two archs: get_kernel(shape) must not keep the first device's kernel
     current = {"dev": 0}

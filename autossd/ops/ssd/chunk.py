@@ -22,6 +22,7 @@ from ..common.launch_cache import TMA_DESCRIPTORS as _TMA_DESCRIPTORS  # noqa: F
 from ..common.launch_cache import remember
 from ..common.launch_cache import replay as _replay
 from . import workspace as _ws
+from .end_states import end_states
 from .fwd_knobs import Config, default_config
 from .plan import (Launch, _gluon_scan, _gluon_walk, _walk_join, chains,  # noqa: F401
                    gluon_scan_gaps, plan, walk_gaps, walk_programs, walk_segments)
@@ -62,39 +63,9 @@ def warm_up(launches: list[Launch], module) -> int:
 
 
 def varlen_states(prob, config, t, buf, cu_seqlens) -> torch.Tensor:
-    """States at the last token of each packed sequence (batch 1): the state entering that
-    token's chunk, decayed, plus the chunk's tokens of the same sequence up to it.
-    cu_seqlens's values stay on the GPU (reading them would cost a synchronization per call), so
-    they are not checked on the host. Indices are clamped into the sequence, so a malformed
-    cu_seqlens never reads out of bounds (no device-side assert); then every state is NaN
-    (malformed: an entry below 0 or past seqlen, or decreasing). Padding before the first or
-    after the last sequence is allowed, as in mamba_ssm. An empty sequence's state is 0."""
-    q = config.chunk_size
-    h, g = prob.nheads, prob.ngroups
-    cu = cu_seqlens.long()
-    malformed = (cu[0] < 0) | (cu[-1] > prob.seqlen) | (cu[1:] < cu[:-1]).any()
-    empty = cu[1:] <= cu[:-1]                                          # (s,)
-    ends = (cu[1:] - 1).clamp(0, prob.seqlen - 1)                     # (s,)
-    chunk = ends // q
-    pos = torch.arange(q, device=ends.device)
-    tok = chunk[:, None] * q + pos[None, :]                            # (s, q)
-    valid = (pos[None, :] <= (ends - chunk * q)[:, None]) & (tok < prob.seqlen)
-    tokc = tok.clamp(max=prob.seqlen - 1)
-    seq = t["seq_idx"][0].long()
-    same = valid & (seq[tokc] == seq[ends][:, None])
-    dA = buf.dA[0][:, chunk].permute(1, 0, 2)                          # (s, h, q)
-    dt = buf.dt[0][:, chunk].permute(1, 0, 2)
-    dA_end = torch.gather(dA, 2, (ends - chunk * q)[:, None, None].expand(-1, h, 1))  # (s, h, 1)
-    w = torch.where(same[:, None, :], torch.exp(dA_end - dA) * dt, 0.0)  # (s, h, q)
-    xs = t["x"][0][tokc].float()                                       # (s, q, h, p)
-    bs = t["B"][0][tokc].float().repeat_interleave(h // g, dim=2)      # (s, q, h, n)
-    local = torch.einsum("shq,sqhp,sqhn->shpn", w, xs, bs)
-    prev_tok = (chunk * q - 1).clamp(min=0)
-    carry = (seq[ends] == seq[prev_tok]).float()[:, None, None, None]
-    prev = buf.states[0][chunk].float()                                # (s, h, p, n)
-    out = local + carry * torch.exp(dA_end)[..., None] * prev
-    out = torch.where(empty[:, None, None, None], 0.0, out)
-    return torch.where(malformed, float("nan"), out)
+    """States at the last token of each packed sequence (batch 1), from the kept intermediates
+    (end_states: one small kernel; malformed or empty entries of cu_seqlens as it says)."""
+    return end_states(t["x"], t["B"], t["seq_idx"], cu_seqlens, buf.dA, buf.dt, buf.states, config.chunk_size)
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
