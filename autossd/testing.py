@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops.common.launch_cache import StubKernel  # noqa: F401 - for the replay tests
+from .ops.common.launch_cache import InterpretedKernel, StubKernel  # noqa: F401 - for the replay tests
 from .problem import TORCH_DTYPES, Problem
 
 # ‖out − ref‖ / ‖ref‖ bounds. The kernels round matmul operands (x·scale, C·B products, the

@@ -12,7 +12,8 @@ from autossd.ops.registry import get_op
 from autossd.ops.ssd import backward as bw
 from autossd.ops.ssd.bwd_knobs import KNOBS, BwdConfig, default_config, violations
 from autossd.problem import Problem
-from autossd.testing import StubKernel, call_kwargs, grad_tolerance, make_inputs, rel_err, replayed_as_planned
+from autossd.testing import (InterpretedKernel, StubKernel, call_kwargs, grad_tolerance, make_inputs, rel_err,
+                             replayed_as_planned)
 from autossd.tuner import build_space
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -645,23 +646,6 @@ def test_the_backward_asks_for_the_config_of_the_inputs_gpu(monkeypatch):
     assert asked and set(asked) == {"NVIDIA H200"}
 
 
-class _Interpreted:
-    """A compiled kernel as the launch cache records and replays one, launching through the
-    interpreter: with a launch hook set, a replay calls kernel[grid](*args) with the call's own
-    tensors in the kernel's parameter order (the CPU has no compiled kernels or streams)."""
-
-    run = None   # not triton's launcher: no direct launch is made
-
-    def __init__(self, fn, options):
-        self.fn, self.options = fn, options
-
-    def _init_handles(self):
-        pass
-
-    def __getitem__(self, grid):
-        return lambda *args: self.fn[grid](*args, **self.options)
-
-
 def test_a_recorded_backward_replays_on_each_calls_own_tensors(monkeypatch):
     """The backward's launch cache: the first call of a key plans, launches and records (the gate
     separately, as it runs before the other buffers exist); a second call of the same key with
@@ -674,7 +658,7 @@ def test_a_recorded_backward_replays_on_each_calls_own_tensors(monkeypatch):
     def run(launches, module):
         seen["planned"] += len(launches)
         real_run(launches, module)
-        return [_Interpreted(getattr(module, ln.kernel), ln.options) for ln in launches]
+        return [InterpretedKernel(getattr(module, ln.kernel), ln.options) for ln in launches]
 
     def replay(*a, **k):
         seen["replays"] += 1

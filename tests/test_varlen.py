@@ -412,3 +412,73 @@ def test_with_a_chunk_table_nothing_is_read_on_the_host(monkeypatch):
     y, fin = autossd.ssd_varlen(t["x"], t["dt"], t["A"], t["B"], t["C"], 16, t["cu_seqlens"], cu_chunk_seqlens=cuc,
                                 last_chunk_indices=last, seq_idx=seq, initial_states=t["initial_states"], config=cfg)
     assert y.shape == t["x"].shape and fin.shape == (2, 4, 16, 16)
+
+
+def test_a_recorded_call_replays_on_each_calls_own_tensors(monkeypatch):
+    """The launch cache: the first call of a key plans, launches and records; a second call of
+    the same key with other inputs plans nothing, replays the record on its own tensors and fresh
+    buffers, and matches float64 as the first does; another key (more tokens) records anew."""
+    from autossd.ops.common import launch_cache as lc
+    from autossd.testing import InterpretedKernel
+    seen = {"planned": 0, "replays": 0}
+    real_launch, real_replay = vl.launch, lc.replay
+
+    def launch(launches, module):
+        seen["planned"] += len(launches)
+        real_launch(launches, module)
+        return [InterpretedKernel(getattr(module, ln.kernel), ln.options) for ln in launches]
+
+    def replay(*a, **k):
+        seen["replays"] += 1
+        return real_replay(*a, **k)
+
+    monkeypatch.setattr(vl, "launch", launch)
+    monkeypatch.setattr(lc, "replay", replay)
+    monkeypatch.setattr(lc, "_hooked", lambda: True)
+    monkeypatch.setattr(lc, "replay_stream", lambda device: 7)
+    monkeypatch.setattr(vl, "_launch_cache", {})
+    cfg = VarlenConfig(**SMALL)
+    check(inputs([20, 13, 31], seed=1), 16, cfg)
+    planned = seen["planned"]
+    assert planned == 5 and seen["replays"] == 0 and len(vl._launch_cache) == 1
+    check(inputs([30, 20, 14], seed=2), 16, cfg)   # other lengths and values, the same shapes
+    assert seen == {"planned": planned, "replays": 1}
+    check(inputs([30, 20, 15], seed=3), 16, cfg)   # one more token: another key
+    assert seen["planned"] == 2 * planned and seen["replays"] == 1 and len(vl._launch_cache) == 2
+
+
+def test_a_replay_of_the_sm90_gluon_path_passes_a_fresh_plans_arguments(monkeypatch):
+    """sm90's Gluon walk and scan (planned as on a GPU: their gaps stubbed) recorded once and
+    replayed on two other calls' inputs and buffers: each launch gets what a fresh plan of that
+    call passes, pointers as the call's own addresses and each TMA descriptor on the call's own
+    tensor (compiled kernels stubbed)."""
+    from types import SimpleNamespace
+
+    from autossd.ops.common import launch_cache as lc
+    from autossd.testing import StubKernel, replayed_as_planned
+    monkeypatch.setattr(vl, "gluon_gaps", lambda *a, **k: [])
+    lens = [70, 33, 90]
+    prob = VarlenProblem(tokens=sum(lens), seqs=3, chunks=len(vl.varlen_chunks(torch.tensor([0, 70, 103, 193]), 64)[2]),
+                         nheads=2, headdim=64, dstate=64, ngroups=1, chunk_size=64, dtype="bf16", has_D=True,
+                         has_z=True, has_dt_bias=True, dt_softplus=True, has_init=True)
+    cfg = default_config("sm90", prob).replace(state_walk=1, scan_gluon=3, cb="stage")
+    assert not violations(cfg, "sm90", prob), violations(cfg, "sm90", prob)
+    mod = render.load(cfg)
+
+    def planned(seed):
+        t = inputs(lens, h=2, p=64, n=64, g=1, dtype=torch.bfloat16, seed=seed)
+        t["cu_chunk_seqlens"], t["last_chunk_indices"], t["seq_idx"] = vl.varlen_chunks(t["cu_seqlens"], 64)
+        t["out"] = torch.empty_like(t["x"])
+        buf = vl.allocate(prob, cfg, DEV, gluon=True)
+        return t, SimpleNamespace(**buf), vl.plan(prob, cfg, t, buf, "cuda")
+
+    t1, buf1, launches1 = planned(1)
+    assert [ln.kernel for ln in launches1][-2:] == ["ssd_state_walk", "ssd_chunk_scan_gluon_chunk"]
+    stubs = [StubKernel() for _ in launches1]
+    rec = lc.record(launches1, stubs, t1, buf1, mod, vl.INPUTS, vl.BUFFERS)
+    descs = 0
+    for seed in (2, 3):
+        t, buf, launches = planned(seed)
+        lc.replay(rec, t, buf, stream=7)
+        descs += replayed_as_planned(launches, stubs, mod)
+    assert descs == 2 * 8   # the walk's three and the scan's five, per replay

@@ -208,6 +208,15 @@ def current_stream():
     return torch.cuda.current_stream().cuda_stream
 
 
+def replay_stream(device: torch.device):
+    """The stream a recorded call replays on, or None where calls are neither recorded nor
+    replayed: the CPU's interpreter, or the launch cache off (`enabled`, asked first so that a
+    triton lacking an internal warns on any device)."""
+    if not enabled() or device.type == "cpu":
+        return None
+    return current_stream()
+
+
 def never_compiled(fn, device: int) -> bool:
     """Whether this process has compiled nothing of `fn` for `device` (triton 3.6's JIT keeps
     its compiled kernels per device in device_caches; False where that is not so)."""
@@ -578,3 +587,21 @@ class StubKernel:
     def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
         assert (stream, function, meta, launch_meta, enter, exit_) == (7, "fn", "meta", None, None, None)
         self.calls.append(((gx, gy, gz), args))
+
+
+class InterpretedKernel:
+    """A compiled kernel as the launch cache records and replays one, launching through the
+    interpreter: with a launch hook set, a replay calls kernel[grid](*args) with the call's own
+    tensors in the kernel's parameter order (the CPU has no compiled kernels or streams). Tests
+    put these where an op's launch returns its compiled kernels."""
+
+    run = None   # not triton's launcher: no direct launch is made
+
+    def __init__(self, fn, options):
+        self.fn, self.options = fn, options
+
+    def _init_handles(self):
+        pass
+
+    def __getitem__(self, grid):
+        return lambda *args: self.fn[grid](*args, **self.options)
