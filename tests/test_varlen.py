@@ -211,10 +211,14 @@ def test_out_in_mamba_ssms_batch_of_one_form_receives_y():
     assert y1.data_ptr() == out.data_ptr() and torch.equal(out[0], y)
 
 
-def test_a_wrong_chunk_table_gives_wrong_numbers_never_a_fault():
+@pytest.mark.parametrize("cb", [None, "fused"])
+def test_a_wrong_chunk_table_gives_wrong_numbers_never_a_fault(cb):
     """A caller's table is not read on the host; its values are clamped on the device before
-    the kernels index with them (an out-of-range one faulted the interpreter before)."""
+    the kernels index with them (an out-of-range one faulted the interpreter before). The
+    single launch's chains take a chunk of no tokens and a sequence's chunks out of order too."""
     a = _args()
+    if cb is not None:
+        a["config"] = VarlenConfig(cb=cb, **SMALL)
     cuc, last, seq = vl.varlen_chunks(a["cu_seqlens"], 16)
     y, fin = autossd.ssd_varlen(**a, cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq)
     y_own, fin_own = autossd.ssd_varlen(**a)
@@ -222,7 +226,9 @@ def test_a_wrong_chunk_table_gives_wrong_numbers_never_a_fault():
     for bad in (dict(cu_chunk_seqlens=cuc * 3), dict(cu_chunk_seqlens=cuc - 7),
                 dict(last_chunk_indices=last + 10), dict(last_chunk_indices=last - 10),
                 dict(seq_idx=seq + 7), dict(seq_idx=-seq - 1),
-                dict(cu_chunk_seqlens=torch.tensor([0, 20, 36, 40], dtype=torch.int32, device=DEV))):
+                dict(cu_chunk_seqlens=torch.tensor([0, 20, 36, 40], dtype=torch.int32, device=DEV)),
+                dict(cu_chunk_seqlens=torch.tensor([0, 16, 16, 40], dtype=torch.int32, device=DEV)),
+                dict(seq_idx=torch.tensor([1, 0, 1], dtype=torch.int32, device=DEV))):
         tab = dict(cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq)
         tab.update(bad)
         if tab["cu_chunk_seqlens"].shape[0] != tab["seq_idx"].shape[0] + 1:
