@@ -81,6 +81,32 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - ref.to(o.device)).norm() / ref.norm().clamp_min(1e-300))
 
 
+def interpret_launch_cache(monkeypatch, op_module, launch: str) -> dict:
+    """Route an op's launch cache through the interpreter for a test (pytest's monkeypatch): its
+    plain launches (`op_module.<launch>`) run and return InterpretedKernel stand-ins, so they are
+    recorded; every replay takes the launch-hook path on stream 7; the op's cache starts empty.
+    Returns the live counts {"planned": launches planned, "replays": records replayed}."""
+    from .ops.common import launch_cache as lc
+    seen = {"planned": 0, "replays": 0}
+    real_launch, real_replay = getattr(op_module, launch), lc.replay
+
+    def planned(launches, module):
+        seen["planned"] += len(launches)
+        real_launch(launches, module)
+        return [InterpretedKernel(getattr(module, ln.kernel), ln.options) for ln in launches]
+
+    def replay(*a, **k):
+        seen["replays"] += 1
+        return real_replay(*a, **k)
+
+    monkeypatch.setattr(op_module, launch, planned)
+    monkeypatch.setattr(lc, "replay", replay)
+    monkeypatch.setattr(lc, "_hooked", lambda: True)
+    monkeypatch.setattr(lc, "replay_stream", lambda device: 7)
+    monkeypatch.setattr(op_module, "_launch_cache", {})
+    return seen
+
+
 def replayed_as_planned(launches: list, stubs: list, module) -> int:
     """Check that the last launch each StubKernel of `stubs` replayed passed what `launches` (a
     fresh plan of the same call) would: the grid; every tensor as its address; a TMA descriptor

@@ -12,7 +12,7 @@ from autossd.ops.registry import get_op
 from autossd.ops.ssd import backward as bw
 from autossd.ops.ssd.bwd_knobs import KNOBS, BwdConfig, default_config, violations
 from autossd.problem import Problem
-from autossd.testing import (InterpretedKernel, StubKernel, call_kwargs, grad_tolerance, make_inputs, rel_err,
+from autossd.testing import (StubKernel, call_kwargs, grad_tolerance, interpret_launch_cache, make_inputs, rel_err,
                              replayed_as_planned)
 from autossd.tuner import build_space
 
@@ -651,24 +651,7 @@ def test_a_recorded_backward_replays_on_each_calls_own_tensors(monkeypatch):
     separately, as it runs before the other buffers exist); a second call of the same key with
     other inputs launches nothing through the plan, replays the record on its own tensors and
     buffers, and its gradients match float64 as the first call's do; another key records anew."""
-    from autossd.ops.common import launch_cache as lc
-    seen = {"planned": 0, "replays": 0}
-    real_run, real_replay = bw.run, lc.replay
-
-    def run(launches, module):
-        seen["planned"] += len(launches)
-        real_run(launches, module)
-        return [InterpretedKernel(getattr(module, ln.kernel), ln.options) for ln in launches]
-
-    def replay(*a, **k):
-        seen["replays"] += 1
-        return real_replay(*a, **k)
-
-    monkeypatch.setattr(bw, "run", run)
-    monkeypatch.setattr(lc, "replay", replay)
-    monkeypatch.setattr(lc, "_hooked", lambda: True)
-    monkeypatch.setattr(bw, "_replay_stream", lambda device: 7)
-    monkeypatch.setattr(bw, "_launch_cache", {})
+    seen = interpret_launch_cache(monkeypatch, bw, "run")
     prob = _prob("fp32", **FULL)
     _check(prob, seed=0)
     planned = seen["planned"]

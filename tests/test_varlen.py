@@ -444,25 +444,8 @@ def test_a_recorded_call_replays_on_each_calls_own_tensors(monkeypatch, cb, laun
     """The launch cache: the first call of a key plans, launches and records; a second call of
     the same key with other inputs plans nothing, replays the record on its own tensors and fresh
     buffers, and matches float64 as the first does; another key (more tokens) records anew."""
-    from autossd.ops.common import launch_cache as lc
-    from autossd.testing import InterpretedKernel
-    seen = {"planned": 0, "replays": 0}
-    real_launch, real_replay = vl.launch, lc.replay
-
-    def launch(launches, module):
-        seen["planned"] += len(launches)
-        real_launch(launches, module)
-        return [InterpretedKernel(getattr(module, ln.kernel), ln.options) for ln in launches]
-
-    def replay(*a, **k):
-        seen["replays"] += 1
-        return real_replay(*a, **k)
-
-    monkeypatch.setattr(vl, "launch", launch)
-    monkeypatch.setattr(lc, "replay", replay)
-    monkeypatch.setattr(lc, "_hooked", lambda: True)
-    monkeypatch.setattr(lc, "replay_stream", lambda device: 7)
-    monkeypatch.setattr(vl, "_launch_cache", {})
+    from autossd.testing import interpret_launch_cache
+    seen = interpret_launch_cache(monkeypatch, vl, "launch")
     cfg = VarlenConfig(cb=cb, **SMALL)
     check(inputs([20, 13, 31], seed=1), 16, cfg)
     planned = seen["planned"]

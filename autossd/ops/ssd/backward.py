@@ -384,10 +384,6 @@ def clear_launch_cache() -> None:
     _launch_cache.clear()
 
 
-def _replay_stream(device: torch.device):
-    return _lc.replay_stream(device)   # (a name of this module: the tests replace it)
-
-
 def _launch(launches: list[Launch], module, key, ti: dict, buf, buffers: tuple):
     """Plain launches (compiling side by side what this process has not compiled yet); their
     record for `key`'s replays, or None where nothing is recorded."""
@@ -408,7 +404,7 @@ def _launch_all(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, dt_li
     ti = dict(t, dout=dout, dfinal=dfinal)   # every tensor a launch may take, by name
     if saved is not None:
         ti.update(saved_states=saved.states, saved_dt=saved.dt, saved_dA=saved.dA)
-    stream = _replay_stream(x.device)
+    stream = _lc.replay_stream(x.device)
     key = None if stream is None else (prob, config, backend, tuple(float(v) for v in dt_limit), frozenset(need),
                                        drop_y_pre, poison, _lc.input_sig(ti, BWD_INPUTS))
     cached = _launch_cache.get(key) if key is not None else None
