@@ -107,6 +107,23 @@ def interpret_launch_cache(monkeypatch, op_module, launch: str) -> dict:
     return seen
 
 
+def record_and_replay(planned, module, inputs: tuple, buffers: tuple, seeds=(2, 3)) -> tuple[list, int]:
+    """Record one call's launches with stub kernels and replay the record on other calls:
+    `planned(seed)` gives a call's (tensors by name, buffers, fresh plan); the record is made
+    from seed 1's, then replayed on each of `seeds` on stream 7, each replay checked against that
+    call's own fresh plan (`replayed_as_planned`). Returns (seed 1's launches, descriptors compared)."""
+    from .ops.common import launch_cache as lc
+    t1, buf1, launches1 = planned(1)
+    stubs = [StubKernel() for _ in launches1]
+    rec = lc.record(launches1, stubs, t1, buf1, module, inputs, buffers)
+    descs = 0
+    for seed in seeds:
+        t, buf, launches = planned(seed)
+        lc.replay(rec, t, buf, stream=7)
+        descs += replayed_as_planned(launches, stubs, module)
+    return launches1, descs
+
+
 def replayed_as_planned(launches: list, stubs: list, module) -> int:
     """Check that the last launch each StubKernel of `stubs` replayed passed what `launches` (a
     fresh plan of the same call) would: the grid; every tensor as its address; a TMA descriptor

@@ -12,8 +12,8 @@ from autossd.ops.registry import get_op
 from autossd.ops.ssd import backward as bw
 from autossd.ops.ssd.bwd_knobs import KNOBS, BwdConfig, default_config, violations
 from autossd.problem import Problem
-from autossd.testing import (StubKernel, call_kwargs, grad_tolerance, interpret_launch_cache, make_inputs, rel_err,
-                             replayed_as_planned)
+from autossd.testing import (call_kwargs, grad_tolerance, interpret_launch_cache, make_inputs, rel_err,
+                             record_and_replay)
 from autossd.tuner import build_space
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -669,7 +669,6 @@ def test_a_replay_of_the_sm90_gluon_stages_passes_a_fresh_plans_arguments(monkey
     stubbed) recorded once and replayed on two other calls' inputs and buffers: each launch gets
     what a fresh plan of that call passes, pointers as the call's own addresses and each TMA
     descriptor on the call's own tensor with the recorded shape (compiled kernels stubbed)."""
-    from autossd.ops.common import launch_cache as lc
     from autossd.render import load
     monkeypatch.setattr(bw, "dx_gluon_gaps", lambda *a, **k: [])
     monkeypatch.setattr(bw, "rev_walk_gaps", lambda *a, **k: [])
@@ -687,14 +686,7 @@ def test_a_replay_of_the_sm90_gluon_stages_passes_a_fresh_plans_arguments(monkey
         buf = bw.allocate(prob, cfg, t, dout, dfinal, set(bw.GRAD_NAMES), None)
         return ti, buf, bw.plan(prob, cfg, t, buf, "cuda", (0.0, float("inf")), dout, dfinal)
 
-    ti1, buf1, launches1 = planned(1)
+    launches1, descs = record_and_replay(planned, mod, bw.BWD_INPUTS, bw._BWD_BUFFERS)
     kernels = [ln.kernel for ln in launches1]
     assert "ssd_bwd_dx_gluon" in kernels and "ssd_bwd_state_walk_rev" in kernels and "ssd_bwd_gate" in kernels
-    stubs = [StubKernel() for _ in launches1]
-    rec = lc.record(launches1, stubs, ti1, buf1, mod, bw.BWD_INPUTS, bw._BWD_BUFFERS)
-    descs = 0
-    for seed in (2, 3):
-        ti, buf, launches = planned(seed)
-        lc.replay(rec, ti, buf, stream=7)
-        descs += replayed_as_planned(launches, stubs, mod)
     assert descs >= 2 * 6   # dx's three and the walk's three, per replay

@@ -463,8 +463,7 @@ def test_a_replay_of_the_sm90_gluon_path_passes_a_fresh_plans_arguments(monkeypa
     tensor (compiled kernels stubbed)."""
     from types import SimpleNamespace
 
-    from autossd.ops.common import launch_cache as lc
-    from autossd.testing import StubKernel, replayed_as_planned
+    from autossd.testing import record_and_replay
     monkeypatch.setattr(vl, "gluon_gaps", lambda *a, **k: [])
     lens = [70, 33, 90]
     prob = VarlenProblem(tokens=sum(lens), seqs=3, chunks=len(vl.varlen_chunks(torch.tensor([0, 70, 103, 193]), 64)[2]),
@@ -481,13 +480,6 @@ def test_a_replay_of_the_sm90_gluon_path_passes_a_fresh_plans_arguments(monkeypa
         buf = vl.allocate(prob, cfg, DEV, gluon=True)
         return t, SimpleNamespace(**buf), vl.plan(prob, cfg, t, buf, "cuda")
 
-    t1, buf1, launches1 = planned(1)
+    launches1, descs = record_and_replay(planned, mod, vl.INPUTS, vl.BUFFERS)
     assert [ln.kernel for ln in launches1][-2:] == ["ssd_state_walk", "ssd_chunk_scan_gluon_chunk"]
-    stubs = [StubKernel() for _ in launches1]
-    rec = lc.record(launches1, stubs, t1, buf1, mod, vl.INPUTS, vl.BUFFERS)
-    descs = 0
-    for seed in (2, 3):
-        t, buf, launches = planned(seed)
-        lc.replay(rec, t, buf, stream=7)
-        descs += replayed_as_planned(launches, stubs, mod)
     assert descs == 2 * 8   # the walk's three and the scan's five, per replay
