@@ -64,10 +64,11 @@ SHARED: tuple[Knob, ...] = (
 # segments of whole chunks, a program each, at the price of walking all but one segment twice: a
 # first launch finds each segment's end state (the forward) or its start gradient (the backward)
 # from zero, and its decay; a second chains them. Both ops take it (the forward's and the
-# backward's configs are tuned apart). Not measured on a GPU yet. Cross-compiled for sm90 at
-# 1x2048, 32 channels x 16 steps x 4 state lanes: the forward's main launch takes 158 registers
-# against 122 unsplit (3 blocks per SM against 4: the entering state, loaded, costs what a zero
-# state does not).
+# backward's configs are tuned apart). In a 12-trial measured forward tune at 1x2048 and 1x65536
+# (H200, bf16) no split config beat the unsplit best; the backward's is not measured yet.
+# Cross-compiled for sm90 at 1x2048, 32 channels x 16 steps x 4 state lanes: the forward's main
+# launch takes 158 registers against 122 unsplit (3 blocks per SM against 4: the entering state,
+# loaded, costs what a zero state does not).
 SEQ_SPLIT = Knob("seq_split", (1, 2, 4, 8, 16), 1,
                  "serial: segments the sequence is cut into, one program each (two small launches first "
                  "summarize the segments and chain them)", "scan", depths=("serial",), measured_only=True)
