@@ -1028,7 +1028,7 @@ def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(mon
     recs = [{"problem": prob.key(), "config": c.as_dict()} for c in (base, folded, base)]
     alts = [{"state_walk": 1}, {"state_walk": 1, "fold_prep": 2}]
     todo = rm.jobs(recs, "small", alts, "sm90")
-    pinned = [dict(kv.split("=") for kv in fix.split(",")) for _, _, fix in todo]
+    pinned = [dict(kv.split("=") for kv in j.fix.split(",")) for j in todo]
     got = [(d["fold_prep"], d["state_walk"]) for d in pinned]
     # base; base + walk; base + walk + prep; folded, whose walk variant is infeasible (the walk
     # replaces the launch fold_prep=1 folds into) and whose walk + prep variant is base's; the
@@ -1043,6 +1043,20 @@ def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(mon
     assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H100 80GB HBM3") == []
     assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H200") == todo
     assert rm.jobs(recs, "small", alts, "sm90", variants_only=True) == [todo[1], todo[2]]   # --variants-only
+    # one `autossd tune` run per (dtype, config), holding each shape it is re-measured at
+    other = prob.replace(seqlen=1000)
+    two = [{"problem": q.key(), "config": base.as_dict()} for q in (prob, other)]
+    (run, shapes), = rm.batches(rm.jobs(two, None, None, "sm90"))
+    assert run.shape == ";".join(shapes) and len(shapes) == 2 and "l=1000" in shapes[1]
+    # another op's form: packed prefill's shapes (t, s, ...) and its state dtype, read back whole
+    from autossd.ops.ssd.varlen_knobs import default_config as varlen_default, problem_for
+    vp = problem_for(8192, 16, 80, 64, 128, 1, 256, "bf16", state_dtype="bf16", has_D=True, has_dt_bias=True,
+                     dt_softplus=True, has_init=True)
+    job, = rm.jobs([{"op": "ssd_varlen", "problem": vp.key(), "config": varlen_default("sm90", vp).as_dict()}],
+                   None, None, "sm90", op="ssd_varlen")
+    assert job.shape.startswith("t=8192,s=16,") and job.state_dtype == "bf16" and job.dtype == "bf16"
+    with pytest.raises(ValueError, match="no --shapes form"):   # a field --shapes cannot state
+        rm.jobs([{"problem": prob.replace(has_seq_idx=True).key(), "config": base.as_dict()}], None, None, "sm90")
 
 
 def test_rehash_only_where_the_launched_kernels_and_their_launch_are_unchanged(monkeypatch, capsys):
