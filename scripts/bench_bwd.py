@@ -1,15 +1,18 @@
 """Benchmark and GPU gradient check of autossd's SSD forward + backward (ssd_fwd + ssd_bwd).
 
     python scripts/bench_bwd.py [--out FILE.json] [--dtypes bf16,fp16] [--shapes mamba2-2.7b:8x2048,...]
+    python scripts/bench_bwd.py --no-z [--out FILE.json] ...
     python scripts/bench_bwd.py --check [--dtypes fp32,bf16,fp16]
 
 Timing: forward + backward of autossd.mamba_chunk_scan_combined (Mamba2's call: D (h,), dt_bias,
 dt_softplus, z, chunk 256, x, dt, A, B, C, D, z, dt_bias requiring grad), against mamba_ssm's
 mamba_chunk_scan_combined where it imports, and the floor of a training step's SSD:
     bytes = element size x (5 b l h p + 3 b l h + 6 b l g n)   over the measured copy rate
+            (3 b l h p with --no-z: neither z nor its gradient)
     FLOPs = 3 x the forward's causal FLOPs                     over the measured bf16 matmul rate
     floor = max(bytes time, FLOPs time).
-autossd is timed twice: as it runs by default (the forward keeps the ungated output for z's
+--no-z: the call without z, as the Mamba2 module makes it with its default gated norm (the gate
+is applied in the norm after the scan). autossd is timed twice with z: as it runs by default (the forward keeps the ungated output for z's
 gradient) and with autossd.grad.KEEP_UNGATED_OUTPUT off (the backward runs the forward again).
 Beside each wall time (`*_ms`), the GPU time of one step (`*_gpu_ms`: the sum of its kernels'
 times under torch.profiler): where the wall time is well above it, the step waits on the host.
@@ -46,17 +49,17 @@ DEFAULT_SHAPES = ("mamba2-2.7b:8x2048,mamba2-2.7b:4x16384,mamba2-2.7b:1x65536,ma
 GRAD = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
 
 
-def _shape(spec: str, dtype: str) -> Problem:
+def _shape(spec: str, dtype: str, z: bool = True) -> Problem:
     model, bl = spec.split(":")
     b, l = (int(v) for v in bl.split("x"))
-    return Problem(b, l, dtype=dtype, chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
+    return Problem(b, l, dtype=dtype, chunk_size=256, has_D=True, has_z=z, has_dt_bias=True,
                    dt_softplus=True, **MODELS[model])
 
 
 def floor_ms(prob: Problem, ceil: dict) -> tuple[float, float, float]:
     e = DTYPE_BYTES[prob.dtype]
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
-    nbytes = e * (5 * b * l * h * p + 3 * b * l * h + 6 * b * l * g * n)
+    nbytes = e * ((5 if prob.has_z else 3) * b * l * h * p + 3 * b * l * h + 6 * b * l * g * n)
     bytes_ms = nbytes / ceil["copy_GBps"] / 1e6
     flops_ms = 3 * prob.flops(256) / ceil["bf16_matmul_TFLOPs"] / 1e9
     return max(bytes_ms, flops_ms), bytes_ms, flops_ms
@@ -81,33 +84,33 @@ def _step(fn, prob: Problem, t: dict, dout):
     def run():
         for v in leaves.values():
             v.grad = None
-        y = fn(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+        y = fn(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], z=t.get("z"), dt_bias=t["dt_bias"],
                dt_softplus=True)
         y.backward(dout)
     return run
 
 
-def bench(shapes: list[str], dtypes: list[str], out: str | None) -> None:
+def bench(shapes: list[str], dtypes: list[str], out: str | None, z: bool = True) -> None:
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
     peer = _peer()
     rows = []
     for dtype in dtypes:
         for spec in shapes:
-            prob = _shape(spec, dtype)
+            prob = _shape(spec, dtype, z)
             t = make_inputs(prob, "cuda", seed=0)
             for k in GRAD:
                 if t.get(k) is not None:
                     t[k].requires_grad_()
             dout = torch.randn_like(t["x"])
             base = torch.cuda.memory_allocated()
-            row = {"shape": spec, "dtype": dtype}
+            row = {"shape": spec, "dtype": dtype, "z": z}
             # autossd_recompute: the backward runs the forward again for z's gradient instead of
             # the forward keeping the ungated output
             for name, fn, keep in (("autossd", autossd.mamba_chunk_scan_combined, True),
                                    ("autossd_recompute", autossd.mamba_chunk_scan_combined, False),
                                    ("mamba_ssm", peer, True)):
-                if fn is None:
+                if fn is None or (not keep and not z):   # without z there is no ungated output
                     continue
                 grad.KEEP_UNGATED_OUTPUT = keep
                 step = _step(fn, prob, t, dout)
@@ -200,13 +203,14 @@ def main() -> int:
     ap.add_argument("--dtypes", default=None, help="comma-separated: fp32, bf16, fp16")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--out", default=None, help="JSON file for the timing rows")
+    ap.add_argument("--no-z", action="store_true", help="time the call without z (Mamba2's default gated norm)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no GPU: this script times and checks on a GPU")
         return 2
     if a.check:
         return check((a.dtypes or "fp32,bf16,fp16").split(","))
-    bench(a.shapes.split(","), (a.dtypes or "bf16,fp16").split(","), a.out)
+    bench(a.shapes.split(","), (a.dtypes or "bf16,fp16").split(","), a.out, z=not a.no_z)
     return 0
 
 

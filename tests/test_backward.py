@@ -447,6 +447,26 @@ def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
     print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
 
 
+@pytest.mark.parametrize("dtype,heads,split", [("fp32", 4, 1), ("bf16", 2, 2), ("fp16", 4, 2)])
+def test_the_dcb_stage_a_batch_of_heads_at_a_time(dtype, heads, split, monkeypatch):
+    """dcb_heads > 1: the dCB stage takes its heads a batch at a time, the last batch cut short
+    (six heads in one group: 4 + 2, or 3 per split: 2 + 1, 4 with one left empty); every gradient
+    within the dtype's bound at a ragged chunk with seq_idx, z and dt_limit."""
+    cfg = bw.config_for
+    seen = []
+
+    def pick(p, a, d=None):
+        c = cfg(p, a, d).replace(dcb_heads=heads, group_split=split, dcb_block_m=32, dcb_block_k=16)
+        assert not violations(c, a, p), violations(c, a, p)
+        seen.append(c)
+        return c
+    monkeypatch.setattr(bw, "config_for", pick)
+    prob = _prob(dtype, l=150, h=6, p=16, n=16, g=1, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                 has_dt_limit=True, has_seq_idx=True, has_initial_states=True, return_final_states=True)
+    _check(prob, seed=31)
+    assert seen
+
+
 def test_varlen_states_are_returned_without_gradient():
     prob = _prob("fp32", l=64, has_seq_idx=True, return_varlen_states=True)
     t = make_inputs(prob, DEV, seed=15)
@@ -560,6 +580,12 @@ def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(feat
     n_tiles = (prob.headdim // 64) * -(-prob.dstate // 128)
     assert walk.kernel == "ssd_bwd_state_walk_rev" and walk.grid == (n_tiles, prob.nheads, prob.batch)
     assert rev_walk_slots(prob) == 64 * n_tiles
+    # the chunks' state gradients in the inputs' 16-bit type where every reader rounds them to
+    # that (dx_g_split = 1), fp32 where dx carries them in two 16-bit operands
+    for g_split, g_type in ((1, {"bf16": torch.bfloat16, "fp16": torch.float16}[prob.dtype]), (2, torch.float32)):
+        with _interpret(False):
+            ls = get_op("ssd_bwd").fn("meta_launches")(prob, cfg.replace(dx_g_split=g_split), "cuda")
+        assert next(ln for ln in ls if ln.stage == "state_passing_rev").args["dst_desc"].base.dtype == g_type
     rep = compile_config(cfg, "sm90", prob, stages=("state_passing_rev",))
     assert rep.ok, rep.why()
     (st,) = rep.stages

@@ -161,6 +161,51 @@ def test_a_replayed_backward_gives_the_planned_ones_gradients_bitwise(dtype):
         assert torch.equal(again[k], first[k]), k
 
 
+@pytest.mark.parametrize("dtype,n", [("bf16", 128), ("fp16", 64)])
+def test_the_walks_16_bit_state_gradients_give_the_fp32_ones_gradients_bitwise(dtype, n, monkeypatch):
+    """Where the reverse Gluon walk writes the chunks' state gradients G and each reader rounds G
+    to the inputs' type first (dx with one 16-bit operand for G, dB), G is kept in that type:
+    the same gradients bitwise as with G in fp32, and within the bounds against float64."""
+    from autossd.ops.ssd import backward as bw
+    prob = Problem(2, 700, 4, 64, n, 2, dtype, chunk_size=128, has_D=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True, has_initial_states=True, return_final_states=True)
+    cfg = bw.config_for
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(
+        rev_walk=1, dx_gluon=1, dx_g_split=1, cb="stage", cb_dtype="input", dx_block_m=64, dx_block_n=64,
+        dx_block_k=64, dx_block_d=64, dx_warps=4, dx_stages=1, dx_maxnreg=0))
+    seen = []
+    alloc = bw.allocate
+    monkeypatch.setattr(bw, "allocate", lambda *a, **k: seen.append(alloc(*a, **k)) or seen[-1])
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+    t = make_inputs(prob, "cuda", seed=5)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    dout = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).cuda()
+    dfinal = torch.randn(2, 4, 64, n, generator=g).cuda()
+
+    def grads():
+        leaves = {k: t[k].clone().requires_grad_() for k in names}
+        y, final = autossd.mamba_chunk_scan_combined(
+            leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], 128, D=leaves["D"], z=leaves["z"],
+            dt_bias=leaves["dt_bias"], initial_states=leaves["initial_states"], dt_softplus=True,
+            return_final_states=True)
+        ((y.float() * dout.float()).sum() + (final * dfinal).sum()).backward()
+        return {k: v.grad for k, v in leaves.items()}
+
+    bw.clear_launch_cache()
+    half = grads()
+    assert seen[-1].dst.dtype == t["x"].dtype
+    monkeypatch.setattr(bw, "_dst_dtype", lambda *a: torch.float32)
+    bw.clear_launch_cache()
+    full = grads()
+    assert seen[-1].dst.dtype == torch.float32
+    ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 128, t["D"], t["z"], t["dt_bias"],
+                       t["initial_states"], None, True, (0.0, float("inf")), dout, dfinal)
+    for k in names:
+        assert torch.equal(half[k], full[k]), k
+        assert rel_err(half[k], ref[k]) < grad_tolerance(dtype), k
+    bw.clear_launch_cache()
+
+
 @pytest.mark.parametrize("path", ["gluon", "tl", "fused"])
 def test_a_replayed_packed_prefill_gives_the_planned_ones_outputs_bitwise(path):
     """Packed prefill's launch cache on a GPU: the first call of a key plans and launches through

@@ -72,7 +72,7 @@ class BwdBuffers:
     dA: torch.Tensor
     states: torch.Tensor      # (b, c, h, p, n) entering states
     cb: torch.Tensor | None   # (b, c, g, q, q) fp32, or the inputs' type (cb_dtype)
-    dst: torch.Tensor         # (b, c, h, p, n) fp32
+    dst: torch.Tensor         # (b, c, h, p, n) fp32, or the inputs' type (_dst_dtype)
     dlast: torch.Tensor       # (b, h, c, pass blocks) fp32
     dinit: torch.Tensor | None
     dx: torch.Tensor
@@ -89,7 +89,7 @@ class BwdBuffers:
 
 
 def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: Saved | None,
-             dy=None, dz=None, poison: bool = False) -> BwdBuffers:
+             dy=None, dz=None, poison: bool = False, backend: str | None = None) -> BwdBuffers:
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
@@ -128,8 +128,10 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         dtb, dAb = e(b, h, nc, q), e(b, h, nc, q)
     else:
         states, dtb, dAb = saved.states, saved.dt, saved.dA
+    dy = dy if dy is not None else e(b, l, h, p, dtype=x.dtype) if z is not None else dout
+    dinit = e(b, h, p, n) if "initial_states" in need else None
     return BwdBuffers(
-        dy=dy if dy is not None else e(b, l, h, p, dtype=x.dtype) if z is not None else dout,
+        dy=dy,
         dz=dz if dz is not None else (e(*z.shape, dtype=z.dtype) if z is not None and "z" in need else None),
         dt=dtb, dA=dAb, states=states,
         cb=(e(b, nc, g, q, q, dtype=f32 if config.cb_dtype == "fp32" or x.dtype == f32
@@ -137,8 +139,10 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
             if config.cb == "stage" else None),
         # the reverse walk (rev_walk) writes one partial per row of each program's tile, the tl
         # stage one per block
-        dst=e(b, nc, h, p, n), dlast=zero["dlast"],
-        dinit=e(b, h, p, n) if "initial_states" in need else None,
+        dst=e(b, nc, h, p, n, dtype=_dst_dtype(prob, config, t, backend, SimpleNamespace(
+            dy=dy, states=states, dinit=dinit, dlast=zero["dlast"],
+            dst=torch.empty(b, nc, h, p, n, dtype=x.dtype, device="meta")))),
+        dlast=zero["dlast"], dinit=dinit,
         dx=e(b, l, h, p, dtype=x.dtype),
         # dCB in the type its products take it in (B's and C's): the dB and dC stages round it
         # to that before their tensor-core products anyway
@@ -151,6 +155,20 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
         dBp=bc(t["B"].dtype) if "B" in need else None,
         dCp=bc(t["C"].dtype), dap=zero["dap"],
         ddt=e(b, l, h, dtype=dt.dtype), dAp=zero["dAp"], dbp=zero["dbp"])
+
+
+def _dst_dtype(prob, config: BwdConfig, t: dict, backend: str | None, probe) -> torch.dtype:
+    """The chunks' state gradients G (b, c, h, p, n): fp32, or the inputs' 16-bit type where the
+    reverse Gluon walk writes them and every reader rounds them to that type before its product
+    (dx with one 16-bit operand for G, dB): the same gradients bitwise, half of the backward's
+    largest buffer (640 MiB at mamba2-2.7b 4 x 16384) and of its traffic. The tl stages' chain
+    accumulates in G's buffer itself, so it keeps fp32 (a call the walk cannot take)."""
+    x = t["x"]
+    if (backend is None or not config.rev_walk or config.dx_g_split != 1
+            or x.dtype not in (torch.bfloat16, torch.float16) or t["B"].dtype != x.dtype
+            or rev_walk_gaps(prob, config, t, probe, backend)):
+        return torch.float32
+    return x.dtype
 
 
 def _split_sum(part: torch.Tensor, dtype) -> torch.Tensor:
@@ -423,7 +441,7 @@ def _launch_all(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, dt_li
             gate_rec = _launch([gate_launch(prob, t, dout, dy, dz, launch_options(config, backend))], module, key,
                                ti, gbuf, _GATE_BUFFERS)
         del t["y_pre"], ti["y_pre"], gbuf
-    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz, poison)
+    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz, poison, backend)
     if cached is not None:
         _lc.replay(cached[1], ti, buf, stream)
     else:

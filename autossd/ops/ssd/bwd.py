@@ -163,7 +163,7 @@ def meta_launches(problem: Problem, config: BwdConfig, backend: str) -> list:
               if problem.return_final_states else None)
     if t["z"] is not None:
         t["y_pre"] = torch.empty_like(t["x"])
-    buf = backward.allocate(problem, config, t, dout, dfinal, set(backward.GRAD_NAMES), None)
+    buf = backward.allocate(problem, config, t, dout, dfinal, set(backward.GRAD_NAMES), None, backend=backend)
     return backward.plan(problem, config, t, buf, backend,
                 (0.001, 0.1) if problem.has_dt_limit else (0.0, float("inf")), dout, dfinal, False)
 

@@ -94,6 +94,12 @@ KNOBS: tuple[Knob, ...] = (
     # registers for the next heads' tiles in flight (H200, mamba2-2.7b 8 x 2048 bf16: dCB 641
     # us at one stage, 608 at two, 536 at three)
     Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb"),
+    # heads per step of the dCB stage's loop, as one batched product with the heads' axis
+    # leading: each head's row and column sums (the dt and dA terms) stay within the threads
+    # that hold its tile instead of crossing warps once per head, and the sum over the heads
+    # is taken once per program. The SASS of the record's 32 x 64 tiles at one head per step
+    # ran about 700 instructions and 11 barriers per head, mostly integer work and those sums
+    Knob("dcb_heads", (1, 2, 4), 1, "heads per step of the dCB stage's loop (one batched product)", "dcb"),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
          measured_only=True, needs=("maxnreg",)),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
@@ -167,6 +173,9 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
         r = problem.nheads // problem.ngroups
         if config.group_split > r:
             why.append(f"group_split={config.group_split} exceeds the heads per group ({r})")
+        per = -(-r // config.group_split)
+        if config.dcb_heads > pow2_at_least(per):
+            why.append(f"dcb_heads={config.dcb_heads} exceeds the {per} heads a dCB program takes")
     return why
 
 
