@@ -95,11 +95,17 @@ KNOBS: tuple[Knob, ...] = (
     # us at one stage, 608 at two, 536 at three)
     Knob("dcb_stages", (1, 2, 3), 3, "num_stages of the dCB stage", "dcb"),
     # heads per step of the dCB stage's loop, as one batched product with the heads' axis
-    # leading: each head's row and column sums (the dt and dA terms) stay within the threads
-    # that hold its tile instead of crossing warps once per head, and the sum over the heads
-    # is taken once per program. The SASS of the record's 32 x 64 tiles at one head per step
-    # ran about 700 instructions and 11 barriers per head, mostly integer work and those sums
-    Knob("dcb_heads", (1, 2, 4), 1, "heads per step of the dCB stage's loop (one batched product)", "dcb"),
+    # leading (a warp per head): each head's row and column sums (the dt and dA terms) stay
+    # within the warp that holds its tile instead of crossing warps once per head, and the sum
+    # over the heads is taken once per program. Cross-compiled for sm90 at mamba2-2.7b, the
+    # loop's SASS per head and tile element: 30 instructions at the record's 32 x 64 tiles, one
+    # head a step; 18 at 32 x 32, four heads (248 registers, no spill). Measured on an H200
+    # (4 x 16384 bf16, the record's config otherwise): dCB 1592 -> 1343 us at 32 x 32 tiles,
+    # four heads, three stages, no register cap (8 x 2048: 468 -> 352); wider tiles spill and
+    # lose (32 x 64: 2009 us), and two heads a step loses at four warps (2480). measured_only:
+    # the static model prices the stage's bytes and products, not where its sums run
+    Knob("dcb_heads", (1, 2, 4), 1, "heads per step of the dCB stage's loop (one batched product)", "dcb",
+         measured_only=True),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
          measured_only=True, needs=("maxnreg",)),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
