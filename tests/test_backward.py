@@ -447,6 +447,24 @@ def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
     print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_db_with_its_row_weights_folded_into_x(dtype, monkeypatch):
+    """db_fold = 1: dB's row weights go into x before its product (rounded to x's type); every
+    gradient within the dtype's bound, over several chunks with initial states and seq_idx."""
+    cfg = bw.config_for
+    seen = []
+
+    def pick(p, a, d=None):
+        c = cfg(p, a, d).replace(db_fold=1)
+        seen.append(c)
+        return c
+    monkeypatch.setattr(bw, "config_for", pick)
+    prob = _prob(dtype, l=150, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                 has_seq_idx=True, has_initial_states=True, return_final_states=True)
+    _check(prob, seed=33)
+    assert seen and all(c.db_fold == 1 for c in seen)
+
+
 @pytest.mark.parametrize("dtype,heads,split", [("fp32", 4, 1), ("bf16", 2, 2), ("fp16", 4, 2)])
 def test_the_dcb_stage_a_batch_of_heads_at_a_time(dtype, heads, split, monkeypatch):
     """dcb_heads > 1: the dCB stage takes its heads a batch at a time, the last batch cut short

@@ -87,6 +87,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
     Knob("dbc_block_k", TILES, 32, "time step of the dB / dC programs' causal products", "dbc"),
+    # 1: dB's per-row weights (the decay to the chunk's end times dt') folded into x before its
+    # product with the state gradient, rounded to x's type (one 16-bit rounding more per element
+    # at 16-bit inputs), so that each head's product accumulates into dB's tile in place instead
+    # of into a second fp32 tile scaled and added after. measured_only: the static model cannot
+    # see the accumulator it saves nor the rounding it costs
+    Knob("db_fold", (0, 1), 0, "1: dB's row weights folded into x before its product (accumulates in place)",
+         "dbc", measured_only=True),
     Knob("dcb_block_m", TILES, 64, "rows (time t) per dCB program", "dcb"),
     Knob("dcb_block_k", TILES, 32, "columns (time s) per dCB program", "dcb"),
     Knob("dcb_warps", (2, 4, 8), 4, "num_warps of the dCB stage", "dcb"),
