@@ -11,13 +11,15 @@ mamba_chunk_scan_combined where it imports, and the floor of a training step's S
             (3 b l h p with --no-z: neither z nor its gradient)
     FLOPs = 3 x the forward's causal FLOPs                     over the measured bf16 matmul rate
     floor = max(bytes time, FLOPs time).
---no-z: the call without z, as the Mamba2 module makes it with its default gated norm (the gate
-is applied in the norm after the scan). autossd is timed twice with z: as it runs by default (the forward keeps the ungated output for z's
-gradient) and with autossd.grad.KEEP_UNGATED_OUTPUT off (the backward runs the forward again).
-Beside each wall time (`*_ms`), the GPU time of one step (`*_gpu_ms`: the sum of its kernels'
-times under torch.profiler): where the wall time is well above it, the step waits on the host.
-Peak memory: torch.cuda.max_memory_allocated over one forward + backward, above what the inputs
-and their gradients take. Each library is timed from the same inputs (do_bench, median).
+
+--no-z: the call without z, as the Mamba2 module makes it with its default gated norm (the gate is
+applied in the norm after the scan). autossd is timed twice with z: as it runs by default (the
+forward keeps the ungated output for z's gradient) and with autossd.grad.KEEP_UNGATED_OUTPUT off
+(the backward runs the forward again). Beside each wall time (`*_ms`), the GPU time of one step
+(`*_gpu_ms`: the sum of its kernels' times under torch.profiler): where the wall time is well above
+it, the step waits on the host. Peak memory: torch.cuda.max_memory_allocated over one forward +
+backward, above what the inputs and their gradients take. Each library is timed from the same
+inputs (do_bench, median).
 
 --check: on the GPU, every input's gradient against float64 autograd through the chunked
 reference (naive.ssd_chunked, run on the GPU in float64), relative L2 error per input, at a few

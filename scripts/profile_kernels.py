@@ -7,7 +7,7 @@ knob's default (profile several override sets in one process with --sweep), or w
 of the whole op moves and you need to know which launch moved it.
 
   --op ssd_bwd (default): one forward + backward at Mamba-2's training call (D, z, dt_bias,
-  softplus, chunk 256), every input requiring grad.
+  softplus, chunk 256; --no-z without z), every input requiring grad.
 
     python scripts/profile_kernels.py [--shape mamba2-2.7b:8x2048] [--dtype bf16] [--set dx_block_m=32 ...]
     python scripts/profile_kernels.py --no-peer --sweep "dx_block_n=32; dcb_block_k=64 dcb_warps=8"
@@ -66,7 +66,7 @@ def profile_bwd(a) -> int:
     from autossd.runtime import arch_of_device
     from autossd.testing import make_inputs
     bb = _script("bench_bwd")
-    prob = bb._shape(a.shape, a.dtype)
+    prob = bb._shape(a.shape, a.dtype, z=not a.no_z)
     arch = arch_of_device(torch.device("cuda"))
     if a.base == "record":   # what the drop-in runs at this shape on this GPU: the lookup's pick
         from autossd.db.lookup import device_name
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("fp16", "bf16"))
     ap.add_argument("--no-peer", action="store_true", help="leave mamba_ssm out")
     bwd = ap.add_argument_group("--op ssd_bwd")
+    bwd.add_argument("--no-z", action="store_true",
+                     help="the call without z (Mamba2's own: its gated norm applies the gate after the scan)")
     bwd.add_argument("--shape", default="mamba2-2.7b:8x2048",
                      help="MODEL:BxL, MODEL one of mamba2-2.7b, mamba2-130m, codestral")
     bwd.add_argument("--set", nargs="*", default=[], metavar="KNOB=VALUE", help="ssd_bwd knob overrides")
