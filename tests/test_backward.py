@@ -613,6 +613,35 @@ def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(feat
         assert default_config("sm90", other).rev_walk == 0
 
 
+def test_the_forwards_walk_recomputes_the_states_in_place_of_two_stages(monkeypatch):
+    """recompute_walk = 1: on sm90 the forward's own Gluon walk (the same kernel) recomputes the
+    chunk states in place of the chunk-state and state-passing stages, storing chunk 0's entering
+    state too and no final state; it cross-compiles without spills. What it needs is named; a
+    call it cannot take (here: the interpreter) runs the tl stages, every gradient in bounds."""
+    from autossd.compile import compile_config
+    from autossd.render import _interpret
+    prob = Problem(2, 1000, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True, has_initial_states=True)
+    cfg = default_config("sm90", prob).replace(recompute_walk=1)
+    assert not violations(cfg, "sm90", prob)
+    with _interpret(False):
+        launches = get_op("ssd_bwd").fn("meta_launches")(prob, cfg, "cuda")
+    stages = [ln.stage for ln in launches]
+    assert "chunk_state" not in stages and "state_passing" not in stages
+    (walk,) = [ln for ln in launches if ln.kernel == "ssd_state_walk"]
+    assert walk.constexprs["FIRST_STORED"] == 0 and not walk.constexprs["HAS_FINAL"]
+    assert walk.constexprs["HAS_INIT"] and walk.args["final_ptr"] is None
+    assert walk.grid == (1, prob.nheads, prob.batch)
+    rep = compile_config(cfg, "sm90", prob, stages=("state_walk",))
+    assert rep.ok and [st.spill_bytes for st in rep.stages] == [0], rep.why()
+    assert any("needs states in the input dtype" in w
+               for w in violations(cfg.replace(state_dtype="fp32"), "sm90", prob))
+    assert any("save_states=0" in w for w in violations(cfg.replace(save_states=1), "sm90", prob))
+    assert any("seq_idx" in w for w in violations(cfg, "sm90", prob.replace(has_seq_idx=True)))
+    base = bw.config_for
+    monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: base(p, a, d).replace(recompute_walk=1))
+    _check(_prob("bf16", l=150, h=2, p=64, n=64, has_D=True, has_initial_states=True), seed=35)
+
+
 def test_a_record_carried_to_a_narrow_headdim_avoids_the_tl_dx_tiles_that_fault():
     """The tl dx with 64-wide rows, time steps and dstate steps over a headdim tile of 32 faulted on
     an H200: sm90's default at a 64-wide headdim (those three at 64 with the Gluon dx), carried to

@@ -206,6 +206,50 @@ def test_the_walks_16_bit_state_gradients_give_the_fp32_ones_gradients_bitwise(d
     bw.clear_launch_cache()
 
 
+@pytest.mark.parametrize("dtype,n,l", [("bf16", 128, 700), ("fp16", 64, 512)])
+def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, monkeypatch):
+    """recompute_walk = 1 on the GPU: the forward's Gluon walk recomputes the chunk states for the
+    backward; every gradient within its bound against float64 and close to those of the tl
+    stages' recompute (a ragged last chunk and an even one, with initial states)."""
+    from autossd.ops.ssd import backward as bw
+    prob = Problem(2, l, 4, 64, n, 2, dtype, chunk_size=128, has_D=True, has_dt_bias=True, dt_softplus=True,
+                   has_initial_states=True, return_final_states=True)
+    base = bw.config_for
+    names = ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_states")
+    t = make_inputs(prob, "cuda", seed=9)
+    g = torch.Generator(device="cpu").manual_seed(9)
+    dout = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).cuda()
+    dfinal = torch.randn(2, 4, 64, n, generator=g).cuda()
+    seen, walks = [], []
+    real = bw._gluon_walk
+    monkeypatch.setattr(bw, "_gluon_walk", lambda *a, **k: walks.append(1) or real(*a, **k))
+
+    def grads(walk):
+        def pick(p, a, d=None):
+            c = base(p, a, d).replace(recompute_walk=walk, state_dtype=dtype, save_states=0)
+            seen.append(c)
+            return c
+        monkeypatch.setattr(bw, "config_for", pick)
+        bw.clear_launch_cache()
+        leaves = {k: t[k].clone().requires_grad_() for k in names}
+        y, final = autossd.mamba_chunk_scan_combined(
+            leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], 128, D=leaves["D"],
+            dt_bias=leaves["dt_bias"], initial_states=leaves["initial_states"], dt_softplus=True,
+            return_final_states=True)
+        ((y.float() * dout.float()).sum() + (final * dfinal).sum()).backward()
+        return {k: v.grad for k, v in leaves.items()}
+
+    walked = grads(1)
+    assert seen and seen[0].recompute_walk == 1 and walks   # the walk ran, not the tl stages
+    staged = grads(0)
+    ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 128, t["D"], None, t["dt_bias"],
+                       t["initial_states"], None, True, (0.0, float("inf")), dout, dfinal)
+    for k in names:
+        assert rel_err(walked[k], ref[k]) < grad_tolerance(dtype), k
+        assert rel_err(walked[k], staged[k]) < grad_tolerance(dtype), k
+    bw.clear_launch_cache()
+
+
 @pytest.mark.parametrize("path", ["gluon", "tl", "fused"])
 def test_a_replayed_packed_prefill_gives_the_planned_ones_outputs_bitwise(path):
     """Packed prefill's launch cache on a GPU: the first call of a key plans and launches through

@@ -38,9 +38,9 @@ from ...render import launch_options, load
 from ..common import launch_cache as _lc
 from .chunk import run, warm_up
 from .bwd_gluon import dx_gluon, dx_gluon_gaps, rev_walk, rev_walk_gaps, rev_walk_slots
-from .bwd_knobs import STATE_DTYPES, BwdConfig
+from .bwd_knobs import RECOMPUTE_WALK, STATE_DTYPES, BwdConfig, recompute_walk_violations
 from .naive import ssd_chunked, ssd_recurrent
-from .plan import Launch
+from .plan import Launch, _gluon_walk, walk_call_gaps
 
 _TORCH_STATE = {k: getattr(torch, v) for k, v in STATE_DTYPES.items()}
 GRAD_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
@@ -199,13 +199,11 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
-    hpg = h // g
     opts = launch_options(config, backend)
-    x, dt, A, B, C = t["x"], t["dt"], t["A"], t["B"], t["C"]
-    D, z, bias, init, seq = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states"), t.get("seq_idx")
+    dt, A, B, C = t["dt"], t["A"], t["B"], t["C"]
+    D, z, bias, seq = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("seq_idx")
     lo, hi = (float(v) for v in dt_limit)
     P2, N2 = _pow2(p), _pow2(n)
-    has_seq = seq is not None
     dtb = dict(s_dt_b=buf.dt.stride(0), s_dt_h=buf.dt.stride(1), s_dt_c=buf.dt.stride(2))
     seq_s = _named("s_seq", ("b", "l"), seq)
     dt_in = dict(dt_ptr=dt, A_ptr=A, bias_ptr=bias, L=l, H=h, dt_lo=lo, dt_hi=hi,
@@ -227,21 +225,7 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
         out[-1].args = {k: a[k] for k in ("dt_ptr", "A_ptr", "bias_ptr", "dt_out_ptr", "dA_out_ptr", "L", "H",
                                           "dt_lo", "dt_hi", "s_dt_b", "s_dt_l", "s_dt_h", "s_A_h", "s_bias_h",
                                           "s_o_b", "s_o_h", "s_o_c")}
-        grid_st = (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b)
-        out.append(Launch("chunk_state", "ssd_bwd_chunk_state", grid_st,
-                          dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
-                               L=l, H=h, P=p, N=n, heads_per_group=hpg, **_named("s_x", "blhp", x),
-                               **_named("s_B", "blgn", B), **dtb, **seq_s, **st5),
-                          dict(HAS_SEQ=has_seq), opts["chunk_state"]))
-        out.append(Launch("state_passing", "ssd_bwd_state_passing",
-                          (triton.cdiv(p * n, config.pass_block), b * h),
-                          dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, seq_ptr=seq,
-                               L=l, H=h, N=n, PN=p * n, nchunks=nc,
-                               s_st_b=st5["s_st_b"], s_st_c=st5["s_st_c"], s_st_h=st5["s_st_h"],
-                               s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2),
-                               **_named("s_init", ("b", "h", "p", "n"), init), **seq_s),
-                          dict(HAS_INIT=init is not None, HAS_SEQ=has_seq),
-                          opts["state_passing"]))
+        out += _recompute_states(prob, config, t, buf, opts, backend, dtb, seq_s, st5)
     cb5 = _named("s_cb", ("b", "c", "g", "i", "j"), buf.cb)
     if config.cb == "stage":
         out.append(Launch("bmm", "ssd_bwd_bmm",
@@ -264,6 +248,40 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
         out.append(_dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2))
     out += _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2)
     out.append(_ddt(prob, config, buf, dt_in, dt_flags, opts))
+    return out
+
+
+def _recompute_states(prob, config, t, buf, opts, backend, dtb, seq_s, st5) -> list[Launch]:
+    """The launches that recompute every chunk's entering state into buf.states: the forward's
+    Gluon walk where the config asks (recompute_walk = 1) and the call fits it, else the tl chunk
+    state and state passing."""
+    b, l, h, p, n = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate
+    nc, hpg = triton.cdiv(l, config.chunk_size), h // prob.ngroups
+    x, B, init, seq = t["x"], t["B"], t.get("initial_states"), t.get("seq_idx")
+    has_seq = seq is not None
+    if (config.recompute_walk and not recompute_walk_violations(config, prob)
+            and not walk_call_gaps(prob, config.chunk_size, t, buf.states, None, backend)):
+        # chunk 0's entering state stored too (FIRST_STORED = 0): dC reads every chunk's; no
+        # final state (the walk stops at the last chunk's entering state)
+        walk_cfg = SimpleNamespace(chunk_size=config.chunk_size, **RECOMPUTE_WALK)
+        walk_buf = SimpleNamespace(states=buf.states, final=None, dt=buf.dt, dA=buf.dA)
+        return [_gluon_walk(prob, walk_cfg, t, walk_buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]))]
+    out = []
+    grid_st = (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b)
+    out.append(Launch("chunk_state", "ssd_bwd_chunk_state", grid_st,
+                      dict(x_ptr=x, B_ptr=B, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq, st_ptr=buf.states,
+                           L=l, H=h, P=p, N=n, heads_per_group=hpg, **_named("s_x", "blhp", x),
+                           **_named("s_B", "blgn", B), **dtb, **seq_s, **st5),
+                      dict(HAS_SEQ=has_seq), opts["chunk_state"]))
+    out.append(Launch("state_passing", "ssd_bwd_state_passing",
+                      (triton.cdiv(p * n, config.pass_block), b * h),
+                      dict(st_ptr=buf.states, dA_ptr=buf.dA, init_ptr=init, seq_ptr=seq,
+                           L=l, H=h, N=n, PN=p * n, nchunks=nc,
+                           s_st_b=st5["s_st_b"], s_st_c=st5["s_st_c"], s_st_h=st5["s_st_h"],
+                           s_dA_b=buf.dA.stride(0), s_dA_h=buf.dA.stride(1), s_dA_c=buf.dA.stride(2),
+                           **_named("s_init", ("b", "h", "p", "n"), init), **seq_s),
+                      dict(HAS_INIT=init is not None, HAS_SEQ=has_seq),
+                      opts["state_passing"]))
     return out
 
 

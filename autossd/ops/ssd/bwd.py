@@ -41,6 +41,8 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
     out = ["cumsum.jinja", "chunk_state.jinja", "state_passing.jinja"]
     if not cfg.save_states:
         out.append("recompute_states.jinja")
+        if cfg.recompute_walk and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
+            out.append("recompute_walk.jinja")
     if cfg.cb == "stage":
         out.append("bmm.jinja")
     if cfg.rev_walk and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
@@ -52,7 +54,9 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
 
 
 def render_context(cfg: BwdConfig, backend: str) -> dict:
-    return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype]}
+    # walk_cfg: what the forward's walk template reads of a config, for recompute_walk = 1
+    return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype],
+            "walk_cfg": dict(chunk_size=cfg.chunk_size, **bwd_knobs.RECOMPUTE_WALK)}
 
 
 def stage_costs(problem: Problem, config: BwdConfig) -> list:

@@ -87,6 +87,14 @@ KNOBS: tuple[Knob, ...] = (
     # measured_only: the static model cannot rank a data path.
     Knob("rev_walk", (0, 1), 0, "1: dstates + the reverse state passing as one Gluon walk (sm90)",
          "state_passing_rev", measured_only=True, needs=("tma", "wgmma")),
+    # 1: the recomputed chunk states (save_states = 0) by the forward's Gluon walk for sm90
+    # (templates/ssd/state_walk_gluon.jinja, the same kernel the forward runs), in place of the
+    # chunk-state and state-passing stages: one launch, no local states written and read back.
+    # The walk stores its accumulator rounded to the states' type, so 16-bit inputs need states
+    # in that type. A call it cannot take runs the two tl stages. measured_only: the static model
+    # cannot rank a data path
+    Knob("recompute_walk", (0, 1), 0, "1: the recomputed chunk states by the forward's Gluon walk (sm90)",
+         "chunk_state", measured_only=True, needs=("tma", "wgmma")),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
     Knob("dbc_block_k", TILES, 32, "time step of the dB / dC programs' causal products", "dbc"),
@@ -182,6 +190,8 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
         why += dx_gluon_violations(config, problem)
     if config.rev_walk:
         why += gluon_problem_violations("rev_walk=1", problem)
+    if config.recompute_walk:
+        why += recompute_walk_violations(config, problem)
     if problem is not None:
         for name, cap in caps(problem).items():
             if config[name] > cap:
@@ -218,6 +228,24 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
                    f"dx_maxnreg = 0, got {tiles}, dx_warps={config.dx_warps}, dx_stages={config.dx_stages}, "
                    f"dx_maxnreg={config.dx_maxnreg}")
     return why + gluon_problem_violations("dx_gluon=1", problem)
+
+
+# the forward walk's own modes, fixed where the backward runs it (recompute_walk = 1): its
+# 128-token ring (the forward's default), one segment, dt' from the cumsum, no dependent launch
+RECOMPUTE_WALK = dict(walk_block=128, walk_split=1, walk_weights=0, pdl=0)
+
+
+def recompute_walk_violations(config: BwdConfig, problem=None) -> list[str]:
+    """What recompute_walk = 1 needs: states recomputed (save_states = 0), in the inputs' type at
+    16-bit inputs (the walk stores its accumulator rounded to it), and a problem the sm90 Gluon
+    kernels take (dstate 64, 128 or 256)."""
+    why = []
+    if config.save_states:
+        why.append("recompute_walk=1 recomputes the chunk states: needs save_states=0")
+    if problem is not None and problem.dtype in ("fp16", "bf16") and config.state_dtype != problem.dtype:
+        why.append(f"recompute_walk=1 needs states in the input dtype ({problem.dtype}): the walk stores its "
+                   f"accumulator rounded to it, got state_dtype={config.state_dtype}")
+    return why + gluon_problem_violations("recompute_walk=1", problem, (64, 128, 256))
 
 
 def fit(config: BwdConfig, problem) -> BwdConfig:

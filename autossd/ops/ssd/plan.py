@@ -270,15 +270,23 @@ def walk_gaps(prob: _problem.Problem, config: Config, t: dict, buf: Buffers,
     """Why this call cannot run the Gluon walk (state_walk = 1); empty when it can: the config's
     and problem's limits (space.walk_violations), an sm90 GPU, x and B as TMA-addressable 2-D
     views, contiguous states, and the final states as the walk writes them."""
+    return walk_violations(config, prob) + walk_call_gaps(prob, config.chunk_size, t, buf.states, buf.final, backend)
+
+
+def walk_call_gaps(prob: _problem.Problem, chunk_size: int, t: dict, states, final,
+                   backend: str = "cuda") -> list[str]:
+    """The call's part of walk_gaps (any op that runs the walk: the forward, and the backward's
+    recomputed states): an sm90 GPU, x and B as TMA-addressable 2-D views, the states (and final
+    states, where written) contiguous, coordinates in 32 bits."""
     x, B = t["x"], t["B"]
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
-    why = walk_violations(config, prob) + _sm90_gaps("the Gluon walk", x, backend)
+    why = _sm90_gaps("the Gluon walk", x, backend)
     why += _tma_view_gaps(prob, (("x", x, h * p), ("B", B, g * n)))
-    if buf.states is None or not buf.states.is_contiguous():
+    if states is None or not states.is_contiguous():
         why.append("the states must be a contiguous buffer")
-    if buf.final is not None and not buf.final.is_contiguous():
+    if final is not None and not final.is_contiguous():
         why.append("the final states must be a contiguous buffer")
-    if max(b * l, b * triton.cdiv(l, config.chunk_size) * h * p) >= _INT32:
+    if max(b * l, b * triton.cdiv(l, chunk_size) * h * p) >= _INT32:
         why.append("a TMA coordinate would pass 2**31")
     return why
 
