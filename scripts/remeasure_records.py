@@ -24,6 +24,10 @@ KNOB=VALUE,KNOB=VALUE (repeatable) adds further sets, each measured as its own v
 records whose problem has that field value, e.g. `--where nheads=80 --where batch=1` for one
 shape's records when device time is short.
 
+--restate FIELD=VALUE (repeatable): measure each selected record's config at its problem with
+this field changed, making records of their own, e.g. `--op ssd_bwd --restate has_z=false` for the
+backward's training shapes without z (the Mamba2 module's own call).
+
 A problem whose eager and graph records hold different configs gets both measured; merging the new
 database (scripts/build_shipped_db.py) then keeps each launch mode's faster one.
 """
@@ -66,11 +70,13 @@ def shape_of(p: dict, op: str = "ssd_fwd") -> str:
 
 def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None = None,
          arch: str = "sm90", dtype: str | None = None, where: dict | None = None, op: str = "ssd_fwd",
-         device: str | None = None, variants_only: bool = False) -> list[Job]:
+         device: str | None = None, variants_only: bool = False, restate: dict | None = None) -> list[Job]:
     """A Job per config to measure: each of `op`'s records' config as stored, then with each set
     of knob changes in `also` where that is feasible for its problem. `where`: only records whose
     problem has these field values (e.g. nheads=80); `device`: only records measured on that GPU;
-    `variants_only`: only the changed configs."""
+    `variants_only`: only the changed configs; `restate`: these problem fields changed before
+    measuring (e.g. has_z=false: the configs measured at the same shapes without z, which makes
+    records of their own)."""
     Config, violations, Problem = get_op(op).config_type, get_op(op).fn("violations"), get_op(op).problem_type
     stated = form_of(op).states
     alts = [also] if isinstance(also, dict) else list(also or [])
@@ -88,6 +94,9 @@ def jobs(records: list[dict], only: str | None, also: dict | list[dict] | None =
             continue
         if any(p.get(k) != v for k, v in (where or {}).items()):
             continue
+        if restate:
+            p = {**p, **restate}
+            prob = Problem(**p)
         configs = [r["config"]]
         for alt in alts:
             if not alt:
@@ -139,6 +148,8 @@ def main() -> int:
                          "beside --also's set)")
     ap.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
                     help="only records whose problem has this field value, e.g. nheads=80 (repeatable)")
+    ap.add_argument("--restate", action="append", default=[], metavar="FIELD=VALUE",
+                    help="measure at each record's problem with this field changed, e.g. has_z=false (repeatable)")
     ap.add_argument("--variants-only", action="store_true", help="measure only the configs --also / --alt make")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
@@ -147,14 +158,15 @@ def main() -> int:
     except ValueError as e:
         ap.error(f"--op: {e}")
     fields = get_op(a.op).problem_type.field_names()
-    where = dict(_override(t) for t in a.where)
-    unknown = sorted(set(where) - set(fields))
-    if unknown:
-        ap.error(f"--where: unknown problem field(s) {unknown}; known: {fields}")
+    where, restate = dict(_override(t) for t in a.where), dict(_override(t) for t in a.restate)
+    for flag, given in (("--where", where), ("--restate", restate)):
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            ap.error(f"{flag}: unknown problem field(s) {unknown}; known: {fields}")
     shown = subprocess.run([*AUTOSSD, "show", "--db", a.db, "--arch", a.arch, "--all", "--json"],
                            check=True, capture_output=True, text=True).stdout
     alts = [dict(_override(t) for t in a.also)] + [dict(_override(t) for t in g.split(",")) for g in a.alt]
-    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where, a.op, a.device, a.variants_only)
+    todo = jobs(json.loads(shown), a.only, alts, a.arch, a.dtype, where, a.op, a.device, a.variants_only, restate)
     store = a.storage_dir or os.path.dirname(os.path.abspath(a.out))
     failed = 0
     runs = batches(todo)

@@ -1043,6 +1043,11 @@ def test_remeasure_jobs_measure_each_stored_config_and_each_feasible_variant(mon
     assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H100 80GB HBM3") == []
     assert rm.jobs(dev, "small", alts, "sm90", device="NVIDIA H200") == todo
     assert rm.jobs(recs, "small", alts, "sm90", variants_only=True) == [todo[1], todo[2]]   # --variants-only
+    # --restate has_z=true: the same configs at the same shapes with z, each a problem of its own
+    zed = rm.jobs(recs, "small", None, "sm90", restate={"has_z": True})
+    plain = rm.jobs(recs, "small", None, "sm90")
+    assert [j.fix for j in zed] == [j.fix for j in plain] and all("z=0" in j.shape for j in plain)
+    assert [j.shape for j in zed] == [j.shape.replace("z=0", "z=1") for j in plain]
     # one `autossd tune` run per (dtype, config), holding each shape it is re-measured at
     other = prob.replace(seqlen=1000)
     two = [{"problem": q.key(), "config": base.as_dict()} for q in (prob, other)]
