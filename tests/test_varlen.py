@@ -63,7 +63,7 @@ def check(t, q, cfg, dtype=torch.float32, dt_limit=(0.0, float("inf")), computed
     return y, fin, st
 
 
-@pytest.mark.parametrize("cb,split", [("stage", False), ("inline", True), ("stage", True), ("fused", True)])
+@pytest.mark.parametrize("cb,split", [("stage", False), ("inline", True), ("stage", True)])
 def test_mixed_lengths_match_float64(cb, split):
     """One token, a part chunk, an exact chunk and several chunks, each from its own state; chunks
     of two row tiles, so that decay_split has blocks before the diagonal to factor."""
@@ -71,10 +71,10 @@ def test_mixed_lengths_match_float64(cb, split):
     check(t, 32, VarlenConfig(cb=cb, decay_split=split, **SMALL))
 
 
-@pytest.mark.parametrize("dtype,cb", [(torch.bfloat16, "stage"), (torch.float16, "stage"), (torch.bfloat16, "fused")])
-def test_half_inputs_and_limits(dtype, cb):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_and_limits(dtype):
     t = inputs([23, 3], dtype=dtype, seed=1, z=False, init=False)
-    check(t, 16, VarlenConfig(cb=cb, **SMALL), dtype=dtype, dt_limit=(0.05, 0.5))
+    check(t, 16, VarlenConfig(**SMALL), dtype=dtype, dt_limit=(0.05, 0.5))
 
 
 def test_prefix_aligned_chunks_and_bf16_states():
@@ -96,21 +96,6 @@ def test_fp16_states_of_a_resume_mid_chunk_with_cb_inline():
     _, _, st = check(t, 16, VarlenConfig(cb="inline", decay_split=True, **SMALL), dtype=torch.float16,
                      computed=[3, 30, 15], state_dtype=torch.float16)
     assert st.dtype == torch.float16
-
-def test_the_single_launch_with_states_apart_tiles_and_empty_sequences():
-    """cb = "fused" (one launch: each chunk's program takes its sequence's state from the chunk
-    before, or the initial state): bf16 states (the running state kept in fp32 apart from them),
-    a resume mid-chunk, headdim in three state tiles with a ragged last one, D per channel, and
-    empty sequences first, between and last (their final state is their initial state)."""
-    t = inputs([0, 21, 0, 40, 2, 0], h=4, p=40, n=16, g=1, seed=6, D_hdim=True)
-    cuc, last, seq = vl.varlen_chunks(t["cu_seqlens"], 16, computed_tokens=[0, 3, 0, 30, 15, 0])
-    cfg = VarlenConfig(cb="fused", decay_split=True, **SMALL)
-    _, fin, _ = check(t, 16, cfg, computed=[0, 3, 0, 30, 15, 0], state_dtype=torch.bfloat16)
-    for s in (0, 2, 5):
-        assert torch.equal(fin[s], t["initial_states"][s].to(torch.bfloat16))
-    t["initial_states"] = None   # no initial states: an empty sequence ends at 0
-    _, fin, _ = check(t, 16, cfg, computed=[0, 3, 0, 30, 15, 0])
-    assert not fin[[0, 2, 5]].any()
 
 
 def test_chunk_table_of_plain_lengths_and_an_empty_sequence():
@@ -211,14 +196,11 @@ def test_out_in_mamba_ssms_batch_of_one_form_receives_y():
     assert y1.data_ptr() == out.data_ptr() and torch.equal(out[0], y)
 
 
-@pytest.mark.parametrize("cb", [None, "fused"])
-def test_a_wrong_chunk_table_gives_wrong_numbers_never_a_fault(cb):
+def test_a_wrong_chunk_table_gives_wrong_numbers_never_a_fault():
     """A caller's table is not read on the host; its values are clamped on the device before
-    the kernels index with them (an out-of-range one faulted the interpreter before). The
-    single launch's chains take a chunk of no tokens and a sequence's chunks out of order too."""
+    the kernels index with them (an out-of-range one faulted the interpreter before), a chunk of
+    no tokens and a sequence's chunks out of order included."""
     a = _args()
-    if cb is not None:
-        a["config"] = VarlenConfig(cb=cb, **SMALL)
     cuc, last, seq = vl.varlen_chunks(a["cu_seqlens"], 16)
     y, fin = autossd.ssd_varlen(**a, cu_chunk_seqlens=cuc, last_chunk_indices=last, seq_idx=seq)
     y_own, fin_own = autossd.ssd_varlen(**a)
@@ -356,16 +338,13 @@ def test_cross_compiles_for_nvidia_and_amd_without_spills():
                         dt_softplus=True, has_init=True)
     for arch in ("sm80", "sm90", "gfx90a", "gfx942"):
         inline = default_config(arch, pr).replace(cb="inline")
-        fused = default_config(arch, pr, cb="fused")
-        for cfg in (default_config(arch, pr),) + ((inline, fused) if arch in ("sm90", "gfx942") else ()):
+        for cfg in (default_config(arch, pr),) + ((inline,) if arch in ("sm90", "gfx942") else ()):
             rep = compile_config(cfg, arch, pr)
             # sm90's default: the Gluon walk in place of the chunk state and the state passing
             want = ({"cumsum", "bmm", "state_walk", "chunk_scan"} if cfg.state_walk
                     else set(get_op("ssd_varlen").sequences[cfg.cb]))
             assert rep.ok and {s.stage for s in rep.stages} == want, (arch, rep)
             assert bool(cfg.state_walk) == (arch == "sm90" and cfg.cb == "stage")
-            if cfg.cb == "fused":   # the single launch holds a 64 x 128 fp32 state row for its scan:
-                continue            # sm90 spills 32 bytes (the forward's single launch, 104)
             assert all(s.spill_bytes == 0 for s in rep.stages), (arch, cfg, rep)
 
 
@@ -439,17 +418,16 @@ def test_with_a_chunk_table_nothing_is_read_on_the_host(monkeypatch):
     assert y.shape == t["x"].shape and fin.shape == (2, 4, 16, 16)
 
 
-@pytest.mark.parametrize("cb,launches", [("stage", 5), ("fused", 1)])
-def test_a_recorded_call_replays_on_each_calls_own_tensors(monkeypatch, cb, launches):
+def test_a_recorded_call_replays_on_each_calls_own_tensors(monkeypatch):
     """The launch cache: the first call of a key plans, launches and records; a second call of
     the same key with other inputs plans nothing, replays the record on its own tensors and fresh
     buffers, and matches float64 as the first does; another key (more tokens) records anew."""
     from autossd.testing import interpret_launch_cache
     seen = interpret_launch_cache(monkeypatch, vl, "launch")
-    cfg = VarlenConfig(cb=cb, **SMALL)
+    cfg = VarlenConfig(**SMALL)
     check(inputs([20, 13, 31], seed=1), 16, cfg)
     planned = seen["planned"]
-    assert planned == launches and seen["replays"] == 0 and len(vl._launch_cache) == 1
+    assert planned == 5 and seen["replays"] == 0 and len(vl._launch_cache) == 1
     check(inputs([30, 20, 14], seed=2), 16, cfg)   # other lengths and values, the same shapes
     assert seen == {"planned": planned, "replays": 1}
     check(inputs([30, 20, 15], seed=3), 16, cfg)   # one more token: another key

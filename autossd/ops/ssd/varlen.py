@@ -47,11 +47,8 @@ STAGES = (
     Stage("state_passing", "pass_warps"),
     Stage("chunk_scan", "scan_warps", "scan_stages", "scan_maxnreg"),
 )
-# the single launch (cb = "fused") runs under the chunk scan's launch options (a stage of its own
-# would add a row to every config's LAUNCH table, and so change every record's kernel hash)
 SEQUENCES = {"stage": ("cumsum", "bmm", "chunk_state", "state_passing", "chunk_scan"),
-             "inline": ("cumsum", "chunk_state", "state_passing", "chunk_scan"),
-             "fused": ("chunk_scan",)}
+             "inline": ("cumsum", "chunk_state", "state_passing", "chunk_scan")}
 MAX_GRID_YZ = 65535
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTS = (torch.int32, torch.int64)
@@ -63,8 +60,6 @@ def includes(cfg: VarlenConfig, backend: str) -> list[str]:
     C·Bᵀ's only where it has a launch of its own, and the forward's Gluon walk and chunk scan
     where the config takes them (CUDA only; a call they cannot take runs the tl stages, so
     those are always there)."""
-    if cfg.cb == "fused":   # the single launch and the helpers it calls
-        return ["fused_common.jinja", "local_state.jinja", "scan_epilogue.jinja", "fused.jinja"]
     out = ["cumsum.jinja"]
     if cfg.cb == "stage":
         out.append("bmm.jinja")
@@ -243,22 +238,12 @@ def allocate(problem: VarlenProblem, config: VarlenConfig, device, poison: bool 
 
     def new(*shape, dtype):
         return make(shape, float("nan"), dtype=dtype, **kw) if poison else make(shape, dtype=dtype, **kw)
-    if config.cb == "fused":
-        # the single launch: chunk end states only where kept; each sequence's running state in
-        # fp32 (the final states themselves where those are fp32); the ticket counter and one flag
-        # per (chunk, head, headdim tile), zeroed (+ the AMD hand-off's scratch lanes)
-        final = new(problem.seqs, h, p, n, dtype=sdt)
-        words = 1 + k * h * cdiv(p, config.state_block_m) + 1024
-        return dict(dtp=new(h, k, q, dtype=torch.float32), dA=new(h, k, q, dtype=torch.float32), cb=None,
-                    states=new(k, h, p, n, dtype=sdt) if keep_states else None, entering=None, final=final,
-                    carry=final if sdt == torch.float32 else new(problem.seqs, h, p, n, dtype=torch.float32),
-                    sync=torch.zeros(words, dtype=torch.int64, device=device))
     ends = keep_states or not gluon
     return dict(dtp=new(h, k, q, dtype=torch.float32), dA=new(h, k, q, dtype=torch.float32),
                 cb=new(k, g, q, q, dtype=TORCH_DTYPES[problem.dtype]) if config.cb == "stage" else None,
                 states=new(k, h, p, n, dtype=sdt) if ends else None,
                 entering=new(k, h, p, n, dtype=TORCH_DTYPES[problem.dtype]) if gluon else None,
-                final=new(problem.seqs, h, p, n, dtype=sdt), carry=None, sync=None)
+                final=new(problem.seqs, h, p, n, dtype=sdt))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -294,8 +279,6 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                     s_B_n=s_B[2], s_cb_c=cb.stride(0), s_cb_g=cb.stride(1),
                                     s_cb_i=cb.stride(2), s_cb_j=cb.stride(3)),
                                dict(CHUNK=q), opts["bmm"]))
-    if config.cb == "fused":
-        return [fused_launch(problem, config, t, buf, opts, (lo, hi))]
     if buf["entering"] is not None:   # allocated for the Gluon path: its walk, then its scan
         return launches + [gluon_walk(problem, config, t, buf), gluon_scan(problem, config, t, buf, opts)]
     # the chunk states, then the chain over each sequence's chunks from its initial state
@@ -333,42 +316,6 @@ def plan(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, backe
                                 D_HAS_HDIM=D is not None and D.dim() == 2, HAS_Z=z is not None),
                            opts["chunk_scan"]))
     return launches
-
-
-def fused_launch(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict, opts: dict,
-                 dt_limit=(0.0, float("inf"))) -> Launch:
-    """The single launch (cb = "fused", fused.jinja's packed form): one program per (chunk of the
-    table, head, headdim tile), then one per (sequence, head, tile) for the final state of a
-    sequence with no chunk; a 1-D grid, each program's work from its ticket."""
-    k, h, p, n, g = problem.chunks, problem.nheads, problem.headdim, problem.dstate, problem.ngroups
-    x, dt, B, C, y = t["x"], t["dt"], t["B"], t["C"], t["out"]
-    D, z, bias, init = t.get("D"), t.get("z"), t.get("dt_bias"), t.get("initial_states")
-    lo, hi = (float(v) for v in dt_limit)
-    tiles = cdiv(p, config.state_block_m)
-    s_z, s_D, s_init = strides(z, 3), strides(D, 2), strides(init, 4)
-    st, fin, car = buf["states"], buf["final"], buf["carry"]
-    return Launch("chunk_scan", "varlen_fused", ((k + problem.seqs) * h * tiles,),
-                  dict(x_ptr=x, z_ptr=z, y_ptr=y, dt_ptr=dt, A_ptr=t["A"], bias_ptr=bias, B_ptr=B, C_ptr=C, D_ptr=D,
-                       init_ptr=init, cu_chunk_ptr=t["cu_chunk_seqlens"], chunk_seq_ptr=t["seq_idx"],
-                       last_chunk_ptr=t["last_chunk_indices"], dt_out_ptr=buf["dtp"], dA_out_ptr=buf["dA"],
-                       carry_ptr=car, final_ptr=fin, end_ptr=st, sync_ptr=buf["sync"],
-                       K=k, H=h, P=p, N=n, heads_per_group=h // g, dt_lo=lo, dt_hi=hi,
-                       s_x_l=x.stride(0), s_x_h=x.stride(1), s_x_p=x.stride(2),
-                       s_z_l=s_z[0], s_z_h=s_z[1], s_z_p=s_z[2], s_y_l=y.stride(0), s_y_h=y.stride(1), s_y_p=y.stride(2),
-                       s_dt_l=dt.stride(0), s_dt_h=dt.stride(1), s_A_h=t["A"].stride(0),
-                       s_bias_h=bias.stride(0) if bias is not None else 0,
-                       s_B_l=B.stride(0), s_B_g=B.stride(1), s_B_n=B.stride(2),
-                       s_C_l=C.stride(0), s_C_g=C.stride(1), s_C_n=C.stride(2),
-                       s_D_h=s_D[0], s_D_p=s_D[1] if D is not None and D.dim() == 2 else 0,
-                       s_init_s=s_init[0], s_init_h=s_init[1], s_init_p=s_init[2], s_init_n=s_init[3],
-                       s_o_h=buf["dtp"].stride(0), s_o_c=buf["dtp"].stride(1),
-                       s_car_s=car.stride(0), s_car_h=car.stride(1), s_fin_s=fin.stride(0), s_fin_h=fin.stride(1),
-                       s_end_c=st.stride(0) if st is not None else 0, s_end_h=st.stride(1) if st is not None else 0),
-                  dict(CHUNK=problem.chunk_size, HAS_BIAS=bias is not None, SOFTPLUS=problem.dt_softplus,
-                       HAS_LIMIT=(lo, hi) != (0.0, float("inf")), HAS_INIT=init is not None,
-                       FINAL_APART=car is not fin, KEEP_ENDS=st is not None, HAS_D=D is not None,
-                       D_HAS_HDIM=problem.D_has_hdim, HAS_Z=z is not None, HAS_SEQ=False),
-                  opts["chunk_scan"])
 
 
 # --- config choice --------------------------------------------------------------------------
@@ -428,7 +375,7 @@ def _config_for(problem: VarlenProblem, device, mode: str = "eager") -> tuple[Va
 # buffers and replay the record on their own tensors.
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "cu_chunk_seqlens",
           "last_chunk_indices", "seq_idx", "out")   # every tensor of t a launch may take
-BUFFERS = ("dtp", "dA", "cb", "states", "entering", "final", "carry", "sync")   # and of allocate's
+BUFFERS = ("dtp", "dA", "cb", "states", "entering", "final")   # and of allocate's
 LAUNCH_CACHE_MAX = 4096   # recorded calls kept; then start over (a server sees every length)
 _launch_cache: dict = {}
 
@@ -636,15 +583,6 @@ def stage_costs(problem: VarlenProblem, config: VarlenConfig) -> list:
     xb, bc, states = T * h * p * e, T * g * n * e, k * h * p * n * s
     c = config
     tri = q * (q + 1) / 2
-    if c.cb == "fused":   # one launch: x and B read twice (local state, then y), the sequences' states
-        tiles = cdiv(p, c.state_block_m)
-        seq_states = problem.seqs * h * p * n * ((4 if problem.has_init else 0) + s)
-        return [StageCost("chunk_scan", (k + problem.seqs) * h * tiles,
-                          xb * (4 if problem.has_z else 3) + 3 * bc + ddA + seq_states,
-                          (tiles - 1) * 3 * bc,
-                          2.0 * 2 * T * h * p * n + 2.0 * k * h * tri * p + 2.0 * k * g * tri * n * (h // g),
-                          (c.scan_block_m, c.state_block_m, c.scan_block_k), c.scan_stages,
-                          chain=max(1, k // problem.seqs))]
     out = [StageCost("cumsum", k * cdiv(h, c.cumsum_block_h), T * h * e + ddA, 0.0, 0.0)]
     if c.cb == "stage":
         tiles = cdiv(q, c.bmm_block_m) * cdiv(q, c.bmm_block_n)

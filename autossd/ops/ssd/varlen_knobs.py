@@ -28,23 +28,13 @@ CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
 KNOBS: tuple[Knob, ...] = (
     # "staged" was this mode's name before the backward's "stage" became the one name: stored
     # records read on
-    # "fused": the forward's single launch over the chunk table (fused.jinja's packed form): a
-    # program per (chunk, head, headdim tile) computes the chunk's cumsum, local state, the
-    # ordered hand-off of its sequence's state and y, with C·Bᵀ in place. A batch of many short
-    # sequences runs as independent programs, with no walk and no entering states stored and
-    # read back. It runs under the chunk scan's launch options (its warps, stages and register
-    # cap), as the forward's single launch does. Measured on an H200 (2.7b, bf16): right, but
-    # slower than the Gluon walk and scan at every bench case (0.454 against 0.241 ms at 8192
-    # tokens in 16 sequences, 0.305 against 0.265 at 64 of 64 tokens): each chunk waits on the
-    # one before, so it is not among the tune's seeds.
-    Knob("cb", ("stage", "inline", "fused"), "stage",
-         "where the chunk scan gets C·Bᵀ: a launch of its own, computed in the scan, or everything "
-         "in one launch (fused)",
+    Knob("cb", ("stage", "inline"), "stage",
+         "where the chunk scan gets C·Bᵀ: a launch of its own, or computed in the scan",
          aliases=(("staged", "stage"),)),
-    *take(CUMSUM, depths=("stage", "inline")),
+    *take(CUMSUM),
     *take(BMM, depths=("stage",)),
     *take(CHUNK_STATE),
-    *take(STATE_PASSING, depths=("stage", "inline")),
+    *take(STATE_PASSING),
     # scan_stages 1: at 2.7b, 8192 tokens in 16 sequences (bf16, H200) the scan took 0.457 ms of
     # graph-timed call time at 1 stage against 0.625 at 2 (the other knobs at their defaults)
     *take(CHUNK_SCAN, defaults={"scan_stages": 1},
@@ -162,11 +152,6 @@ def _smem(config: VarlenConfig, elem: int) -> dict[str, int]:
                                           + c.scan_block_m * c.scan_block_k * 4 + c.scan_block_k * c.scan_block_n) * elem}
     if c.cb == "stage":
         out["bmm"] = c.bmm_stages * (c.bmm_block_m + c.bmm_block_n) * c.bmm_block_k * elem
-    if c.cb == "fused":   # the single launch pipelines its chunk-state and scan loops at scan_stages
-        out["fused"] = c.scan_stages * ((c.state_block_m + c.state_block_n) * c.state_block_k
-                                        + (c.scan_block_m + c.state_block_m) * c.scan_block_k
-                                        + c.scan_block_m * c.state_block_n) * elem
-        del out["chunk_state"], out["chunk_scan"]
     return out
 
 
@@ -185,23 +170,7 @@ def violations(config: VarlenConfig, arch: Arch | str, problem: VarlenProblem | 
         for name, cap in caps(problem).items():
             if config[name] > cap and KNOB_BY_NAME[name].shapes(config.cb):
                 why.append(f"{name}={config[name]} exceeds the problem's padded size {cap}")
-    return why + fused_violations(config, arch, problem) + gluon_violations(config, problem)
-
-
-def fused_violations(config: VarlenConfig, arch: Arch, problem: VarlenProblem | None = None) -> list[str]:
-    """What the single launch (cb = "fused") needs: a program's whole state row in one tile (it
-    keeps it for the scan), as the forward's single launch; and not the tile shape Triton 3.6
-    miscompiles there on sm90 (the forward's rule: its kernels share the tile loop)."""
-    if config.cb != "fused":
-        return []
-    why = []
-    if problem is not None and config.state_block_n < caps(problem)["state_block_n"]:
-        why.append(f"state_block_n={config.state_block_n} must cover dstate ({caps(problem)['state_block_n']}) "
-                   "at cb=fused")
-    if arch.wgmma_fused_tile_bug and config.state_block_m < 64 and config.scan_block_m >= 64:
-        why.append(f"state_block_m={config.state_block_m} < 64 with scan_block_m={config.scan_block_m} >= 64 "
-                   "at cb=fused is miscompiled on sm90 by Triton 3.6 (the forward's single launch: wrong y)")
-    return why
+    return why + gluon_violations(config, problem)
 
 
 def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None) -> list[str]:
@@ -229,13 +198,8 @@ def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None)
 
 
 def fit(config: VarlenConfig, problem: VarlenProblem) -> VarlenConfig:
-    """`config` with every tile cut to the problem's padded sizes and chunk length (and, for the
-    single launch, the state tile widened to all of dstate where a tile can hold it)."""
-    config = shrink(config, caps(problem))
-    if config.cb == "fused":
-        config = config.replace(state_block_n=min(caps(problem)["state_block_n"],
-                                                  max(KNOB_BY_NAME["state_block_n"].values)))
-    return config
+    """`config` with every tile cut to the problem's padded sizes and chunk length."""
+    return shrink(config, caps(problem))
 
 
 def default_config(arch: Arch | str, problem: VarlenProblem | None = None, cb: str | None = None) -> VarlenConfig:
@@ -334,9 +298,8 @@ VarlenProblem.shape_form = FORM
 def seed_configs(arch: Arch | str, problem: VarlenProblem, space) -> list[VarlenConfig]:
     """Starting points enqueued before sampling: the arch default, then each data path a draw
     would seldom meet (the Gluon pair needs the walk, the scan and 64-wide scan tiles at once):
-    the Gluon scan storing y by registers (2), the walk's 64-token ring, and the tl stages with
-    C·Bᵀ staged and inline (not the single launch: measured slower everywhere on an H200). Only
-    those inside the space and feasible."""
+    the Gluon scan storing y by registers (2), the walk's 64-token ring, the tl stages with C·Bᵀ
+    staged and inline. Only those inside the space and feasible."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     base = default_config(arch, problem)
     tl = default_config(arch, problem, cb="stage").replace(state_walk=0, scan_gluon=0)
