@@ -89,7 +89,10 @@ class BwdBuffers:
 
 
 def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: Saved | None,
-             dy=None, dz=None, poison: bool = False, backend: str | None = None) -> BwdBuffers:
+             dy=None, dz=None, poison: bool = False, backend: str | None = None,
+             dst_dtype: torch.dtype | None = None) -> BwdBuffers:
+    """The backward's buffers. dst_dtype: the state gradients' type where the caller knows it
+    already (a replay of a recorded call: its record's), else _dst_dtype decides."""
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
@@ -139,7 +142,7 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
             if config.cb == "stage" else None),
         # the reverse walk (rev_walk) writes one partial per row of each program's tile, the tl
         # stage one per block
-        dst=e(b, nc, h, p, n, dtype=_dst_dtype(prob, config, t, backend, SimpleNamespace(
+        dst=e(b, nc, h, p, n, dtype=dst_dtype or _dst_dtype(prob, config, t, backend, SimpleNamespace(
             dy=dy, states=states, dinit=dinit, dlast=zero["dlast"],
             dst=torch.empty(b, nc, h, p, n, dtype=x.dtype, device="meta")))),
         dlast=zero["dlast"], dinit=dinit,
@@ -459,14 +462,17 @@ def _launch_all(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, dt_li
             gate_rec = _launch([gate_launch(prob, t, dout, dy, dz, launch_options(config, backend))], module, key,
                                ti, gbuf, _GATE_BUFFERS)
         del t["y_pre"], ti["y_pre"], gbuf
-    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz, poison, backend)
+    # a replay takes its record's state-gradient type: the same key decides it the same way, and
+    # the check (the reverse walk's gaps) costs host time on every call
+    buf = allocate(prob, config, t, dout, dfinal, need, saved, dy, dz, poison, backend,
+                   cached[2] if cached is not None else None)
     if cached is not None:
         _lc.replay(cached[1], ti, buf, stream)
     else:
         rec = _launch(plan(prob, config, t, buf, backend, dt_limit, dout, dfinal, saved is not None, dy is not None),
                       module, key, ti, buf, _BWD_BUFFERS)
         if rec is not None and (gate_rec is not None or dy is None):
-            _lc.remember(_launch_cache, key, (gate_rec, rec), LAUNCH_CACHE_MAX)
+            _lc.remember(_launch_cache, key, (gate_rec, rec, buf.dst.dtype), LAUNCH_CACHE_MAX)
     return buf
 
 
