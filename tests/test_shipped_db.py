@@ -212,14 +212,23 @@ def test_the_decode_step_takes_the_gpus_own_records():
 
 
 def test_the_backward_takes_each_gpus_own_measured_records_at_the_training_shapes():
-    """Both sm90 cards' backward records ship (the H200's with the dx / dCB register caps where
-    they won); each card's call takes its own exact record, fresh."""
+    """Both sm90 cards' backward records ship at the gated call (with z); the H200's also at
+    Mamba2's own call without z. Each card's call takes its own exact record, fresh."""
     from autossd.ops.ssd import backward as bw
     recs = lookup.load_records("sm90", "ssd_bwd")
     now = lookup._freshness()
     problems = {r.problem for r in recs}
-    assert len(problems) == 10 and {r.device for r in recs} == set(DEVICES)
-    for p in problems:
+    gated = {p for p in problems if p.has_z}
+    assert len(gated) == 10 and {r.device for r in recs} == set(DEVICES)
+    # every ungated record restates a gated one (same sizes and dtype), measured on the H200
+    ungated = problems - gated
+    assert len(ungated) == 9
+    assert all(p.replace(has_z=True) in gated for p in ungated)
+    for p in ungated:
+        m = lookup.pick(p, recs, "sm90", op="ssd_bwd", device="NVIDIA H200")
+        assert m.kind == "exact" and m.record.device == "NVIDIA H200", (p, m.reason)
+        assert not m.record.stale_reasons(*now) and m.record.provenance == "measured"
+    for p in gated:
         for device in DEVICES:
             own = [r for r in recs if r.problem == p and r.device == device]
             assert own and all(r.provenance == "measured" and not r.stale_reasons(*now) for r in own), (p, device)
