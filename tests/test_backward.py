@@ -572,6 +572,28 @@ def test_gluon_dx_cross_compiles_in_two_ctas_per_sm_without_spills(features):
     assert tl.ok and tl.stages[0].artifact_sha != st.artifact_sha
 
 
+def test_gluon_dx_takes_the_register_cap():
+    """dx_maxnreg caps the Gluon dx too (the H200's training records run it at 168: three CTAs
+    per SM where ptxas's choice of about 216 registers leaves two): the cap reaches its launch and
+    the compiled kernel, which differs from the uncapped one and stays within the cap."""
+    from autossd.compile import compile_config
+    from autossd.render import _interpret
+    prob = Problem(4, 2048, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True)
+    # the records' G in one 16-bit operand (75 KB of shared memory; two operands take 91 KB, two CTAs)
+    cfg = default_config("sm90", prob).replace(dx_g_split=1)
+    assert cfg.dx_gluon == 1 and not violations(cfg.replace(dx_maxnreg=168), "sm90", prob)
+    with _interpret(False):
+        (dx,) = [ln for ln in get_op("ssd_bwd").fn("meta_launches")(prob, cfg.replace(dx_maxnreg=168), "cuda")
+                 if ln.stage == "dx"]
+    assert dx.kernel == "ssd_bwd_dx_gluon" and dx.options.get("maxnreg") == 168
+    free = compile_config(cfg, "sm90", prob, stages=("dx",))
+    capped = compile_config(cfg.replace(dx_maxnreg=168), "sm90", prob, stages=("dx",))
+    assert free.ok and capped.ok, (free.why(), capped.why())
+    (f,), (c,) = free.stages, capped.stages
+    assert f.registers > 168 >= c.registers and c.occupancy == 3 and f.occupancy == 2
+    assert c.artifact_sha != f.artifact_sha
+
+
 @pytest.mark.parametrize("features", [{}, {"seqlen": 1000, "batch": 2, "has_initial_states": True,
                                            "return_final_states": True, "ngroups": 2},
                                       {"dstate": 64, "headdim": 128, "dtype": "fp16", "state_dtype": "fp16"},

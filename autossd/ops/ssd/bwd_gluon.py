@@ -61,9 +61,10 @@ def dx_gluon(prob, config: BwdConfig, t: dict, buf, s_dt: tuple, s_D: tuple) -> 
                        s_dd_b=sdd[0], s_dd_h=sdd[1], s_dd_c=sdd[2], s_dd_j=sdd[3],
                        s_dD_b=sdD[0], s_dD_c=sdD[1], s_dD_m=sdD[2], s_dD_h=sdD[3]),
                   dict(N=n, HAS_D=D is not None, D_HAS_HDIM=prob.D_has_hdim),
-                  # one warpgroup, its ring in the template. Not in the module's LAUNCH table: a
-                  # row there would change every config's kernel hash and leave every record stale
-                  dict(num_warps=4, num_stages=1))
+                  # one warpgroup, its ring in the template; dx_maxnreg its register cap. Not in the
+                  # module's LAUNCH table: a row there would change every config's kernel hash and
+                  # leave every record stale
+                  dict(num_warps=4, num_stages=1, **({"maxnreg": config.dx_maxnreg} if config.dx_maxnreg else {})))
 
 
 def rev_walk_slots(prob) -> int:
