@@ -572,26 +572,40 @@ def test_gluon_dx_cross_compiles_in_two_ctas_per_sm_without_spills(features):
     assert tl.ok and tl.stages[0].artifact_sha != st.artifact_sha
 
 
-def test_gluon_dx_takes_the_register_cap():
-    """dx_maxnreg caps the Gluon dx too (the H200's training records run it at 168: three CTAs
-    per SM where ptxas's choice of about 216 registers leaves two): the cap reaches its launch and
-    the compiled kernel, which differs from the uncapped one and stays within the cap."""
+# the H200 records' knobs that set these stages' registers: G in one 16-bit operand (dx: 75 KB of
+# shared memory where two operands take 91 KB), dB's folded row weights on 64 x 128 tiles
+_RECORD_KNOBS = dict(dx_g_split=1, db_fold=1, dbc_block_m=64, dbc_block_n=128, dbc_block_k=64, dbc_stages=3)
+
+
+@pytest.mark.parametrize("knob,stage,kernel", [("dx_maxnreg", "dx", "ssd_bwd_dx_gluon"),
+                                               ("rev_walk_maxnreg", "state_passing_rev", "ssd_bwd_state_walk_rev"),
+                                               ("db_maxnreg", "db", "ssd_bwd_db")])
+def test_register_caps_reach_the_kernels_and_buy_a_third_cta(knob, stage, kernel):
+    """The register caps of the Gluon dx, the reverse Gluon walk and dB (the H200's training
+    records run dx at 168: three CTAs per SM where ptxas's choice leaves two): the cap reaches the
+    stage's launch and its compiled kernel, which differs from the uncapped one, stays within the
+    cap and fits a third CTA."""
     from autossd.compile import compile_config
     from autossd.render import _interpret
     prob = Problem(4, 2048, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True)
-    # the records' G in one 16-bit operand (75 KB of shared memory; two operands take 91 KB, two CTAs)
-    cfg = default_config("sm90", prob).replace(dx_g_split=1)
-    assert cfg.dx_gluon == 1 and not violations(cfg.replace(dx_maxnreg=168), "sm90", prob)
+    cfg = default_config("sm90", prob).replace(**_RECORD_KNOBS)
+    assert cfg.dx_gluon == 1 and cfg.rev_walk == 1 and not violations(cfg.replace(**{knob: 168}), "sm90", prob)
     with _interpret(False):
-        (dx,) = [ln for ln in get_op("ssd_bwd").fn("meta_launches")(prob, cfg.replace(dx_maxnreg=168), "cuda")
-                 if ln.stage == "dx"]
-    assert dx.kernel == "ssd_bwd_dx_gluon" and dx.options.get("maxnreg") == 168
-    free = compile_config(cfg, "sm90", prob, stages=("dx",))
-    capped = compile_config(cfg.replace(dx_maxnreg=168), "sm90", prob, stages=("dx",))
+        (ln,) = [ln for ln in get_op("ssd_bwd").fn("meta_launches")(prob, cfg.replace(**{knob: 168}), "cuda")
+                 if ln.stage == stage]
+    assert ln.kernel == kernel and ln.options.get("maxnreg") == 168
+    free = compile_config(cfg, "sm90", prob, stages=(stage,))
+    capped = compile_config(cfg.replace(**{knob: 168}), "sm90", prob, stages=(stage,))
     assert free.ok and capped.ok, (free.why(), capped.why())
     (f,), (c,) = free.stages, capped.stages
-    assert f.registers > 168 >= c.registers and c.occupancy == 3 and f.occupancy == 2
+    assert f.registers > 168 >= c.registers and c.occupancy == 3 and f.occupancy == 2, (f, c)
     assert c.artifact_sha != f.artifact_sha
+
+
+def test_the_reverse_walks_cap_needs_the_reverse_walk():
+    prob = Problem(4, 2048, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True)
+    cfg = default_config("sm90", prob).replace(rev_walk=0, rev_walk_maxnreg=168)
+    assert any("rev_walk_maxnreg=168" in w and "rev_walk=1" in w for w in violations(cfg, "sm90", prob))
 
 
 @pytest.mark.parametrize("features", [{}, {"seqlen": 1000, "batch": 2, "has_initial_states": True,

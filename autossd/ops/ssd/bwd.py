@@ -25,10 +25,14 @@ STAGES = (
     Stage("state_passing", "pass_warps"),
     Stage("bmm", "bmm_warps"),
     Stage("dstates", "state_warps", "state_stages"),
-    Stage("state_passing_rev", "pass_warps"),
+    # rev_walk_maxnreg caps the reverse Gluon walk, which runs in this stage's place (a config
+    # with rev_walk = 0 and a cap is refused; a call the walk cannot take runs this tl stage under
+    # the same cap); its row in the LAUNCH table names the cap, so that a capped config's module
+    # differs from the uncapped one's, as dx_maxnreg's does
+    Stage("state_passing_rev", "pass_warps", None, "rev_walk_maxnreg"),
     Stage("dx", "dx_warps", "dx_stages", "dx_maxnreg"),
     Stage("dcb", "dcb_warps", "dcb_stages", "dcb_maxnreg"),
-    Stage("db", "dbc_warps", "dbc_stages"),
+    Stage("db", "dbc_warps", "dbc_stages", "db_maxnreg"),
     Stage("dc", "dbc_warps", "dbc_stages"),
     Stage("ddt"),
 )

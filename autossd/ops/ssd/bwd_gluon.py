@@ -117,5 +117,7 @@ def rev_walk(prob, config: BwdConfig, t: dict, buf, dfinal) -> Launch:
                        s_di_b=sdi[0], s_di_h=sdi[1], s_dl_b=sdl[0], s_dl_h=sdl[1], s_dl_c=sdl[2]),
                   dict(N=n, BN=bn, HAS_DFINAL=dfinal is not None, HAS_DINIT=buf.dinit is not None,
                        EVEN_L=l % config.chunk_size == 0),
-                  # one warpgroup, its ring in the template (not in the module's LAUNCH table, as dx's)
-                  dict(num_warps=4, num_stages=1))
+                  # one warpgroup, its ring in the template (not in the module's LAUNCH table, as
+                  # dx's); rev_walk_maxnreg its register cap
+                  dict(num_warps=4, num_stages=1,
+                       **({"maxnreg": config.rev_walk_maxnreg} if config.rev_walk_maxnreg else {})))

@@ -91,6 +91,12 @@ KNOBS: tuple[Knob, ...] = (
     # measured_only: the static model cannot rank a data path.
     Knob("rev_walk", (0, 1), 0, "1: dstates + the reverse state passing as one Gluon walk (sm90)",
          "state_passing_rev", measured_only=True, needs=("tma", "wgmma")),
+    # register cap of the reverse Gluon walk (rev_walk = 1 only; 0 = ptxas's choice). ncu on an
+    # H200 (2.7b 4 x 16384 bf16): about 245 registers, so two CTAs of one warpgroup an SM where its
+    # 66 KB of shared memory would fit three, 11% achieved occupancy; at 168 three fit. As for dx,
+    # whose cap at 168 took it 1731 -> 1583 us there, only a GPU can weigh the spills
+    Knob("rev_walk_maxnreg", MAXNREG, 0, "register cap per thread of the reverse Gluon walk, 0 = compiler's "
+         "choice", "state_passing_rev", measured_only=True, needs=("maxnreg",)),
     # 1: the recomputed chunk states (save_states = 0) by the forward's Gluon walk for sm90
     # (templates/ssd/state_walk_gluon.jinja, the same kernel the forward runs), in place of the
     # chunk-state and state-passing stages: one launch, no local states written and read back.
@@ -129,6 +135,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dcb_heads", (1, 2, 4), 1, "heads per step of the dCB stage's loop (one batched product)", "dcb",
          measured_only=True),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
+         measured_only=True, needs=("maxnreg",)),
+    # register cap of the dB kernel (0 = ptxas's choice): about 190 registers at the H200's
+    # records (2.7b, 64 x 128 tiles, db_fold = 1), two CTAs an SM where its 75 KB of shared memory
+    # would fit three, which 168 allows (dC, the stage's twin, is held at two by its 82 KB)
+    Knob("db_maxnreg", MAXNREG, 0, "register cap per thread of the dB kernel, 0 = compiler's choice", "dbc",
          measured_only=True, needs=("maxnreg",)),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
     Knob("dbc_stages", (1, 2, 3), 2, "num_stages", "dbc"),
@@ -194,6 +205,8 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
         why += dx_gluon_violations(config, problem)
     if config.rev_walk:
         why += gluon_problem_violations("rev_walk=1", problem)
+    elif config.rev_walk_maxnreg:   # the tl stages it would replace take no cap: the same code twice
+        why.append(f"rev_walk_maxnreg={config.rev_walk_maxnreg} caps the reverse Gluon walk: needs rev_walk=1")
     if config.recompute_walk:
         why += recompute_walk_violations(config, problem)
     if problem is not None:
