@@ -465,6 +465,25 @@ def test_db_with_its_row_weights_folded_into_x(dtype, monkeypatch):
     assert seen and all(c.db_fold == 1 for c in seen)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_dc_with_its_da_partial_as_a_second_product(dtype, monkeypatch):
+    """dc_cs_dot = 1: dC's part of the dA gradient from the entering state as dy·(C Sᵀ), C loaded
+    once; every gradient within the dtype's bound, over several chunks with initial states,
+    seq_idx and two dstate tiles."""
+    cfg = bw.config_for
+    seen = []
+
+    def pick(p, a, d=None):
+        c = cfg(p, a, d).replace(dc_cs_dot=1, dbc_block_n=16)
+        seen.append(c)
+        return c
+    monkeypatch.setattr(bw, "config_for", pick)
+    prob = _prob(dtype, l=150, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
+                 has_seq_idx=True, has_initial_states=True, return_final_states=True)
+    _check(prob, seed=35)
+    assert seen and all(c.dc_cs_dot == 1 for c in seen)
+
+
 @pytest.mark.parametrize("dtype,heads,split", [("fp32", 4, 1), ("bf16", 2, 2), ("fp16", 4, 2)])
 def test_the_dcb_stage_a_batch_of_heads_at_a_time(dtype, heads, split, monkeypatch):
     """dcb_heads > 1: the dCB stage takes its heads a batch at a time, the last batch cut short
