@@ -475,3 +475,42 @@ def test_a_split_backward_sums_each_segments_channel_sums(form):
     tt = dict(t, ckpt=torch.zeros(2, 12, 8, 16, device=DEV))
     phases = [ln.constexprs["PHASE"] for ln in bwd.plan(p, cfg, tt, buf)]
     assert phases == [1, 2, 0] and buf["pA"].shape[0] == p.batch * 4
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, monkeypatch):
+    """window = 1: the sequence's chunks in windows, a launch each from the last, the time-varying
+    dB / dC partials one window long (summed by a launch per window), the gradient carried and the
+    per-channel sums added from window to window. With the bound at 3 chunks' partials: 12 chunks
+    of 8 (the last ragged) in 4 windows, every gradient against float64 with poisoned buffers, a
+    last state's gradient; and a config without the knob is switched to it by the bound."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem(form, seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
+    per_chunk = p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk
+    monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * per_chunk)
+    win = cfg.replace(window=1)
+    assert not violations(win, "sm90", p) and bwd.windows(p, win) == (3, 4)
+    varying = p.B_var or p.C_var
+    assert bwd.bounded(p, cfg) == (win if varying else cfg)
+    t = bwd.tune_inputs(p, DEV, seed=12)
+    ref = bwd.tune_reference(p, t)
+    for c in (win, cfg):   # cfg: the bound switches it to windows where a partial varies in time
+        got = bwd.tune_run(p, c, t, poison=True)
+        for k in ref:
+            assert torch.isfinite(got[k]).all(), (c, k)
+            assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (c, k, rel_err(got[k], ref[k]))
+    buf = bwd.allocate(p, win, t)
+    if p.B_var:
+        assert buf["pB"].shape[-1] == 3 * cfg.chunk and buf["oB"].shape[-1] == p.seqlen
+    tt = dict(t, ckpt=torch.zeros(p.batch, 12, p.dim, p.dstate, device=DEV), dlast=None)
+    walks = [ln for ln in bwd.plan(p, win, tt, buf) if ln.kernel == "sscan_bwd"]
+    assert [(ln.args["C0"], ln.args["NCW"], ln.args["ACC_IN"]) for ln in walks] == \
+        [(9, 3, 0), (6, 3, 1), (3, 3, 1), (0, 3, 1)]
+
+
+def test_a_windowed_backward_is_refused_beside_a_split_sequence():
+    p = _problem("3d", seqlen=90)
+    why = violations(BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, window=1), "sm90", p)
+    assert any("window=1" in w and "seq_split" in w for w in why)

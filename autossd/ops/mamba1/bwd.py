@@ -15,7 +15,7 @@ from ..ssd.plan import Launch
 from . import fwd as _fwd
 from . import scan_knobs
 from .problem import ScanProblem
-from .scan_knobs import BWD_SPACE, BwdConfig, FwdConfig, fit, n2, sub_blocks
+from .scan_knobs import BWD_SPACE, WINDOW_BYTES, BwdConfig, FwdConfig, fit, n2, sub_blocks
 
 STAGES = (Stage("bwd", "warps", "stages", "maxnreg"),)
 SEQUENCES = {"assoc": ("bwd",), "serial": ("bwd",)}
@@ -32,6 +32,10 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
     nblk = programs(problem, config)
     nseg = _fwd.segments(problem, config)[1]
     rows = b * nseg   # with seq_split, each segment's per-channel sums in rows of their own
+    # window: the time-varying partials cover one window; the sums (b, ngroups, dstate, seqlen)
+    # fp32, a window at a time; the gradient carried from window to window
+    spw, nwin = windows(problem, config)
+    pl = spw * config.chunk if config.get("window", 0) else l
 
     def make(*s, dtype=torch.float32):
         return torch.full(s, float("nan"), dtype=dtype, device=dev) if poison else torch.empty(s, dtype=dtype,
@@ -40,8 +44,8 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
     return dict(du=make(b, d, l, dtype=u.dtype), ddelta=make(b, d, l, dtype=t["delta"].dtype),
                 dz=make(b, d, l, dtype=t["z"].dtype) if problem.has_z else None,
                 pA=make(rows, d, n),
-                pB=make(b, nblk, n, l) if problem.B_var else make(rows, d, n),
-                pC=make(b, nblk, n, l) if problem.C_var else make(rows, d, n),
+                pB=make(b, nblk, n, pl) if problem.B_var else make(rows, d, n),
+                pC=make(b, nblk, n, pl) if problem.C_var else make(rows, d, n),
                 pD=make(rows, d) if problem.has_D else None,
                 pdb=make(rows, d) if problem.has_delta_bias else None,
                 # the gradient each channel block carries between chunks (sub > 1: through memory)
@@ -49,7 +53,33 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
                 # seq_split: each segment's start gradient from zero, then the one entering it; and
                 # its delta' sum (every segment but one; at least one row, so the kernel has a buffer)
                 **({"we": make(b, max(1, nseg - 1), d, n), "sd": make(b, max(1, nseg - 1), d)}
-                   if config.get("seq_split", 1) > 1 else {}))
+                   if config.get("seq_split", 1) > 1 else {}),
+                **({"wc": make(b, d, n),
+                    "oB": make(b, problem.ngroups, n, l) if problem.B_var else None,
+                    "oC": make(b, problem.ngroups, n, l) if problem.C_var else None}
+                   if config.get("window", 0) else {}))
+
+
+def windows(problem: ScanProblem, config: BwdConfig) -> tuple[int, int]:
+    """(chunks per window, windows) of a config with window = 1: as many chunks as keep each
+    time-varying partial within WINDOW_BYTES, at least one; (all chunks, 1) otherwise."""
+    nchunks = _cdiv(problem.seqlen, config.chunk)
+    if not config.get("window", 0):
+        return nchunks, 1
+    per_chunk = problem.batch * programs(problem, config) * problem.dstate * 4 * config.chunk
+    spw = max(1, min(nchunks, WINDOW_BYTES // per_chunk))
+    return spw, _cdiv(nchunks, spw)
+
+
+def bounded(problem: ScanProblem, config: BwdConfig) -> BwdConfig:
+    """`config` with window = 1 where its time-varying partials over the whole sequence would pass
+    WINDOW_BYTES (serial layout, no seq_split): a bound on the backward's memory whatever a record
+    holds."""
+    if config.get("window", 0) or config.scan != "serial" or config.get("seq_split", 1) > 1 \
+            or not (problem.B_var or problem.C_var):
+        return config
+    full = problem.batch * programs(problem, config) * problem.dstate * problem.seqlen * 4
+    return config.replace(window=1) if full > WINDOW_BYTES else config
 
 
 def programs(problem: ScanProblem, config: BwdConfig) -> int:
@@ -70,6 +100,8 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     constexprs["HAS_DLAST"] = t.get("dlast") is not None
     opts = OP.launch_options(config, backend)["bwd"]
     g = (programs(problem, config), problem.batch)
+    if config.get("window", 0):
+        return _windowed(problem, config, args, constexprs, opts, buffers, g)
     if config.get("seq_split", 1) == 1:
         return [Launch("bwd", "sscan_bwd", g, args, constexprs, opts)]
     # seq_split: each segment's start gradient (PHASE 1), their chain from the sequence's end
@@ -81,6 +113,33 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
         return [main]
     return [Launch("bwd", "sscan_bwd", g + (nseg - 1,), args, constexprs | dict(PHASE=1), opts),
             Launch("bwd", "sscan_bwd", g + (1,), args, constexprs | dict(PHASE=2), opts), main]
+
+
+PSUM_BLOCK = 1024   # time steps per program of the windows' partial sums
+
+
+def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: dict, opts: dict, buffers: dict,
+              g: tuple) -> list:
+    """window = 1: per window, from the sequence's last, the walk of its chunks, then its
+    time-varying dB / dC partials summed over each group's channel blocks into the window's
+    steps of oB / oC (the next window's walk overwrites the partials)."""
+    spw, nwin = windows(problem, config)
+    nchunks = _cdiv(problem.seqlen, config.chunk)
+    wl = spw * config.chunk
+    nbg = programs(problem, config) // problem.ngroups   # a group's channel blocks (they divide it)
+    out = []
+    for k, win in enumerate(reversed(range(nwin))):
+        c0 = win * spw
+        out.append(Launch("bwd", "sscan_bwd", g, args | dict(wc_ptr=buffers["wc"], C0=c0, NCW=min(spw, nchunks - c0),
+                                                             WL=wl, ACC_IN=int(k > 0)), constexprs, opts))
+        for name, var in (("B", problem.B_var), ("C", problem.C_var)):
+            if var:
+                out.append(Launch("bwd", "sscan_bwd_psum",
+                                  (_cdiv(wl, PSUM_BLOCK), problem.dstate, problem.batch * problem.ngroups),
+                                  dict(p_ptr=buffers[f"p{name}"], o_ptr=buffers[f"o{name}"], NBG=nbg,
+                                       N=problem.dstate, WL=wl, L=problem.seqlen, T0=c0 * config.chunk),
+                                  dict(BT=PSUM_BLOCK), dict(num_warps=4)))
+    return out
 
 
 def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfig | None, arch: str) -> FwdConfig:
@@ -100,7 +159,8 @@ def _sum_partials(problem: ScanProblem, config: BwdConfig, buf: dict, t: dict, n
     def bc(name, part, var):
         M = t[name]
         if var:   # programs of a group: contiguous along the program axis (their channels divide a group's)
-            s = part.view(b, ng, nblk // ng, n, l).sum(2)
+            # (window = 1: summed a window at a time by the kernels into o{name})
+            s = buf[f"o{name}"] if config.get("window", 0) else part.view(b, ng, nblk // ng, n, l).sum(2)
             return (s if M.dim() == 4 else s.view(b, n, l)).to(M.dtype)
         return part.sum(0).to(M.dtype)
 
@@ -129,6 +189,7 @@ def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None,
     """Gradients (name -> tensor) of the inputs named in `need`, from dout (like out) and dlast
     (the last state's gradient, or None). ckpt: the forward's checkpoints at `config`'s chunk and
     checkpoint type; None (or another spacing or type) runs the forward again to store them."""
+    config = bounded(problem, config)
     want = (problem.batch, _cdiv(problem.seqlen, config.chunk), problem.dim, problem.dstate)
     if ckpt is None or tuple(ckpt.shape) != want or ckpt.dtype != _fwd.CKPT_DTYPES[config.ckpt_dtype]:
         fcfg = forward_config(problem, config, fwd_config, arch)

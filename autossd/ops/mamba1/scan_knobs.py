@@ -74,6 +74,19 @@ SEQ_SPLIT = Knob("seq_split", (1, 2, 4, 8, 16), 1,
                  "summarize the segments and chain them)", "scan", depths=("serial",), measured_only=True)
 
 FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT,), mode_knob="scan")
+# The backward's time-varying dB / dC partials are (batch, channel blocks, dstate, seqlen) fp32 each:
+# at Mamba 2.8b's 1 x 65536 with the H200 record's 4 channels a program, 5.4 GB each. window = 1
+# walks the sequence in windows of whole chunks, one launch each from the last, the partials
+# covering one window (at most WINDOW_BYTES each) and summed by a launch of their own before the
+# next window's; the gradient carried between windows and the per-channel sums pass through
+# memory. The backward switches a config to it where its partials would pass WINDOW_BYTES (a
+# bound on memory, whatever the record says); not measured on a GPU yet.
+WINDOW = Knob("window", (0, 1), 0,
+              "serial: 1, the sequence in windows (a launch each, from the last), the dB / dC partials "
+              "bounded to one window; 0, one launch with partials over the whole sequence", "scan",
+              depths=("serial",), measured_only=True)
+WINDOW_BYTES = 256 << 20
+
 BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n": 8}) + (
     Knob("sub", (1, 2, 4, 8, 16, 32), 8,
          "channel blocks per program, one after another: their time-varying dB / dC partials summed in "
@@ -82,7 +95,7 @@ BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n":
     Knob("ckpt_dtype", ("fp32", "bf16"), "fp32",
          "type of the chunk-start states the forward stores for the backward (bf16: half the bytes, the "
          "states rounded to 8 bits of mantissa before the backward's recompute)", "scan"),
-    SEQ_SPLIT,
+    SEQ_SPLIT, WINDOW,
 ), mode_knob="scan")
 
 
@@ -130,6 +143,9 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
                        f"{threads} threads (the rest would spread a thread's own time steps across threads)")
         if config.lanes_t > config.chunk:
             why.append(f"serial: lanes_t={config.lanes_t} > chunk={config.chunk}")
+        if config.get("window", 0) and config.get("seq_split", 1) > 1:
+            why.append(f"window=1 walks the windows one after another; seq_split={config.seq_split} walks "
+                       "segments side by side: one or the other")
     if problem is not None:
         per_thread = config.block_d * n2(problem) * config.chunk // threads
         cap = MAX_ELEMS_PER_THREAD[config.op]
