@@ -13,6 +13,8 @@ fp32 (negative), D and delta_bias fp32, softplus on. Rows per (shape, dtype, imp
   fwd/g       the same replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the kernels alone
   fwd+bwd     forward with gradients wanted (autossd then stores its checkpoints) and the backward
               of every input, one call after the other
+  peak        fwd+bwd's rows also give one call's peak memory above what was allocated before it
+              (torch.cuda.max_memory_allocated), autossd's and the peer's
   floor       bytes read and written once (forward: u, delta, z, B, C read, out written; the
               backward adds dout, u, delta, z, B, C read, du, ddelta, dz, dB, dC written) at the
               device-to-device copy bandwidth measured in this run; "of floor" = floor / time
@@ -125,6 +127,16 @@ def bench_ms(fn, graph: bool = False) -> float:
 
 
 # --- the float64 check ---------------------------------------------------------------------------
+def peak_mib(fn) -> float:
+    """MiB one call allocates at its peak above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - start) / 2**20
+
+
 def check() -> bool:
     """out, last_state and every gradient against float64 at a small shape per dtype and B/C form."""
     import autossd
@@ -218,10 +230,16 @@ def main() -> int:
                 row = dict(batch=b, seqlen=l, dim=a.dim, dstate=a.dstate, dtype=dtype, what=name, autossd_ms=ours,
                            peer_ms=theirs, peer=peer[0] if peer else None, floor_ms=floor, copy_gbps=bw,
                            device=torch.cuda.get_device_name())
+                if name == "fwd+bwd":
+                    row["autossd_peak_MiB"] = peak_mib(f_ours)
+                    row["peer_peak_MiB"] = peak_mib(f_peer) if theirs is not None else None
                 rows.append(row)
                 vs = f"{theirs / ours:6.2f}x" if theirs else "      -"
+                peak = (f"  peak {row['autossd_peak_MiB']:.0f} MiB (peer "
+                        f"{row['peer_peak_MiB'] if row['peer_peak_MiB'] is not None else float('nan'):.0f})"
+                        if name == "fwd+bwd" else "")
                 print(f"{b:>4}x{l:<5} {dtype:>5} {name:>7} {ours:10.3f} {theirs if theirs else float('nan'):9.3f} "
-                      f"{floor:9.3f} {100 * floor / ours:7.1f}% {vs}")
+                      f"{floor:9.3f} {100 * floor / ours:7.1f}% {vs}{peak}")
             del t, dout
             torch.cuda.empty_cache()
     if a.json:
