@@ -480,7 +480,7 @@ def test_a_split_backward_sums_each_segments_channel_sums(form):
 @pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
 def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, monkeypatch):
     """window = 1: the sequence's chunks in windows, a launch each from the last, the time-varying
-    dB / dC partials one window long (summed by a launch per window), the gradient carried and the
+    dB / dC partials one window long (summed after each window's launch), the gradient carried and the
     per-channel sums added from window to window. With the bound at 3 chunks' partials: 12 chunks
     of 8 (the last ragged) in 4 windows, every gradient against float64 with poisoned buffers, a
     last state's gradient; and a config without the knob is switched to it by the bound."""

@@ -115,31 +115,34 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
             Launch("bwd", "sscan_bwd", g + (1,), args, constexprs | dict(PHASE=2), opts), main]
 
 
-PSUM_BLOCK = 1024   # time steps per program of the windows' partial sums
-
-
 def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: dict, opts: dict, buffers: dict,
               g: tuple) -> list:
-    """window = 1: per window, from the sequence's last, the walk of its chunks, then its
-    time-varying dB / dC partials summed over each group's channel blocks into the window's
-    steps of oB / oC (the next window's walk overwrites the partials)."""
+    """window = 1: a launch per window, from the sequence's last (`backward` sums each one's
+    time-varying dB / dC partials before the next overwrites them)."""
     spw, nwin = windows(problem, config)
     nchunks = _cdiv(problem.seqlen, config.chunk)
-    wl = spw * config.chunk
-    nbg = programs(problem, config) // problem.ngroups   # a group's channel blocks (they divide it)
-    out = []
-    for k, win in enumerate(reversed(range(nwin))):
-        c0 = win * spw
-        out.append(Launch("bwd", "sscan_bwd", g, args | dict(wc_ptr=buffers["wc"], C0=c0, NCW=min(spw, nchunks - c0),
-                                                             WL=wl, ACC_IN=int(k > 0)), constexprs, opts))
+    return [Launch("bwd", "sscan_bwd", g, args | dict(wc_ptr=buffers["wc"], C0=win * spw, NCW=min(spw, nchunks - win * spw),
+                                                      WL=spw * config.chunk, ACC_IN=int(k > 0)), constexprs, opts)
+            for k, win in enumerate(reversed(range(nwin)))]
+
+
+def _run(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device) -> None:
+    """The launches; with window = 1, after each window's, its time-varying partials summed over
+    each group's channel blocks (torch's fixed order, as without windows) into that window's
+    steps of oB / oC."""
+    if not config.get("window", 0):
+        _fwd.launch(launches, module, device)
+        return
+    b, n, l, ng = problem.batch, problem.dstate, problem.seqlen, problem.ngroups
+    nbg = programs(problem, config) // ng   # a group's channel blocks: contiguous, they divide its channels
+    for ln in launches:
+        _fwd.launch([ln], module, device)
+        t0, wl = ln.args["C0"] * config.chunk, ln.args["WL"]
+        steps = min(wl, l - t0)
         for name, var in (("B", problem.B_var), ("C", problem.C_var)):
             if var:
-                out.append(Launch("bwd", "sscan_bwd_psum",
-                                  (_cdiv(wl, PSUM_BLOCK), problem.dstate, problem.batch * problem.ngroups),
-                                  dict(p_ptr=buffers[f"p{name}"], o_ptr=buffers[f"o{name}"], NBG=nbg,
-                                       N=problem.dstate, WL=wl, L=problem.seqlen, T0=c0 * config.chunk),
-                                  dict(BT=PSUM_BLOCK), dict(num_warps=4)))
-    return out
+                part = buf[f"p{name}"].view(b, ng, nbg, n, wl)[..., :steps]
+                buf[f"o{name}"][..., t0:t0 + steps] = part.sum(2)
 
 
 def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfig | None, arch: str) -> FwdConfig:
@@ -196,7 +199,7 @@ def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None,
         ckpt = _fwd.forward(problem, fcfg, t, backend, ckpt_dtype=config.ckpt_dtype)["ckpt"]
     tt = dict(t, dout=dout.contiguous(), dlast=dlast.float().contiguous() if dlast is not None else None, ckpt=ckpt)
     buf = allocate(problem, config, t, poison)
-    _fwd.launch(plan(problem, config, tt, buf, backend), load(config, backend), t["u"].device)
+    _run(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf, t["u"].device)
     return _sum_partials(problem, config, buf, t, set(need))
 
 

@@ -77,8 +77,8 @@ FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT,), mode_knob="scan"
 # The backward's time-varying dB / dC partials are (batch, channel blocks, dstate, seqlen) fp32 each:
 # at Mamba 2.8b's 1 x 65536 with the H200 record's 4 channels a program, 5.4 GB each. window = 1
 # walks the sequence in windows of whole chunks, one launch each from the last, the partials
-# covering one window (at most WINDOW_BYTES each) and summed by a launch of their own before the
-# next window's; the gradient carried between windows and the per-channel sums pass through
+# covering one window (at most WINDOW_BYTES each) and summed over the channel blocks before the
+# next window's launch; the gradient carried between windows and the per-channel sums pass through
 # memory. The backward switches a config to it where its partials would pass WINDOW_BYTES (a
 # bound on memory, whatever the record says); not measured on a GPU yet.
 WINDOW = Knob("window", (0, 1), 0,
