@@ -447,41 +447,30 @@ def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
     print(dtype, {k: f"{e:.1e}" for k, e in errs.items()})
 
 
+# variants of the dB / dC stages, each with the knobs it needs: db_fold = 1, dB's row weights
+# folded into x before its product (rounded to x's type); dc_cs_dot = 1, dC's part of the dA
+# gradient from the entering state as dy·(C Sᵀ) with C loaded once, over two dstate tiles
+_DBC_VARIANTS = {"db_fold": (dict(db_fold=1), 33), "dc_cs_dot": (dict(dc_cs_dot=1, dbc_block_n=16), 35)}
+
+
+@pytest.mark.parametrize("variant", _DBC_VARIANTS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_db_with_its_row_weights_folded_into_x(dtype, monkeypatch):
-    """db_fold = 1: dB's row weights go into x before its product (rounded to x's type); every
-    gradient within the dtype's bound, over several chunks with initial states and seq_idx."""
+def test_the_db_and_dc_variants_keep_every_gradient(dtype, variant, monkeypatch):
+    """Every gradient within the dtype's bound with each dB / dC variant forced, over several
+    chunks with initial states and seq_idx."""
+    knobs, seed = _DBC_VARIANTS[variant]
     cfg = bw.config_for
     seen = []
 
     def pick(p, a, d=None):
-        c = cfg(p, a, d).replace(db_fold=1)
+        c = cfg(p, a, d).replace(**knobs)
         seen.append(c)
         return c
     monkeypatch.setattr(bw, "config_for", pick)
     prob = _prob(dtype, l=150, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
                  has_seq_idx=True, has_initial_states=True, return_final_states=True)
-    _check(prob, seed=33)
-    assert seen and all(c.db_fold == 1 for c in seen)
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_dc_with_its_da_partial_as_a_second_product(dtype, monkeypatch):
-    """dc_cs_dot = 1: dC's part of the dA gradient from the entering state as dy·(C Sᵀ), C loaded
-    once; every gradient within the dtype's bound, over several chunks with initial states,
-    seq_idx and two dstate tiles."""
-    cfg = bw.config_for
-    seen = []
-
-    def pick(p, a, d=None):
-        c = cfg(p, a, d).replace(dc_cs_dot=1, dbc_block_n=16)
-        seen.append(c)
-        return c
-    monkeypatch.setattr(bw, "config_for", pick)
-    prob = _prob(dtype, l=150, h=4, p=16, n=32, g=2, has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True,
-                 has_seq_idx=True, has_initial_states=True, return_final_states=True)
-    _check(prob, seed=35)
-    assert seen and all(c.dc_cs_dot == 1 for c in seen)
+    _check(prob, seed=seed)
+    assert seen and all(c[k] == v for c in seen for k, v in knobs.items())
 
 
 @pytest.mark.parametrize("dtype,heads,split", [("fp32", 4, 1), ("bf16", 2, 2), ("fp16", 4, 2)])
