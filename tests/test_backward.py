@@ -449,8 +449,10 @@ def test_the_staged_cb_in_the_inputs_type(dtype, monkeypatch):
 
 # variants of the dB / dC stages, each with the knobs it needs: db_fold = 1, dB's row weights
 # folded into x before its product (rounded to x's type); dc_cs_dot = 1, dC's part of the dA
-# gradient from the entering state as dy·(C Sᵀ) with C loaded once, over two dstate tiles
-_DBC_VARIANTS = {"db_fold": (dict(db_fold=1), 33), "dc_cs_dot": (dict(dc_cs_dot=1, dbc_block_n=16), 35)}
+# gradient from the entering state as dy·(C Sᵀ) with C loaded once, over two dstate tiles (2: and
+# dy's rows scaled by the decay before the state product)
+_DBC_VARIANTS = {"db_fold": (dict(db_fold=1), 33), "dc_cs_dot": (dict(dc_cs_dot=1, dbc_block_n=16), 35),
+                 "dc_cs_dot_folded": (dict(dc_cs_dot=2, dbc_block_n=16), 36)}
 
 
 @pytest.mark.parametrize("variant", _DBC_VARIANTS)
@@ -585,18 +587,21 @@ def test_gluon_dx_cross_compiles_in_two_ctas_per_sm_without_spills(features):
 _RECORD_KNOBS = dict(dx_g_split=1, db_fold=1, dbc_block_m=64, dbc_block_n=128, dbc_block_k=64, dbc_stages=3)
 
 
-@pytest.mark.parametrize("knob,stage,kernel", [("dx_maxnreg", "dx", "ssd_bwd_dx_gluon"),
-                                               ("rev_walk_maxnreg", "state_passing_rev", "ssd_bwd_state_walk_rev"),
-                                               ("db_maxnreg", "db", "ssd_bwd_db")])
-def test_register_caps_reach_the_kernels_and_buy_a_third_cta(knob, stage, kernel):
-    """The register caps of the Gluon dx, the reverse Gluon walk and dB (the H200's training
+@pytest.mark.parametrize("knob,stage,kernel,extra", [
+    ("dx_maxnreg", "dx", "ssd_bwd_dx_gluon", {}),
+    ("rev_walk_maxnreg", "state_passing_rev", "ssd_bwd_state_walk_rev", {}),
+    ("db_maxnreg", "db", "ssd_bwd_db", {}),
+    # dC's shared memory fits a third CTA only at two stages and with its state product in place
+    ("dc_maxnreg", "dc", "ssd_bwd_dc", dict(dc_cs_dot=2, dbc_stages=2))])
+def test_register_caps_reach_the_kernels_and_buy_a_third_cta(knob, stage, kernel, extra):
+    """The register caps of the Gluon dx, the reverse Gluon walk, dB and dC (the H200's training
     records run dx at 168: three CTAs per SM where ptxas's choice leaves two): the cap reaches the
     stage's launch and its compiled kernel, which differs from the uncapped one, stays within the
     cap and fits a third CTA."""
     from autossd.compile import compile_config
     from autossd.render import _interpret
     prob = Problem(4, 2048, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True)
-    cfg = default_config("sm90", prob).replace(**_RECORD_KNOBS)
+    cfg = default_config("sm90", prob).replace(**{**_RECORD_KNOBS, **extra})
     assert cfg.dx_gluon == 1 and cfg.rev_walk == 1 and not violations(cfg.replace(**{knob: 168}), "sm90", prob)
     with _interpret(False):
         (ln,) = [ln for ln in get_op("ssd_bwd").fn("meta_launches")(prob, cfg.replace(**{knob: 168}), "cuda")

@@ -33,7 +33,7 @@ STAGES = (
     Stage("dx", "dx_warps", "dx_stages", "dx_maxnreg"),
     Stage("dcb", "dcb_warps", "dcb_stages", "dcb_maxnreg"),
     Stage("db", "dbc_warps", "dbc_stages", "db_maxnreg"),
-    Stage("dc", "dbc_warps", "dbc_stages"),
+    Stage("dc", "dbc_warps", "dbc_stages", "dc_maxnreg"),
     Stage("ddt"),
 )
 _ALL = tuple(s.name for s in STAGES)

@@ -141,14 +141,21 @@ KNOBS: tuple[Knob, ...] = (
     # would fit three, which 168 allows (dC, the stage's twin, is held at two by its 82 KB)
     Knob("db_maxnreg", MAXNREG, 0, "register cap per thread of the dB kernel, 0 = compiler's choice", "dbc",
          measured_only=True, needs=("maxnreg",)),
+    # the same for dC (about 255 registers at the records, and 82 KB of shared memory at three
+    # stages): with dc_cs_dot = 2 and two stages its 66 KB would fit three CTAs at 168
+    Knob("dc_maxnreg", MAXNREG, 0, "register cap per thread of the dC kernel, 0 = compiler's choice", "dbc",
+         measured_only=True, needs=("maxnreg",)),
     # 1: dC's part of the dA gradient from the state (C_t·dC_t,h, summed over dstate) as w_in_t
     # dy_t·(C_t Sᵀ), a second product per head with C's tile loaded once as its operand, in place
     # of the state part times C reloaded per head and summed over dstate. Cross-compiled for sm90
     # at the H200 record's dC (2.7b, 64 x 128 tiles): the head loop's SASS 671 -> 357
     # instructions, 14 -> 2 barriers, 32 -> 4 shuffles, 72 -> 16 bytes spilled (still 255
-    # registers), at twice the loop's wgmma instructions. measured_only: not measured on a GPU
-    Knob("dc_cs_dot", (0, 1), 0, "1: dC's dA partial as a product C·Sᵀ dotted with dy (C loaded once)", "dbc",
-         measured_only=True),
+    # registers), at twice the loop's wgmma instructions. 2: also dy's rows scaled by the decay
+    # and rounded to dy's type (one 16-bit rounding more, as db_fold's), so that the state
+    # product accumulates into dC's tile in place: no second (rows, dstate) fp32 tile per head.
+    # measured_only: not measured on a GPU
+    Knob("dc_cs_dot", (0, 1, 2), 0, "1: dC's dA partial as a product C·Sᵀ dotted with dy (C loaded once); "
+         "2: and dy's rows scaled before the state product (accumulates in place)", "dbc", measured_only=True),
     Knob("dbc_warps", (2, 4, 8), 4, "num_warps", "dbc"),
     Knob("dbc_stages", (1, 2, 3), 2, "num_stages", "dbc"),
     # dCB, dB and dC sum over the heads of a group: each program loops over heads / group_split of
