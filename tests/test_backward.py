@@ -691,6 +691,20 @@ def test_the_forwards_walk_recomputes_the_states_in_place_of_two_stages(monkeypa
     _check(_prob("bf16", l=150, h=2, p=64, n=64, has_D=True, has_initial_states=True), seed=35)
 
 
+def test_the_recompute_walk_with_the_64_token_ring():
+    """recompute_walk = 2: the same walk with its 64-token ring; it cross-compiles for sm90 without
+    spills in less shared memory than the 128-token ring, three CTAs per SM where that one fits two,
+    and is another kernel."""
+    from autossd.compile import compile_config
+    prob = Problem(2, 1000, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True, has_initial_states=True)
+    cfg = default_config("sm90", prob).replace(recompute_walk=1)
+    assert not violations(cfg.replace(recompute_walk=2), "sm90", prob)
+    (wide,), (narrow,) = (compile_config(c, "sm90", prob, stages=("state_walk",)).stages
+                          for c in (cfg, cfg.replace(recompute_walk=2)))
+    assert narrow.spill_bytes == 0 and narrow.shared_bytes < wide.shared_bytes
+    assert (wide.occupancy, narrow.occupancy) == (2, 3) and narrow.artifact_sha != wide.artifact_sha
+
+
 def test_a_record_carried_to_a_narrow_headdim_avoids_the_tl_dx_tiles_that_fault():
     """The tl dx with 64-wide rows, time steps and dstate steps over a headdim tile of 32 faulted on
     an H200: sm90's default at a 64-wide headdim (those three at 64 with the Gluon dx), carried to

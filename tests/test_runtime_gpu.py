@@ -206,11 +206,12 @@ def test_the_walks_16_bit_state_gradients_give_the_fp32_ones_gradients_bitwise(d
     bw.clear_launch_cache()
 
 
-@pytest.mark.parametrize("dtype,n,l", [("bf16", 128, 700), ("fp16", 64, 512)])
-def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, monkeypatch):
-    """recompute_walk = 1 on the GPU: the forward's Gluon walk recomputes the chunk states for the
-    backward; every gradient within its bound against float64 and close to those of the tl
-    stages' recompute (a ragged last chunk and an even one, with initial states)."""
+@pytest.mark.parametrize("dtype,n,l,mode", [("bf16", 128, 700, 1), ("fp16", 64, 512, 1), ("bf16", 128, 700, 2)])
+def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, mode, monkeypatch):
+    """recompute_walk = 1 (2: the walk's 64-token ring) on the GPU: the forward's Gluon walk
+    recomputes the chunk states for the backward; every gradient within its bound against float64
+    and close to those of the tl stages' recompute (a ragged last chunk and an even one, with
+    initial states)."""
     from autossd.ops.ssd import backward as bw
     prob = Problem(2, l, 4, 64, n, 2, dtype, chunk_size=128, has_D=True, has_dt_bias=True, dt_softplus=True,
                    has_initial_states=True, return_final_states=True)
@@ -239,8 +240,8 @@ def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, mo
         ((y.float() * dout.float()).sum() + (final * dfinal).sum()).backward()
         return {k: v.grad for k, v in leaves.items()}
 
-    walked = grads(1)
-    assert seen and seen[0].recompute_walk == 1 and walks   # the walk ran, not the tl stages
+    walked = grads(mode)
+    assert seen and seen[0].recompute_walk == mode and walks   # the walk ran, not the tl stages
     staged = grads(0)
     ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 128, t["D"], None, t["dt_bias"],
                        t["initial_states"], None, True, (0.0, float("inf")), dout, dfinal)

@@ -38,7 +38,7 @@ from ...render import launch_options, load
 from ..common import launch_cache as _lc
 from .chunk import run, warm_up
 from .bwd_gluon import dx_gluon, dx_gluon_gaps, rev_walk, rev_walk_gaps, rev_walk_slots
-from .bwd_knobs import RECOMPUTE_WALK, STATE_DTYPES, BwdConfig, recompute_walk_violations
+from .bwd_knobs import STATE_DTYPES, BwdConfig, recompute_walk_modes, recompute_walk_violations
 from .naive import ssd_chunked, ssd_recurrent
 from .plan import Launch, _gluon_walk, walk_call_gaps
 
@@ -266,7 +266,7 @@ def _recompute_states(prob, config, t, buf, opts, backend, dtb, seq_s, st5) -> l
             and not walk_call_gaps(prob, config.chunk_size, t, buf.states, None, backend)):
         # chunk 0's entering state stored too (FIRST_STORED = 0): dC reads every chunk's; no
         # final state (the walk stops at the last chunk's entering state)
-        walk_cfg = SimpleNamespace(chunk_size=config.chunk_size, **RECOMPUTE_WALK)
+        walk_cfg = SimpleNamespace(chunk_size=config.chunk_size, **recompute_walk_modes(config))
         walk_buf = SimpleNamespace(states=buf.states, final=None, dt=buf.dt, dA=buf.dA)
         return [_gluon_walk(prob, walk_cfg, t, walk_buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]))]
     out = []

@@ -60,7 +60,7 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
 def render_context(cfg: BwdConfig, backend: str) -> dict:
     # walk_cfg: what the forward's walk template reads of a config, for recompute_walk = 1
     return {"state_tl_dtype": STATE_DTYPES[cfg.state_dtype],
-            "walk_cfg": dict(chunk_size=cfg.chunk_size, **bwd_knobs.RECOMPUTE_WALK)}
+            "walk_cfg": dict(chunk_size=cfg.chunk_size, **bwd_knobs.recompute_walk_modes(cfg))}
 
 
 def stage_costs(problem: Problem, config: BwdConfig) -> list:

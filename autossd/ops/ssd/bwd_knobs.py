@@ -103,7 +103,10 @@ KNOBS: tuple[Knob, ...] = (
     # The walk stores its accumulator rounded to the states' type, so 16-bit inputs need states
     # in that type. A call it cannot take runs the two tl stages. measured_only: the static model
     # cannot rank a data path
-    Knob("recompute_walk", (0, 1), 0, "1: the recomputed chunk states by the forward's Gluon walk (sm90)",
+    # 2: the same with the walk's 64-token ring: cross-compiled for sm90 at the H200 record (2.7b
+    # bf16), its shared memory leaves room for more CTAs than the 128-token ring's 115 KB (two)
+    Knob("recompute_walk", (0, 1, 2), 0, "1: the recomputed chunk states by the forward's Gluon walk (sm90); "
+         "2: with its 64-token ring",
          "chunk_state", measured_only=True, needs=("tma", "wgmma")),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
@@ -266,17 +269,22 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
 RECOMPUTE_WALK = dict(walk_block=128, walk_split=1, walk_weights=0, pdl=0)
 
 
+def recompute_walk_modes(config: BwdConfig) -> dict:
+    """The walk's modes for a config's recompute_walk: RECOMPUTE_WALK, with a 64-token ring at 2."""
+    return {**RECOMPUTE_WALK, "walk_block": 64 if config.recompute_walk == 2 else 128}
+
+
 def recompute_walk_violations(config: BwdConfig, problem=None) -> list[str]:
     """What recompute_walk = 1 needs: states recomputed (save_states = 0), in the inputs' type at
     16-bit inputs (the walk stores its accumulator rounded to it), and a problem the sm90 Gluon
     kernels take (dstate 64, 128 or 256)."""
-    why = []
+    why, knob = [], f"recompute_walk={config.recompute_walk}"
     if config.save_states:
-        why.append("recompute_walk=1 recomputes the chunk states: needs save_states=0")
+        why.append(f"{knob} recomputes the chunk states: needs save_states=0")
     if problem is not None and problem.dtype in ("fp16", "bf16") and config.state_dtype != problem.dtype:
-        why.append(f"recompute_walk=1 needs states in the input dtype ({problem.dtype}): the walk stores its "
+        why.append(f"{knob} needs states in the input dtype ({problem.dtype}): the walk stores its "
                    f"accumulator rounded to it, got state_dtype={config.state_dtype}")
-    return why + gluon_problem_violations("recompute_walk=1", problem, (64, 128, 256))
+    return why + gluon_problem_violations(knob, problem, (64, 128, 256))
 
 
 def fit(config: BwdConfig, problem) -> BwdConfig:
