@@ -66,8 +66,7 @@ def windows(problem: ScanProblem, config: BwdConfig) -> tuple[int, int]:
     nchunks = _cdiv(problem.seqlen, config.chunk)
     if not config.get("window", 0):
         return nchunks, 1
-    per_chunk = problem.batch * programs(problem, config) * problem.dstate * 4 * config.chunk
-    spw = max(1, min(nchunks, WINDOW_BYTES // per_chunk))
+    spw = max(1, min(nchunks, WINDOW_BYTES // _partial_bytes(problem, config, config.chunk)))
     return spw, _cdiv(nchunks, spw)
 
 
@@ -78,8 +77,13 @@ def bounded(problem: ScanProblem, config: BwdConfig) -> BwdConfig:
     if config.get("window", 0) or config.scan != "serial" or config.get("seq_split", 1) > 1 \
             or not (problem.B_var or problem.C_var):
         return config
-    full = problem.batch * programs(problem, config) * problem.dstate * problem.seqlen * 4
+    full = _partial_bytes(problem, config, problem.seqlen)
     return config.replace(window=1) if full > WINDOW_BYTES else config
+
+
+def _partial_bytes(problem: ScanProblem, config: BwdConfig, steps: int) -> int:
+    """Bytes of one time-varying dB or dC partial (fp32, one row per channel block) over `steps`."""
+    return problem.batch * programs(problem, config) * problem.dstate * steps * 4
 
 
 def programs(problem: ScanProblem, config: BwdConfig) -> int:
@@ -162,7 +166,7 @@ def _sum_partials(problem: ScanProblem, config: BwdConfig, buf: dict, t: dict, n
     def bc(name, part, var):
         M = t[name]
         if var:   # programs of a group: contiguous along the program axis (their channels divide a group's)
-            # (window = 1: summed a window at a time by the kernels into o{name})
+            # (window = 1: summed a window at a time into o{name} by _run)
             s = buf[f"o{name}"] if config.get("window", 0) else part.view(b, ng, nblk // ng, n, l).sum(2)
             return (s if M.dim() == 4 else s.view(b, n, l)).to(M.dtype)
         return part.sum(0).to(M.dtype)

@@ -36,6 +36,12 @@ def dx_gluon_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[s
     return why
 
 
+def _options(maxnreg: int) -> dict:
+    """A Gluon stage's launch options: one warpgroup, its ring in the template, and the register
+    cap its knob gives (0: ptxas's choice)."""
+    return dict(num_warps=4, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
+
+
 def dx_gluon(prob, config: BwdConfig, t: dict, buf, s_dt: tuple, s_D: tuple) -> Launch:
     """The Gluon dx's launch: one program per (64-wide headdim tile, head, chunk, batch)."""
     B, D = t["B"], t.get("D")
@@ -64,7 +70,7 @@ def dx_gluon(prob, config: BwdConfig, t: dict, buf, s_dt: tuple, s_D: tuple) -> 
                   # one warpgroup, its ring in the template; dx_maxnreg its register cap. Not in the
                   # module's LAUNCH table: a row there would change every config's kernel hash and
                   # leave every record stale
-                  dict(num_warps=4, num_stages=1, **({"maxnreg": config.dx_maxnreg} if config.dx_maxnreg else {})))
+                  _options(config.dx_maxnreg))
 
 
 def rev_walk_slots(prob) -> int:
@@ -119,5 +125,4 @@ def rev_walk(prob, config: BwdConfig, t: dict, buf, dfinal) -> Launch:
                        EVEN_L=l % config.chunk_size == 0),
                   # one warpgroup, its ring in the template (not in the module's LAUNCH table, as
                   # dx's); rev_walk_maxnreg its register cap
-                  dict(num_warps=4, num_stages=1,
-                       **({"maxnreg": config.rev_walk_maxnreg} if config.rev_walk_maxnreg else {})))
+                  _options(config.rev_walk_maxnreg))
