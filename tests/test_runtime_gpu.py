@@ -251,6 +251,48 @@ def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, mo
     bw.clear_launch_cache()
 
 
+@pytest.mark.parametrize("dtype,l", [("bf16", 1000), ("fp16", 768)])
+def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, monkeypatch):
+    """dx_gluon = 2 (each row tile's loads issued ahead of its MMAs, the blocks' boundary dA
+    selected in registers) against dx_gluon = 1 on the GPU: chunk 256, four row tiles and their
+    running ratios, a ragged last chunk (1000 tokens) and an even one; every gradient within its
+    bound against float64 and within 1e-5 of dx_gluon = 1's."""
+    from autossd.ops.ssd import backward as bw
+    prob = Problem(2, l, 4, 64, 128, 1, dtype, chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True)
+    base = bw.config_for
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+    t = make_inputs(prob, "cuda", seed=13)
+    g = torch.Generator(device="cpu").manual_seed(13)
+    dout = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).cuda()
+    seen = []
+
+    def grads(mode):
+        def pick(p, a, d=None):
+            c = base(p, a, d).replace(dx_gluon=mode, cb="stage", cb_dtype="input", dx_block_m=64, dx_block_n=64,
+                                      dx_block_k=64, dx_block_d=64, dx_warps=4, dx_stages=1)
+            seen.append(c)
+            return c
+        monkeypatch.setattr(bw, "config_for", pick)
+        bw.clear_launch_cache()
+        leaves = {k: t[k].clone().requires_grad_() for k in names}
+        y = autossd.mamba_chunk_scan_combined(
+            leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], 256, D=leaves["D"], z=leaves["z"],
+            dt_bias=leaves["dt_bias"], dt_softplus=True)
+        (y.float() * dout.float()).sum().backward()
+        return {k: v.grad for k, v in leaves.items()}
+
+    ahead = grads(2)
+    assert seen and seen[-1].dx_gluon == 2
+    plain = grads(1)
+    ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["D"], t["z"], t["dt_bias"],
+                       None, None, True, (0.0, float("inf")), dout, None)
+    for k in names:
+        assert rel_err(ahead[k], ref[k]) < grad_tolerance(dtype), k
+        assert rel_err(ahead[k], plain[k]) < 1e-5, k
+    bw.clear_launch_cache()
+
+
 @pytest.mark.parametrize("path", ["gluon", "tl"])
 def test_a_replayed_packed_prefill_gives_the_planned_ones_outputs_bitwise(path):
     """Packed prefill's launch cache on a GPU: the first call of a key plans and launches through

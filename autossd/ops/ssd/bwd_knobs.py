@@ -80,7 +80,12 @@ KNOBS: tuple[Knob, ...] = (
     # in the inputs' type: needs cb = "stage", cb_dtype = "input". A call it cannot take (seq_idx,
     # strides TMA cannot address) runs the tl kernel of the same config. measured_only: the
     # static model cannot rank a data path.
-    Knob("dx_gluon", (0, 1), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90)", "dx",
+    # 2: the same products with each row tile's global loads (x, dA, dt) issued ahead of the ring's
+    # waits, x held in 16 bits while live, and the blocks' boundary dA loaded once a program (H200,
+    # 2.7b 4x16384 bf16 no z, capped at 168: dx 1592 -> 1548 us; the H200's records but codestral
+    # bf16's take it)
+    Knob("dx_gluon", (0, 1, 2), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90); "
+         "2: with its loads issued ahead of the MMAs", "dx",
          measured_only=True, needs=("tma", "wgmma")),
     # 1: the dstates stage and the reverse state passing as one Gluon launch for sm90
     # (templates/ssd_bwd/state_walk_rev_gluon.jinja), the forward's state walk run backwards
