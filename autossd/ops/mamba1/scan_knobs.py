@@ -80,7 +80,8 @@ FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT,), mode_knob="scan"
 # covering one window (at most WINDOW_BYTES each) and summed over the channel blocks before the
 # next window's launch; the gradient carried between windows and the per-channel sums pass through
 # memory. The backward switches a config to it where its partials would pass WINDOW_BYTES (a
-# bound on memory, whatever the record says); not measured on a GPU yet.
+# bound on memory, whatever the record says). H200, 2.8b 1x65536 bf16: 21 windows, the backward's
+# launches 24.0 ms of GPU time against one launch's 22.5, a forward + backward's peak 5.8 GB against 15.4.
 WINDOW = Knob("window", (0, 1), 0,
               "serial: 1, the sequence in windows (a launch each, from the last), the dB / dC partials "
               "bounded to one window; 0, one launch with partials over the whole sequence", "scan",
