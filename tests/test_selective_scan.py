@@ -515,3 +515,41 @@ def test_a_windowed_backward_is_refused_beside_a_split_sequence():
     p = _problem("3d", seqlen=90)
     why = violations(BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, window=1), "sm90", p)
     assert any("window=1" in w and "seq_split" in w for w in why)
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "mixed"])
+def test_b_and_c_converted_once_give_the_same_forward_bitwise(form):
+    """bc_f32 = 1 (a time-varying B and C converted to fp32 before the launch, not at each read):
+    in bf16, bitwise the output and last state of the same config without it, and within bf16's
+    bound against float64; the kernel it compiles reads B and C as fp32."""
+    p = _problem(form, "bf16", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    cfg = FwdConfig(block_d=4, chunk=16, lanes_n=8, lanes_t=2, warps=1)
+    assert not violations(cfg.replace(bc_f32=1), "sm90", p)
+    t = fwd.tune_inputs(p, DEV, seed=21)
+    out0, last0 = fwd.tune_run(p, cfg, t, poison=True)
+    out1, last1 = fwd.tune_run(p, cfg.replace(bc_f32=1), t, poison=True)
+    assert torch.equal(out0, out1) and torch.equal(last0, last1)
+    ref = fwd.tune_reference(p, t)
+    assert rel_err(out1, ref[0]) < tolerance("bf16") and rel_err(last1, ref[1]) < tolerance("bf16")
+    staged = fwd.staged(p, cfg.replace(bc_f32=1), t)
+    assert staged["B"].dtype == torch.float32 and staged["C"].dtype == (torch.float32 if p.C_var else t["C"].dtype)
+    assert staged["u"] is t["u"]
+
+
+@pytest.mark.parametrize("form", ["3d", "mixed"])
+def test_b_and_c_converted_once_give_the_same_gradients_bitwise(form):
+    """The backward's bc_f32 = 1: in bf16, bitwise every gradient of the same config without it, in
+    each input's dtype, and within bf16's bound against float64."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem(form, "bf16", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
+    assert not violations(cfg.replace(bc_f32=1), "sm90", p)
+    t = bwd.tune_inputs(p, DEV, seed=23)
+    g0 = bwd.tune_run(p, cfg, t, poison=True)
+    g1 = bwd.tune_run(p, cfg.replace(bc_f32=1), t, poison=True)
+    ref = bwd.tune_reference(p, t)
+    for k in ref:
+        assert torch.equal(g0[k], g1[k]) and g1[k].dtype == t[k].dtype, k
+        assert rel_err(g1[k], ref[k]) < GRAD_TOL["bf16"], (k, rel_err(g1[k], ref[k]))

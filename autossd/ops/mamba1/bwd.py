@@ -209,7 +209,8 @@ def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None,
     if ckpt is None or tuple(ckpt.shape) != want or ckpt.dtype != _fwd.CKPT_DTYPES[config.ckpt_dtype]:
         fcfg = forward_config(problem, config, fwd_config, arch)
         ckpt = _fwd.forward(problem, fcfg, t, backend, ckpt_dtype=config.ckpt_dtype)["ckpt"]
-    tt = dict(t, dout=dout.contiguous(), dlast=dlast.float().contiguous() if dlast is not None else None, ckpt=ckpt)
+    tt = dict(_fwd.staged(problem, config, t), dout=dout.contiguous(),
+              dlast=dlast.float().contiguous() if dlast is not None else None, ckpt=ckpt)
     buf = allocate(problem, config, t, poison)
     _run(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf, t["u"].device)
     return _sum_partials(problem, config, buf, t, set(need))
@@ -262,7 +263,7 @@ def meta_launches(problem: ScanProblem, config: BwdConfig, backend: str) -> list
                   if problem.return_last_state else None)
     t["ckpt"] = torch.empty(problem.batch, _cdiv(problem.seqlen, config.chunk), problem.dim, problem.dstate,
                             dtype=_fwd.CKPT_DTYPES[config.ckpt_dtype], device="meta")
-    return plan(problem, config, t, allocate(problem, config, t), backend)
+    return plan(problem, config, _fwd.staged(problem, config, t), allocate(problem, config, t), backend)
 
 
 def stage_costs(problem: ScanProblem, config: BwdConfig) -> list:

@@ -146,8 +146,16 @@ def forward(problem: ScanProblem, config: FwdConfig, t: dict, backend: str = "cu
     """Run the forward of `config` on validated inputs: {"out", "last", "ckpt"} (None where not
     asked)."""
     buf = allocate(problem, config, t, last, ckpt_dtype, poison)
-    launch(plan(problem, config, t, buf, backend), load(config, backend), t["u"].device)
+    launch(plan(problem, config, staged(problem, config, t), buf, backend), load(config, backend), t["u"].device)
     return buf
+
+
+def staged(problem: ScanProblem, config, t: dict) -> dict:
+    """The inputs as `config`'s kernel reads them: with bc_f32 = 1, a time-varying B and C in fp32
+    (converted once here, where the kernel would convert each value at each thread's read)."""
+    if not config.get("bc_f32", 0):
+        return t
+    return dict(t, **{k: t[k].float() for k, var in (("B", problem.B_var), ("C", problem.C_var)) if var})
 
 
 # --- the tuner's and the compile report's hooks -------------------------------------------------
@@ -221,7 +229,8 @@ def meta_inputs(problem: ScanProblem) -> dict:
 
 def meta_launches(problem: ScanProblem, config: FwdConfig, backend: str) -> list:
     t = meta_inputs(problem)
-    return plan(problem, config, t, allocate(problem, config, t, problem.return_last_state, None), backend)
+    return plan(problem, config, staged(problem, config, t), allocate(problem, config, t, problem.return_last_state,
+                                                                      None), backend)
 
 
 def stage_costs(problem: ScanProblem, config: FwdConfig) -> list:

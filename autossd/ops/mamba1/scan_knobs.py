@@ -73,7 +73,21 @@ SEQ_SPLIT = Knob("seq_split", (1, 2, 4, 8, 16), 1,
                  "serial: segments the sequence is cut into, one program each (two small launches first "
                  "summarize the segments and chain them)", "scan", depths=("serial",), measured_only=True)
 
-FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT,), mode_knob="scan")
+# A time-varying B or C in a 16-bit type is converted to fp32 by every thread that reads a value
+# of it, once per channel it serves: cross-compiled for sm90 at Mamba 2.8b's width, the forward's
+# chunk loop spends 280 of its 1547 SASS instructions a thread at 8x2048 (a thread per channel, 16
+# states in registers) and 171 of 1505 at the 1x2048 pick on those shifts. bc_f32 = 1 converts B
+# and C to fp32 once before the launch (b x dstate x seqlen each: a small fraction of u's bytes at
+# Mamba's widths): loops of 1195 and 1340 instructions, at 254 and 190 registers (two blocks an SM
+# where there were three; at maxnreg 168, three blocks, 1316 and 1349 instructions, 104 and 32
+# bytes spilled). The backward reads them the same way: its picks' loops 1754 -> 1680 (8x2048)
+# and 1123 -> 1093 (1x2048) instructions at the same registers. measured_only: only a GPU can
+# weigh instructions against occupancy
+BC_F32 = Knob("bc_f32", (0, 1), 0,
+              "serial: 1, a time-varying B and C converted to fp32 before the launch, not by each thread "
+              "at each read", "scan", depths=("serial",), measured_only=True)
+
+FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32), mode_knob="scan")
 # The backward's time-varying dB / dC partials are (batch, channel blocks, dstate, seqlen) fp32 each:
 # at Mamba 2.8b's 1 x 65536 with the H200 record's 4 channels a program, 5.4 GB each. window = 1
 # walks the sequence in windows of whole chunks, one launch each from the last, the partials
@@ -96,7 +110,7 @@ BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n":
     Knob("ckpt_dtype", ("fp32", "bf16"), "fp32",
          "type of the chunk-start states the forward stores for the backward (bf16: half the bytes, the "
          "states rounded to 8 bits of mantissa before the backward's recompute)", "scan"),
-    SEQ_SPLIT, WINDOW,
+    SEQ_SPLIT, WINDOW, BC_F32,
 ), mode_knob="scan")
 
 
