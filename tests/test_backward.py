@@ -646,7 +646,7 @@ def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(feat
     (walk,) = [ln for ln in launches if ln.stage == "state_passing_rev"]
     n_tiles = (prob.headdim // 64) * -(-prob.dstate // 128)
     assert walk.kernel == "ssd_bwd_state_walk_rev" and walk.grid == (n_tiles, prob.nheads, prob.batch)
-    assert rev_walk_slots(prob) == 64 * n_tiles
+    assert rev_walk_slots(prob, cfg) == 64 * n_tiles
     # the chunks' state gradients in the inputs' 16-bit type where every reader rounds them to
     # that (dx_g_split = 1), fp32 where dx carries them in two 16-bit operands
     for g_split, g_type in ((1, {"bf16": torch.bfloat16, "fp16": torch.float16}[prob.dtype]), (2, torch.float32)):
@@ -660,6 +660,35 @@ def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(feat
     assert st.spill_bytes == 0 if sd != "fp32" else st.spill_bytes <= 16
     for other in (prob.replace(dtype="fp32"), prob.replace(has_seq_idx=True), prob.replace(dstate=256)):
         assert default_config("sm90", other).rev_walk == 0
+
+
+def test_the_reverse_walk_on_64_wide_dstate_tiles_runs_twice_the_programs_in_three_ctas():
+    """rev_walk = 2 at 2.7b's dstate 128: 64-wide dstate tiles, twice the programs and the
+    last-dA slots of rev_walk = 1, the kernel compiled to refuse another tile; cross-compiled for
+    sm90 at 4 x 16384 bf16, three CTAs an SM without spills (rev_walk = 1: two)."""
+    from autossd.compile import compile_config
+    from autossd.ops.ssd.bwd_gluon import rev_walk_slots
+    from autossd.render import _interpret
+    prob = Problem(4, 16384, 80, 64, 128, 1, "bf16", chunk_size=256, has_D=True, has_dt_bias=True, dt_softplus=True)
+    one = default_config("sm90", prob)
+    two = one.replace(rev_walk=2)
+    assert one.rev_walk == 1 and not violations(two, "sm90", prob)
+    walks = {}
+    for cfg in (one, two):
+        with _interpret(False):
+            launches = get_op("ssd_bwd").fn("meta_launches")(prob, cfg, "cuda")
+        (walks[cfg.rev_walk],) = [ln for ln in launches if ln.stage == "state_passing_rev"]
+    assert walks[1].grid == (1, 80, 4) and walks[2].grid == (2, 80, 4)
+    assert (walks[1].constexprs["BN"], walks[2].constexprs["BN"]) == (128, 64)
+    assert rev_walk_slots(prob, two) == 2 * rev_walk_slots(prob, one) == 128
+    occ = {}
+    for cfg in (one, two):
+        rep = compile_config(cfg, "sm90", prob, stages=("state_passing_rev",))
+        assert rep.ok, rep.why()
+        (st,) = rep.stages
+        assert st.spill_bytes == 0
+        occ[cfg.rev_walk] = st.occupancy
+    assert (occ[1], occ[2]) == (2, 3)
 
 
 def test_the_forwards_walk_recomputes_the_states_in_place_of_two_stages(monkeypatch):

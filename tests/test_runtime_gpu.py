@@ -161,17 +161,18 @@ def test_a_replayed_backward_gives_the_planned_ones_gradients_bitwise(dtype):
         assert torch.equal(again[k], first[k]), k
 
 
-@pytest.mark.parametrize("dtype,n", [("bf16", 128), ("fp16", 64)])
-def test_the_walks_16_bit_state_gradients_give_the_fp32_ones_gradients_bitwise(dtype, n, monkeypatch):
+@pytest.mark.parametrize("dtype,n,walk", [("bf16", 128, 1), ("fp16", 64, 1), ("bf16", 128, 2)])
+def test_the_walks_16_bit_state_gradients_give_the_fp32_ones_gradients_bitwise(dtype, n, walk, monkeypatch):
     """Where the reverse Gluon walk writes the chunks' state gradients G and each reader rounds G
     to the inputs' type first (dx with one 16-bit operand for G, dB), G is kept in that type:
-    the same gradients bitwise as with G in fp32, and within the bounds against float64."""
+    the same gradients bitwise as with G in fp32, and within the bounds against float64 (walk 2:
+    the reverse walk on 64-wide dstate tiles)."""
     from autossd.ops.ssd import backward as bw
     prob = Problem(2, 700, 4, 64, n, 2, dtype, chunk_size=128, has_D=True, has_z=True, has_dt_bias=True,
                    dt_softplus=True, has_initial_states=True, return_final_states=True)
     cfg = bw.config_for
     monkeypatch.setattr(bw, "config_for", lambda p, a, d=None: cfg(p, a, d).replace(
-        rev_walk=1, dx_gluon=1, dx_g_split=1, cb="stage", cb_dtype="input", dx_block_m=64, dx_block_n=64,
+        rev_walk=walk, dx_gluon=1, dx_g_split=1, cb="stage", cb_dtype="input", dx_block_m=64, dx_block_n=64,
         dx_block_k=64, dx_block_d=64, dx_warps=4, dx_stages=1, dx_maxnreg=0))
     seen = []
     alloc = bw.allocate

@@ -111,7 +111,7 @@ def allocate(prob, config: BwdConfig, t: dict, dout, dfinal, need: set, saved: S
     # 10-20 us of host time per step), every part starting at a 16-byte boundary as a whole
     # allocation would (what the kernels, and the launch cache's records, assume)
     npb = triton.cdiv(p * n, config.pass_block)
-    zshapes = dict(dlast=(b, h, nc, max(npb, rev_walk_slots(prob)) if config.rev_walk else npb),
+    zshapes = dict(dlast=(b, h, nc, max(npb, rev_walk_slots(prob, config)) if config.rev_walk else npb),
                    ddir=(b, h, nc, triton.cdiv(q, config.dcb_block_m), q),
                    dsx=(b, h, nc, triton.cdiv(p, config.dx_block_n), q),
                    dap=(b, h, nc, triton.cdiv(q, config.dcb_block_k) + triton.cdiv(n, config.dbc_block_n), q),

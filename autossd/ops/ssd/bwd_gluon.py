@@ -73,10 +73,17 @@ def dx_gluon(prob, config: BwdConfig, t: dict, buf, s_dt: tuple, s_D: tuple) -> 
                   _options(config.dx_maxnreg))
 
 
-def rev_walk_slots(prob) -> int:
+def rev_walk_tile(prob, config: BwdConfig) -> int:
+    """The reverse walk's dstate tile: up to 128 (rev_walk = 1), 64 (rev_walk = 2)."""
+    return min(prob.dstate, 64 if config.rev_walk == 2 else 128)
+
+
+def rev_walk_slots(prob, config: BwdConfig) -> int:
     """The reverse walk's partials of each chunk's last dA gradient per (batch, head): one per row
-    of each program's (64-row headdim tile, dstate tile of up to 128)."""
-    return 64 * (prob.headdim // 64) * triton.cdiv(prob.dstate, 128) if prob.headdim % 64 == 0 else 0
+    of each program's (64-row headdim tile, dstate tile)."""
+    if prob.headdim % 64:
+        return 0
+    return 64 * (prob.headdim // 64) * triton.cdiv(prob.dstate, rev_walk_tile(prob, config))
 
 
 def rev_walk_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[str]:
@@ -95,7 +102,7 @@ def rev_walk_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[s
     if not (buf.dst.is_contiguous() and buf.states.is_contiguous()
             and (buf.dinit is None or buf.dinit.is_contiguous())):
         why.append("the states and their gradients must be contiguous buffers")
-    if buf.dlast.shape[3] < rev_walk_slots(prob):
+    if buf.dlast.shape[3] < rev_walk_slots(prob, config):
         why.append("the last-dA partials need a slot per row of each program's tile")
     if max(b * l, b * triton.cdiv(l, config.chunk_size) * h * p) >= _INT32:
         why.append("a TMA coordinate would pass 2**31")
@@ -103,11 +110,11 @@ def rev_walk_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[s
 
 
 def rev_walk(prob, config: BwdConfig, t: dict, buf, dfinal) -> Launch:
-    """The reverse Gluon walk's launch: one program per (64-row headdim tile, dstate tile of up to
-    128, head, batch), from the final state's gradient back to the initial state's."""
+    """The reverse Gluon walk's launch: one program per (64-row headdim tile, dstate tile, head,
+    batch), from the final state's gradient back to the initial state's."""
     C, dy = t["C"], buf.dy
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
-    bn = min(n, 128)
+    bn = rev_walk_tile(prob, config)
     sst, sdf = strides(buf.states, 5), strides(dfinal, 4)
     sdi, sdl = strides(buf.dinit, 4), strides(buf.dlast, 4)
     nc = triton.cdiv(l, config.chunk_size)
