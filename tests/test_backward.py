@@ -662,6 +662,29 @@ def test_reverse_walk_replaces_two_stages_and_cross_compiles_without_spills(feat
         assert default_config("sm90", other).rev_walk == 0
 
 
+def test_the_recomputing_walk_on_64_wide_dstate_tiles_doubles_a_batch_of_ones_programs():
+    """recompute_walk = 3 at 2.7b 1 x 65536: the forward's walk in the backward on 64-wide dstate
+    tiles with its 64-token ring, 160 programs where recompute_walk = 2 runs 80, the kernel
+    compiled to refuse another tile; cross-compiled for sm90, four CTAs an SM without spills."""
+    from autossd.compile import compile_config
+    from autossd.render import _interpret
+    prob = Problem(1, 65536, 80, 64, 128, 1, "bf16", chunk_size=256, has_D=True, has_dt_bias=True, dt_softplus=True)
+    base = default_config("sm90", prob).replace(save_states=0, state_dtype="bf16")
+    grids = {}
+    for mode in (2, 3):
+        cfg = base.replace(recompute_walk=mode)
+        assert not violations(cfg, "sm90", prob), violations(cfg, "sm90", prob)
+        with _interpret(False):
+            launches = get_op("ssd_bwd").fn("meta_launches")(prob, cfg, "cuda")
+        (walk,) = [ln for ln in launches if ln.kernel == "ssd_state_walk"]
+        grids[mode] = (walk.grid, walk.constexprs["BN"])
+    assert grids == {2: ((1, 80, 1), 128), 3: ((2, 80, 1), 64)}
+    rep = compile_config(base.replace(recompute_walk=3), "sm90", prob, stages=("state_walk",))
+    assert rep.ok, rep.why()
+    (st,) = rep.stages
+    assert st.spill_bytes == 0 and st.occupancy >= 4
+
+
 def test_the_reverse_walk_on_64_wide_dstate_tiles_runs_twice_the_programs_in_three_ctas():
     """rev_walk = 2 at 2.7b's dstate 128: 64-wide dstate tiles, twice the programs and the
     last-dA slots of rev_walk = 1, the kernel compiled to refuse another tile; cross-compiled for

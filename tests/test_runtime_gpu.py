@@ -207,9 +207,10 @@ def test_the_walks_16_bit_state_gradients_give_the_fp32_ones_gradients_bitwise(d
     bw.clear_launch_cache()
 
 
-@pytest.mark.parametrize("dtype,n,l,mode", [("bf16", 128, 700, 1), ("fp16", 64, 512, 1), ("bf16", 128, 700, 2)])
+@pytest.mark.parametrize("dtype,n,l,mode", [("bf16", 128, 700, 1), ("fp16", 64, 512, 1), ("bf16", 128, 700, 2),
+                                             ("bf16", 128, 700, 3)])
 def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, mode, monkeypatch):
-    """recompute_walk = 1 (2: the walk's 64-token ring) on the GPU: the forward's Gluon walk
+    """recompute_walk = 1 (2: the walk's 64-token ring; 3: and 64-wide dstate tiles) on the GPU: the forward's Gluon walk
     recomputes the chunk states for the backward; every gradient within its bound against float64
     and close to those of the tl stages' recompute (a ragged last chunk and an even one, with
     initial states)."""

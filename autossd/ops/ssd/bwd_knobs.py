@@ -118,8 +118,10 @@ KNOBS: tuple[Knob, ...] = (
     # 2: the same with the walk's 64-token ring: cross-compiled for sm90 at the H200 record (2.7b
     # bf16), its shared memory leaves room for more CTAs than the 128-token ring's 115 KB (two);
     # on the H200 there the walk took 711 -> 612 us, and the records take it
-    Knob("recompute_walk", (0, 1, 2), 0, "1: the recomputed chunk states by the forward's Gluon walk (sm90); "
-         "2: with its 64-token ring",
+    # 3: the 64-token ring on 64-wide dstate tiles, twice the programs (a batch of one at 2.7b: 160
+    # programs where 80 leave most of 132 SMs idle, each walking every chunk of the sequence)
+    Knob("recompute_walk", (0, 1, 2, 3), 0, "1: the recomputed chunk states by the forward's Gluon walk (sm90); "
+         "2: with its 64-token ring; 3: and 64-wide dstate tiles",
          "chunk_state", measured_only=True, needs=("tma", "wgmma")),
     Knob("dbc_block_m", TILES, 64, "rows (time) per dB / dC program", "dbc"),
     Knob("dbc_block_n", TILES, 64, "dstate per dB / dC program", "dbc"),
@@ -284,8 +286,10 @@ RECOMPUTE_WALK = dict(walk_block=128, walk_split=1, walk_weights=0, pdl=0)
 
 
 def recompute_walk_modes(config: BwdConfig) -> dict:
-    """The walk's modes for a config's recompute_walk: RECOMPUTE_WALK, with a 64-token ring at 2."""
-    return {**RECOMPUTE_WALK, "walk_block": 64 if config.recompute_walk == 2 else 128}
+    """The walk's modes for a config's recompute_walk: RECOMPUTE_WALK, with a 64-token ring at 2
+    and 3, and at 3 64-wide dstate tiles (walk_bn)."""
+    return {**RECOMPUTE_WALK, "walk_block": 64 if config.recompute_walk >= 2 else 128,
+            **({"walk_bn": 64} if config.recompute_walk == 3 else {})}
 
 
 def recompute_walk_violations(config: BwdConfig, problem=None) -> list[str]:

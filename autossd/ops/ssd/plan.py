@@ -307,17 +307,18 @@ def _tma_desc(base: torch.Tensor, shape: list, row_stride: int, block: list):
     return TensorDescriptor(base, shape, [row_stride, 1], block, _shared_layout(tuple(block), base.dtype))
 
 
-def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False, first_stored: int = 0) -> Launch:
+def _gluon_walk(prob, config, t, buf, s_dt, split: bool = False, first_stored: int = 0, bn: int = 128) -> Launch:
     """The Gluon walk's launch (chunk state + state passing), for a call that fits it
     (walk_gaps; plan() runs the two tl stages of the same config otherwise). `split`: cut into
     walk_split's segments, its final states into buf.seg for the join. `first_stored`: the first
     chunk whose entering state it stores (1 where chunk 0's is 0 and the scan does not read it).
-    Without final states it stops at the last chunk's entering state."""
+    Without final states it stops at the last chunk's entering state. `bn`: the widest dstate tile
+    (128; the backward's recompute_walk = 3 takes 64)."""
     x, B, init = t["x"], t["B"], t.get("initial_states")
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
     nc = triton.cdiv(l, q)
-    bn, kb = min(n, 128), min(q, config.walk_block)
+    bn, kb = min(n, bn), min(q, config.walk_block)
     descs = dict(x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), [kb, 64]),
                  B_desc=_tma_desc(B, [b * l, g * n], B.stride(1), [kb, bn]),
                  st_desc=_tma_desc(buf.states, [b * nc * h * p, n], n, [64, bn]))
