@@ -295,18 +295,20 @@ def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, mo
     bw.clear_launch_cache()
 
 
-@pytest.mark.parametrize("path", ["gluon", "tl"])
+@pytest.mark.parametrize("path", ["gluon", "gluon-walk64", "tl"])
 def test_a_replayed_packed_prefill_gives_the_planned_ones_outputs_bitwise(path):
     """Packed prefill's launch cache on a GPU: the first call of a key plans and launches through
     triton's JIT, later ones replay the record (the Gluon walk's and scan's TMA descriptors
     encoded on each call's tensors). A replay on other inputs of the same shapes matches float64;
-    on the first inputs again it gives the planned call's y and states bitwise."""
+    on the first inputs again it gives the planned call's y and states bitwise (gluon-walk64: the
+    walk on 64-wide dstate tiles)."""
     from autossd.ops.ssd import varlen as vl
     from autossd.ops.ssd.naive import varlen_ref
     from autossd.ops.ssd.varlen_knobs import VarlenConfig
     lens, h, p, n = [300, 17, 700, 1, 230], 8, 64, 128
     base = dict(state_block_n=128, state_warps=2, state_stages=3, decay_split=True)
-    cfg = VarlenConfig(dict(base, state_walk=1, scan_gluon=3) if path == "gluon" else base)
+    gluon = dict(base, state_walk=1, scan_gluon=3, **({"walk_bn": 64} if path == "gluon-walk64" else {}))
+    cfg = VarlenConfig(gluon if path.startswith("gluon") else base)
 
     def call(seed):
         g = torch.Generator().manual_seed(seed)

@@ -234,6 +234,10 @@ def test_every_knob_changes_the_rendered_kernel():
         if knob.name == "walk_block":   # a launch constexpr of the packed walk: below
             continue
         other = next(v for v in knob.values if v != base[knob.name])
+        if knob.name == "walk_bn":   # shapes the Gluon walk alone, which the default does not render
+            walk = base.replace(state_walk=1, scan_gluon=2)
+            assert render.kernel_hash(walk.replace(walk_bn=other), "cuda") != render.kernel_hash(walk, "cuda")
+            continue
         assert render.kernel_hash(base.replace(**{knob.name: other}), "cuda") != h0, knob.name
     # the Gluon walk's ring takes min(chunk, walk_block) tokens a block (the chunk is the call's):
     # two stages of x and B blocks, 112 KB at 128 tokens, 64 KB at 64 (sm90 cross-compiles)
@@ -245,6 +249,16 @@ def test_every_knob_changes_the_rendered_kernel():
         assert rep.ok, rep.why()
         smem[wb] = rep.stages[0].shared_bytes // 1024
     assert smem == {128: 112, 64: 64}
+    # walk_bn = 64: twice the walk's programs at dstate 128, each in less shared memory and fewer
+    # registers (more CTAs an SM)
+    reps = {bn: compile_config(VarlenConfig(state_walk=1, scan_gluon=2, walk_block=64, walk_bn=bn), "sm90", prob,
+                               stages=("state_walk",)).stages[0] for bn in (128, 64)}
+    assert reps[64].occupancy > reps[128].occupancy and reps[64].spill_bytes == 0
+    from autossd.render import _interpret
+    with _interpret(False):
+        grids = {bn: next(ln.grid for ln in get_op("ssd_varlen").fn("meta_launches")(prob, VarlenConfig(state_walk=1, scan_gluon=2, walk_bn=bn),
+                                                              "cuda") if ln.stage == "state_walk") for bn in (128, 64)}
+    assert grids[64][0] == 2 * grids[128][0]
     inline = VarlenConfig(cb="inline")
     assert inline.replace(bmm_block_m=16) == inline   # the C·Bᵀ launch's knobs shape only "stage"
 

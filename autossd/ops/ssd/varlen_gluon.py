@@ -37,13 +37,13 @@ def gluon_gaps(problem: VarlenProblem, config: VarlenConfig, t: dict, backend: s
 
 def gluon_walk(problem: VarlenProblem, config: VarlenConfig, t: dict, buf: dict) -> Launch:
     """The Gluon walk over the chunk table (state_walk_gluon.jinja's packed form): one program per
-    (64-row headdim tile, dstate tile of up to 128, head, sequence), from the sequence's initial
+    (64-row headdim tile, dstate tile of up to walk_bn, head, sequence), from the sequence's initial
     state through its chunks. It stores each chunk's entering state for the Gluon scan, every
     chunk's end state where `allocate` kept a buffer for them, and each sequence's final state."""
     x, B, init = t["x"], t["B"], t.get("initial_states")
     k, q, h, p, n, g = (problem.chunks, problem.chunk_size, problem.nheads, problem.headdim, problem.dstate,
                         problem.ngroups)
-    bn, kb = min(n, 128), min(q, config.walk_block)
+    bn, kb = min(n, config.walk_bn), min(q, config.walk_block)
     sen = buf["entering"]
     ends, fin, init_st = buf["states"], buf["final"], strides(init, 4)
     return Launch("state_walk", "ssd_state_walk", ((p // 64) * (n // bn), h, problem.seqs),

@@ -46,6 +46,12 @@ KNOBS: tuple[Knob, ...] = (
     # entering states the walk stores, in the inputs' 16-bit type.
     *take(GLUON_WALK, depths=("stage",)),
     *take(GLUON_SCAN, depths=("stage",), values={"scan_gluon": (0, 2, 3)}),
+    # The walk's dstate tile. A long sequence's walk is one program per (state tile, head) through
+    # all of its chunks, the call's long pole (2.7b, one sequence of 8192 tokens: 80 programs for
+    # 132 SMs); 64-wide tiles at dstate 128 run twice the programs, each with half the accumulator,
+    # x read by both tiles of a head. measured_only: only a GPU can weigh the two
+    Knob("walk_bn", (128, 64), 128, "dstate tile of the Gluon walk (sm90): 64 runs twice the programs at dstate 128",
+         "chunk_state", depths=("stage",), measured_only=True, needs=("tma", "wgmma")),
 )
 SPACE = KnobSpace("ssd_varlen", KNOBS, mode_knob="cb")
 KNOB_BY_NAME: dict[str, Knob] = SPACE.by_name
@@ -185,6 +191,8 @@ def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None)
         why.append(f"scan_gluon={config.scan_gluon} reads the entering states the Gluon walk stores: needs state_walk=1")
     if config.walk_block != 128 and not config.state_walk:
         why.append(f"walk_block={config.walk_block} sizes the Gluon walk's ring: needs state_walk=1")
+    if config.walk_bn != 128 and not config.state_walk:
+        why.append(f"walk_bn={config.walk_bn} tiles the Gluon walk's dstate: needs state_walk=1")
     if not config.scan_gluon:
         return why
     why += gluon_scan_tile_violations(config)
