@@ -95,7 +95,7 @@ KNOBS: tuple[Knob, ...] = (
     # are neither written nor read back. A call it cannot take runs the two tl stages.
     # measured_only: the static model cannot rank a data path.
     # 2: the same walk on 64-wide dstate tiles: at dstate 128 twice the programs (2.7b 4x16384: 640
-    # of one warpgroup where 320 ran), each with half the accumulator. At 245 registers two CTAs
+    # of one warpgroup where 320 ran), each with half the accumulator. At 240-245 registers two CTAs
     # fit an SM, so 320 programs on 132 SMs run as a full wave and a fifth of one, each program
     # walking all 64 chunks: the walk took 622 us where the forward's, at three CTAs an SM (one
     # wave), takes about half. dy is read by both dstate tiles of a head (from L2 where they run
@@ -103,7 +103,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("rev_walk", (0, 1, 2), 0, "1: dstates + the reverse state passing as one Gluon walk (sm90); "
          "2: on 64-wide dstate tiles",
          "state_passing_rev", measured_only=True, needs=("tma", "wgmma")),
-    # register cap of the reverse Gluon walk (rev_walk = 1 only; 0 = ptxas's choice). ncu on an
+    # register cap of the reverse Gluon walk (rev_walk 1 or 2 only; 0 = ptxas's choice). ncu on an
     # H200 (2.7b 4 x 16384 bf16): about 245 registers, so two CTAs of one warpgroup an SM where its
     # 66 KB of shared memory would fit three, 11% achieved occupancy; at 168 three fit. As for dx,
     # whose cap at 168 took it 1731 -> 1583 us there, only a GPU can weigh the spills
