@@ -553,3 +553,80 @@ def test_b_and_c_converted_once_give_the_same_gradients_bitwise(form):
     for k in ref:
         assert torch.equal(g0[k], g1[k]) and g1[k].dtype == t[k].dtype, k
         assert rel_err(g1[k], ref[k]) < GRAD_TOL["bf16"], (k, rel_err(g1[k], ref[k]))
+
+
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(form, monkeypatch):
+    """window = 2: the training forward stores one checkpoint a window (fp32), and before each
+    window's launch the forward's kernel walks that window again from it, each chunk's entering
+    state into a buffer one window long. With the bound at 3 chunks' partials (12 chunks of 8 in 4
+    windows, the last ragged): the checkpoints (batch, 4, dim, dstate), every gradient bitwise
+    window = 1's (fp32 checkpoints there) and within the float64 bound, poisoned buffers; bf16
+    checkpoints within the bound; and the call through selective_scan_fn with a window = 2 record."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem(form, seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
+    per_chunk = p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk
+    monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * per_chunk)
+    one, two = cfg.replace(window=1), cfg.replace(window=2)
+    assert not violations(two, "sm90", p)
+    assert bwd.ckpt_every(p, two) == 3 and bwd.ckpt_every(p, one) == 1
+    assert bwd.ckpt_shape(p, two) == ((p.batch, 4, p.dim, p.dstate), torch.float32)
+    fcfg = bwd.forward_config(p, two, None, "sm90")
+    assert fcfg.ckpt_stride == 1 and fcfg.chunk == 8
+    t = bwd.tune_inputs(p, DEV, seed=31)
+    ck = fwd.forward(p, fcfg, t, ckpt_dtype="fp32", ckpt_every=3, poison=True)["ckpt"]
+    assert tuple(ck.shape) == (p.batch, 4, p.dim, p.dstate) and torch.isfinite(ck).all()
+    ref = bwd.tune_reference(p, t)
+    g1 = bwd.tune_run(p, one, t, poison=True)
+    g2 = bwd.tune_run(p, two, t, poison=True)
+    for k in ref:
+        assert torch.equal(g1[k], g2[k]), k
+        assert rel_err(g2[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(g2[k], ref[k]))
+    g3 = bwd.tune_run(p, two.replace(ckpt_dtype="bf16"), t, poison=True)
+    for k in ref:
+        assert rel_err(g3[k], ref[k]) < GRAD_TOL["bf16"], k
+
+
+def test_a_window_2_record_runs_selective_scan_fn_eagerly_and_compiled(isolated_db, no_shipped_db, monkeypatch):
+    """Through the drop-in: a stored window = 2 backward record (the bound at 3 chunks' partials)
+    makes the training forward keep one checkpoint a window, (batch, 4, dim, dstate) fp32 as the
+    fake kernel says, and the gradients match float64, eagerly and under torch.compile (fullgraph)
+    bitwise alike."""
+    from autossd.core import select
+    from autossd.db import add_records, make_record
+    from autossd.ops.mamba1 import bwd, scan
+    p = _problem("3d", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    two = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, window=2)
+    monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * p.batch * bwd.programs(p, two) * p.dstate * 4 * two.chunk)
+    select.clear()
+    add_records(str(isolated_db), [make_record(p, two, "sm90", provenance="measured", time_ms=0.01)])
+    t = fwd.tune_inputs(p, DEV, seed=33)
+    fcfg, bcfg, _ = scan.configs(p, t["u"].device, training=True)
+    assert bcfg == two and fcfg.ckpt_stride == 1
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    saved = []
+    real, walked = fwd.forward, []
+    monkeypatch.setattr(fwd, "forward", lambda *a, **k: saved.append(real(*a, **k)) or saved[-1])
+    recompute = fwd.recompute
+    monkeypatch.setattr(fwd, "recompute", lambda *a, **k: walked.append(a[6]) or recompute(*a, **k))
+
+    def f(u, delta, A, B, C, D, z, db):
+        out, last = autossd.selective_scan_fn(u, delta, A, B, C, D, z, db, delta_softplus=True, return_last_state=True)
+        return (out.float() * 0.5).sum() + last.square().sum()
+
+    xe = [t[k].clone().requires_grad_() for k in names]
+    f(*xe).backward()
+    ck = saved[0]["ckpt"]
+    assert ck.dtype == torch.float32 and tuple(ck.shape) == (p.batch, 2, p.dim, p.dstate)
+    assert len(saved) == 1 and walked == [3, 0]   # no second forward; each window walked again, the last first
+    xc = [t[k].clone().requires_grad_() for k in names]
+    torch.compile(f, backend="aot_eager", fullgraph=True)(*xc).backward()
+    x64 = [t[k].detach().double().requires_grad_() for k in names]
+    out, last = selective_scan_ref(*x64, True, True)
+    ((out * 0.5).sum() + last.square().sum()).backward()
+    for k, a, b, r in zip(names, xe, xc, x64):
+        assert torch.equal(a.grad, b.grad), k
+        assert rel_err(a.grad, r.grad) < GRAD_TOL["fp32"], (k, rel_err(a.grad, r.grad))
+    select.clear()

@@ -57,7 +57,10 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
                 **({"wc": make(b, d, n),
                     "oB": make(b, problem.ngroups, n, l) if problem.B_var else None,
                     "oC": make(b, problem.ngroups, n, l) if problem.C_var else None}
-                   if config.get("window", 0) else {}))
+                   if config.get("window", 0) else {}),
+                # window = 2: a window's chunk states, recomputed before its launch
+                **({"wck": make(b, spw, d, n, dtype=_fwd.CKPT_DTYPES[config.ckpt_dtype])}
+                   if config.get("window", 0) == 2 else {}))
 
 
 def windows(problem: ScanProblem, config: BwdConfig) -> tuple[int, int]:
@@ -68,6 +71,23 @@ def windows(problem: ScanProblem, config: BwdConfig) -> tuple[int, int]:
         return nchunks, 1
     spw = max(1, min(nchunks, WINDOW_BYTES // _partial_bytes(problem, config, config.chunk)))
     return spw, _cdiv(nchunks, spw)
+
+
+def ckpt_every(problem: ScanProblem, config: BwdConfig) -> int:
+    """Chunks between the training forward's checkpoints for this backward config: a window's
+    (window = 2, which recomputes the rest), else 1."""
+    config = bounded(problem, config)
+    return windows(problem, config)[0] if config.get("window", 0) == 2 else 1
+
+
+def ckpt_shape(problem: ScanProblem, config: BwdConfig) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and type of the checkpoints this backward config reads from the training forward:
+    (batch, chunks, dim, dstate) in ckpt_dtype, or with window = 2 (batch, windows, dim, dstate)
+    fp32."""
+    every = ckpt_every(problem, config)
+    rows = _cdiv(_cdiv(problem.seqlen, config.chunk), every)
+    dtype = torch.float32 if every > 1 or config.get("window", 0) == 2 else _fwd.CKPT_DTYPES[config.ckpt_dtype]
+    return (problem.batch, rows, problem.dim, problem.dstate), dtype
 
 
 def window_row(config: BwdConfig, spw: int) -> int:
@@ -112,6 +132,8 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     constexprs["HAS_DLAST"] = t.get("dlast") is not None
     opts = OP.launch_options(config, backend)["bwd"]
     g = (programs(problem, config), problem.batch)
+    if config.get("window", 0) == 2:
+        args |= dict(ck_ptr=buffers["wck"], SPW=windows(problem, config)[0])
     if config.get("window", 0):
         return _windowed(problem, config, args, constexprs, opts, buffers, g)
     if config.get("seq_split", 1) == 1:
@@ -138,16 +160,20 @@ def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: d
             for k, win in enumerate(reversed(range(nwin)))]
 
 
-def _run(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device) -> None:
+def _run(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device,
+         before=None) -> None:
     """The launches; with window = 1, after each window's, its time-varying partials summed over
     each group's channel blocks (torch's fixed order, as without windows) into that window's
-    steps of oB / oC."""
+    steps of oB / oC. before(launch): run first for each window's launch (window = 2: that
+    window's chunk states recomputed)."""
     if not config.get("window", 0):
         _fwd.launch(launches, module, device)
         return
     b, n, l, ng = problem.batch, problem.dstate, problem.seqlen, problem.ngroups
     nbg = programs(problem, config) // ng   # a group's channel blocks: contiguous, they divide its channels
     for ln in launches:
+        if before is not None:
+            before(ln)
         _fwd.launch([ln], module, device)
         t0, wl = ln.args["C0"] * config.chunk, ln.args["WL"]
         steps = min(ln.args["NCW"] * config.chunk, l - t0)   # a row holds the window's steps, then padding
@@ -159,9 +185,28 @@ def _run(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: d
 
 def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfig | None, arch: str) -> FwdConfig:
     """The forward config a training forward (or the backward's own recompute) runs: the given
-    one (default: the arch's) with the backward's chunk, its channel block fitted to that."""
+    one (default: the arch's) with the backward's chunk, its channel block fitted to that; for
+    window = 2 in the serial layout, unsplit, with one checkpoint a window (ckpt_stride)."""
     fcfg = fwd_config if fwd_config is not None else scan_knobs.fwd_default_config(arch, problem)
+    if config.get("window", 0) == 2:
+        if fcfg.scan != "serial" or fcfg.get("seq_split", 1) > 1:
+            fcfg = scan_knobs.fwd_default_config(arch, problem, scan="serial")
+        return fit(fcfg.replace(chunk=config.chunk, seq_split=1), arch, problem).replace(ckpt_stride=1)
     return fit(fcfg.replace(chunk=config.chunk), arch, problem)
+
+
+def _recompute_windows(problem: ScanProblem, config: BwdConfig, fcfg: FwdConfig, t: dict, coarse, buf: dict,
+                       backend: str):
+    """window = 2: what runs before each window's launch, the forward's kernel walking that window
+    again from its checkpoint in `coarse`, each chunk's entering state into buf["wck"]."""
+    every, nchunks = ckpt_every(problem, config), _cdiv(problem.seqlen, config.chunk)
+    ft, module, device = _fwd.staged(problem, fcfg, t), load(fcfg, backend), t["u"].device
+
+    def before(ln):
+        c0 = ln.args["C0"]
+        _fwd.launch([_fwd.recompute(problem, fcfg, ft, coarse, every, buf["wck"], c0, min(every, nchunks - c0),
+                                    backend)], module, device)
+    return before
 
 
 def _sum_partials(problem: ScanProblem, config: BwdConfig, buf: dict, t: dict, need) -> dict:
@@ -205,14 +250,18 @@ def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None,
     (the last state's gradient, or None). ckpt: the forward's checkpoints at `config`'s chunk and
     checkpoint type; None (or another spacing or type) runs the forward again to store them."""
     config = bounded(problem, config)
-    want = (problem.batch, _cdiv(problem.seqlen, config.chunk), problem.dim, problem.dstate)
-    if ckpt is None or tuple(ckpt.shape) != want or ckpt.dtype != _fwd.CKPT_DTYPES[config.ckpt_dtype]:
-        fcfg = forward_config(problem, config, fwd_config, arch)
-        ckpt = _fwd.forward(problem, fcfg, t, backend, ckpt_dtype=config.ckpt_dtype)["ckpt"]
+    want, want_type = ckpt_shape(problem, config)
+    every = ckpt_every(problem, config)
+    fresh = ckpt is None or tuple(ckpt.shape) != want or ckpt.dtype != want_type
+    fcfg = forward_config(problem, config, fwd_config, arch) if fresh or config.get("window", 0) == 2 else None
+    if fresh:
+        ckpt = _fwd.forward(problem, fcfg, t, backend, ckpt_dtype=config.ckpt_dtype, ckpt_every=every)["ckpt"]
     tt = dict(_fwd.staged(problem, config, t), dout=dout.contiguous(),
               dlast=dlast.float().contiguous() if dlast is not None else None, ckpt=ckpt)
     buf = allocate(problem, config, t, poison)
-    _run(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf, t["u"].device)
+    before = _recompute_windows(problem, config, fcfg, t, ckpt, buf, backend) if config.get("window", 0) == 2 else None
+    _run(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf, t["u"].device,
+         before)
     return _sum_partials(problem, config, buf, t, set(need))
 
 
@@ -250,8 +299,9 @@ def tune_run(problem: ScanProblem, config: BwdConfig, t: dict, backend: str = "c
     this config's chunk and checkpoint type), then the backward of `config`: every gradient, by
     name. poison: the backward's outputs and partials start NaN-filled."""
     inputs = {k: t.get(k) for k in GRAD_NAMES}
-    fcfg = forward_config(problem, config, None, "sm90" if backend == "cuda" else "gfx942")
-    ckpt = _fwd.forward(problem, fcfg, inputs, backend, ckpt_dtype=config.ckpt_dtype, poison=poison)["ckpt"]
+    fcfg = forward_config(problem, bounded(problem, config), None, "sm90" if backend == "cuda" else "gfx942")
+    ckpt = _fwd.forward(problem, fcfg, inputs, backend, ckpt_dtype=config.ckpt_dtype, poison=poison,
+                        ckpt_every=ckpt_every(problem, config))["ckpt"]
     return backward(problem, config, inputs, t["dout"], t.get("dlast"), ckpt,
                     {k for k in GRAD_NAMES if t.get(k) is not None}, backend, poison=poison)
 

@@ -100,6 +100,11 @@ def plan(problem: ScanProblem, config: FwdConfig, t: dict, buffers: dict, backen
     args |= sizes
     args.update(zip(("s_o_b", "s_o_d", "s_o_t"), out.stride()))
     constexprs.update(LAST=buffers.get("last") is not None, SAVE=buffers.get("ckpt") is not None)
+    if config.get("ckpt_stride", 0):   # one checkpoint each `ckpt_every` chunks (a window's first)
+        every = buffers.get("ckpt_every", 1)
+        rows = buffers["ckpt"].shape[1] if buffers.get("ckpt") is not None else 0
+        args |= dict(cw_ptr=None, NCK=rows, NWIN=rows, EVERY=every, C0=0, NCW=sizes["NCHUNKS"])
+        constexprs["RECOMP"] = False
     opts = OP.launch_options(config, backend)["fwd"]
     g = grid(problem, config)
     if not split:
@@ -114,21 +119,42 @@ def plan(problem: ScanProblem, config: FwdConfig, t: dict, buffers: dict, backen
             main]
 
 
-def allocate(problem: ScanProblem, config, t: dict, last: bool, ckpt_dtype: str | None, poison: bool = False) -> dict:
+def allocate(problem: ScanProblem, config, t: dict, last: bool, ckpt_dtype: str | None, poison: bool = False,
+             ckpt_every: int = 1) -> dict:
     """The forward's outputs: out like u (contiguous), the last state (batch, dim, dstate) fp32
-    where asked, the checkpoints (batch, chunks, dim, dstate) where ckpt_dtype is given. poison:
-    NaN-filled (the gate's run: an element never written fails it)."""
+    where asked, the checkpoints (batch, chunks, dim, dstate) where ckpt_dtype is given; with
+    ckpt_every > 1 (config ckpt_stride = 1) one every that many chunks, (batch, windows, dim,
+    dstate) in fp32. poison: NaN-filled (the gate's run: an element never written fails it)."""
     u = t["u"]
     make = (lambda *s, dtype: torch.full(s, float("nan"), dtype=dtype, device=u.device)) if poison else \
         (lambda *s, dtype: torch.empty(s, dtype=dtype, device=u.device))
     b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
+    nck, ck_type = _cdiv(_cdiv(l, config.chunk), ckpt_every), CKPT_DTYPES[ckpt_dtype] if ckpt_dtype else None
+    if ckpt_every > 1:
+        if not config.get("ckpt_stride", 0):
+            raise ValueError(f"ckpt_every={ckpt_every} needs a forward config with ckpt_stride=1")
+        ck_type = torch.float32   # few, and the windows' recompute starts from them unrounded
     buf = dict(out=make(b, d, l, dtype=u.dtype),
                last=make(b, d, n, dtype=torch.float32) if last else None,
-               ckpt=make(b, _cdiv(l, config.chunk), d, n, dtype=CKPT_DTYPES[ckpt_dtype]) if ckpt_dtype else None)
+               ckpt=make(b, nck, d, n, dtype=ck_type) if ckpt_dtype else None, ckpt_every=ckpt_every)
     if config.get("seq_split", 1) > 1:   # each segment's end state and delta' sum, but the last's
         k = max(1, segments(problem, config)[1] - 1)
         buf.update(he=make(b, k, d, n, dtype=torch.float32), sd=make(b, k, d, dtype=torch.float32))
     return buf
+
+
+def recompute(problem: ScanProblem, config: FwdConfig, t: dict, coarse, every: int, window, c0: int,
+              ncw: int, backend: str = "cuda") -> Launch:
+    """The launch that walks chunks c0 .. c0 + ncw - 1 (a window of `every`, c0 a multiple of it)
+    again from the window's checkpoint in `coarse` (a ckpt_every forward's), storing each chunk's
+    entering state into `window` (batch, every, dim, dstate), in its type; no output."""
+    ptrs, sizes, constexprs = common_args(problem, config, t)
+    u = t["u"]
+    args = ptrs | dict(out_ptr=u, last_ptr=None, ck_ptr=window, cw_ptr=coarse, NCK=window.shape[1],
+                       NWIN=coarse.shape[1], EVERY=every, C0=c0, NCW=ncw) | sizes
+    args.update(zip(("s_o_b", "s_o_d", "s_o_t"), u.stride()))   # (out is not written)
+    return Launch("fwd", "sscan_fwd", grid(problem, config), args,
+                  constexprs | dict(LAST=False, SAVE=True, RECOMP=True), OP.launch_options(config, backend)["fwd"])
 
 
 def launch(launches: list, module, device) -> None:
@@ -142,10 +168,10 @@ def launch(launches: list, module, device) -> None:
 
 
 def forward(problem: ScanProblem, config: FwdConfig, t: dict, backend: str = "cuda", last: bool = False,
-            ckpt_dtype: str | None = None, poison: bool = False) -> dict:
+            ckpt_dtype: str | None = None, poison: bool = False, ckpt_every: int = 1) -> dict:
     """Run the forward of `config` on validated inputs: {"out", "last", "ckpt"} (None where not
-    asked)."""
-    buf = allocate(problem, config, t, last, ckpt_dtype, poison)
+    asked); ckpt_every > 1: one checkpoint every that many chunks (ckpt_stride = 1)."""
+    buf = allocate(problem, config, t, last, ckpt_dtype, poison, ckpt_every)
     launch(plan(problem, config, staged(problem, config, t), buf, backend), load(config, backend), t["u"].device)
     return buf
 
@@ -249,6 +275,12 @@ def stage_costs(problem: ScanProblem, config: FwdConfig) -> list:
                       chain=spc)]
 
 
+def excluded(problem: ScanProblem, static: bool = False) -> dict:
+    """The forward's tune times inference, which stores no checkpoints: ckpt_stride (the training
+    forward's, set by the backward's window = 2) is never offered."""
+    return {"ckpt_stride": (1,)}
+
+
 OP = register(Op(
     name="sscan_fwd",
     space=FWD_SPACE,
@@ -270,5 +302,6 @@ OP = register(Op(
     seeds=scan_knobs.seed_configs,
     violations=scan_knobs.violations,
     caps=scan_knobs.caps,
+    excluded=excluded,
     doc="Mamba-1 selective scan forward: out (and the last state) of selective_scan_fn",
 ))

@@ -27,7 +27,6 @@ from ...render import interpreting
 from . import bwd as _bwd
 from . import fwd as _fwd
 from .problem import ScanProblem, from_args
-from .scan_knobs import fit
 
 _Tensor = torch.Tensor
 # the inputs selective_scan_fn differentiates, in its argument order
@@ -68,8 +67,8 @@ def _pick(problem: ScanProblem, device: torch.device, training: bool):
     bcfg = None
     if training:
         bcfg = _select.select("sscan_bwd", problem, arch, device=name, safe=True).config
-        if fcfg.chunk != bcfg.chunk:
-            fcfg = fit(fcfg.replace(chunk=bcfg.chunk), arch, problem)
+        if fcfg.chunk != bcfg.chunk or bcfg.get("window", 0) == 2:
+            fcfg = _bwd.forward_config(problem, bcfg, fcfg, arch)
     return fcfg, bcfg, get_arch(arch).backend
 
 
@@ -88,7 +87,8 @@ def sscan_fwd_op(u: _Tensor, delta: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor,
     _device_check(u)
     fcfg, bcfg, backend = configs(prob, u.device, training=save)
     buf = _fwd.forward(prob, fcfg, _tensors(u, delta, A, B, C, D, z, delta_bias), backend, last=return_last_state,
-                       ckpt_dtype=bcfg.ckpt_dtype if save else None)
+                       ckpt_dtype=bcfg.ckpt_dtype if save else None,
+                       ckpt_every=_bwd.ckpt_every(prob, bcfg) if save else 1)
     def empty():   # one tensor each: a custom op's outputs may not alias one another
         return u.new_empty(0, dtype=torch.float32)
     return buf["out"], (buf["last"] if return_last_state else empty()), (buf["ckpt"] if save else empty())
@@ -102,7 +102,8 @@ def _sscan_fwd_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_
     last = u.new_empty((b, d, n) if return_last_state else (0,), dtype=torch.float32)
     if save:
         _, bcfg, _ = configs(prob, u.device, training=True)
-        ck = u.new_empty((b, -(-l // bcfg.chunk), d, n), dtype=_fwd.CKPT_DTYPES[bcfg.ckpt_dtype])
+        shape, dtype = _bwd.ckpt_shape(prob, bcfg)
+        ck = u.new_empty(shape, dtype=dtype)
     else:
         ck = u.new_empty((0,), dtype=torch.float32)
     return out, last, ck

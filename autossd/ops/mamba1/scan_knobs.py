@@ -87,7 +87,16 @@ BC_F32 = Knob("bc_f32", (0, 1), 0,
               "serial: 1, a time-varying B and C converted to fp32 before the launch, not by each thread "
               "at each read", "scan", depths=("serial",), measured_only=True)
 
-FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32), mode_knob="scan")
+# The training forward's checkpoints for a backward that walks windows and recomputes (the
+# backward's window = 2): 1 renders the forward with strided checkpoints (each window's entering
+# state, fp32) and a mode that walks one window from its checkpoint storing each chunk's entering
+# state into a window-long buffer, no output. Inference stores nothing: the forward's tune never
+# offers it (`excluded`), the backward's window = 2 sets it on the training forward's config.
+CKPT_STRIDE = Knob("ckpt_stride", (0, 1), 0,
+                   "serial: 1, a training forward storing one checkpoint a window, and its window recompute "
+                   "(set by the backward's window = 2)", "scan", depths=("serial",), measured_only=True)
+
+FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32, CKPT_STRIDE), mode_knob="scan")
 # The backward's time-varying dB / dC partials are (batch, channel blocks, dstate, seqlen) fp32 each:
 # at Mamba 2.8b's 1 x 65536 with the H200 record's 4 channels a program, 5.4 GB each. window = 1
 # walks the sequence in windows of whole chunks, one launch each from the last, the partials
@@ -96,9 +105,15 @@ FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32), mode_knob
 # memory. The backward switches a config to it where its partials would pass WINDOW_BYTES (a
 # bound on memory, whatever the record says). H200, 2.8b 1x65536 bf16: 21 windows, the backward's
 # launches 24.0 ms of GPU time against one launch's 22.5, a forward + backward's peak 5.8 GB against 15.4.
-WINDOW = Knob("window", (0, 1), 0,
+# window = 2: the same windows, and the checkpoints too: the training forward stores one a window
+# (each window's entering state, fp32: b x windows x dim x dstate) where window = 1 keeps one a
+# chunk (2.8b 1x65536 at chunk 8: 1.3 GB a layer in bf16); before each window's launch the
+# forward's kernel walks that window again from its checkpoint, storing each chunk's entering
+# state into a buffer one window long. The price: the forward's scan once more, without its output.
+WINDOW = Knob("window", (0, 1, 2), 0,
               "serial: 1, the sequence in windows (a launch each, from the last), the dB / dC partials "
-              "bounded to one window; 0, one launch with partials over the whole sequence", "scan",
+              "bounded to one window; 2, and one checkpoint a window, each window's chunk states "
+              "recomputed before its launch; 0, one launch with partials over the whole sequence", "scan",
               depths=("serial",), measured_only=True)
 WINDOW_BYTES = 256 << 20
 
@@ -159,8 +174,11 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
         if config.lanes_t > config.chunk:
             why.append(f"serial: lanes_t={config.lanes_t} > chunk={config.chunk}")
         if config.get("window", 0) and config.get("seq_split", 1) > 1:
-            why.append(f"window=1 walks the windows one after another; seq_split={config.seq_split} walks "
-                       "segments side by side: one or the other")
+            why.append(f"window={config.window} walks the windows one after another; seq_split={config.seq_split} "
+                       "walks segments side by side: one or the other")
+        if config.get("ckpt_stride", 0) and config.get("seq_split", 1) > 1:
+            why.append(f"ckpt_stride=1 walks the sequence in one program a channel block (its window recompute "
+                       f"one window): seq_split={config.seq_split} cuts it into segments")
     if problem is not None:
         per_thread = config.block_d * n2(problem) * config.chunk // threads
         cap = MAX_ELEMS_PER_THREAD[config.op]
