@@ -253,12 +253,13 @@ def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, mo
     bw.clear_launch_cache()
 
 
-@pytest.mark.parametrize("dtype,l", [("bf16", 1000), ("fp16", 768)])
+@pytest.mark.parametrize("dtype,l", [("bf16", 1000), ("fp16", 768), ("bf16", 900)])
 def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, monkeypatch):
     """dx_gluon = 2 (each row tile's loads issued ahead of its MMAs, the blocks' boundary dA
-    selected in registers) against dx_gluon = 1 on the GPU: chunk 256, four row tiles and their
-    running ratios, a ragged last chunk (1000 tokens) and an even one; every gradient within its
-    bound against float64 and within 1e-5 of dx_gluon = 1's."""
+    selected in registers) against dx_gluon = 1 on the GPU, both through the Gluon dx: chunk 256,
+    four row tiles and their running ratios, a last chunk of 232 tokens (four row tiles), an even
+    one, and one of 132 (three row tiles: boundary dA past it loaded, never selected); every
+    gradient within its bound against float64 and within 1e-5 of dx_gluon = 1's."""
     from autossd.ops.ssd import backward as bw
     prob = Problem(2, l, 4, 64, 128, 1, dtype, chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
                    dt_softplus=True)
@@ -267,7 +268,9 @@ def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, mo
     t = make_inputs(prob, "cuda", seed=13)
     g = torch.Generator(device="cpu").manual_seed(13)
     dout = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).cuda()
-    seen = []
+    seen, gluon = [], []
+    real = bw.dx_gluon
+    monkeypatch.setattr(bw, "dx_gluon", lambda *a, **k: gluon.append(a[1].dx_gluon) or real(*a, **k))
 
     def grads(mode):
         def pick(p, a, d=None):
@@ -287,6 +290,7 @@ def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, mo
     ahead = grads(2)
     assert seen and seen[-1].dx_gluon == 2
     plain = grads(1)
+    assert gluon == [2, 1]   # each planned the Gluon dx, not the tl one
     ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["D"], t["z"], t["dt_bias"],
                        None, None, True, (0.0, float("inf")), dout, None)
     for k in names:

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 import autossd
+from autossd import render
 from autossd.ops.mamba1 import fwd
 from autossd.ops.mamba1.naive import selective_scan_ref
 from autossd.ops.mamba1.problem import ScanProblem
@@ -518,7 +519,7 @@ def test_a_windowed_backward_is_refused_beside_a_split_sequence():
 
 
 @pytest.mark.parametrize("form", ["3d", "groups", "mixed"])
-def test_b_and_c_converted_once_give_the_same_forward_bitwise(form):
+def test_b_and_c_converted_once_give_the_same_forward_bitwise(form, monkeypatch):
     """bc_f32 = 1 (a time-varying B and C converted to fp32 before the launch, not at each read):
     in bf16, bitwise the output and last state of the same config without it, and within bf16's
     bound against float64; the kernel it compiles reads B and C as fp32."""
@@ -535,6 +536,14 @@ def test_b_and_c_converted_once_give_the_same_forward_bitwise(form):
     staged = fwd.staged(p, cfg.replace(bc_f32=1), t)
     assert staged["B"].dtype == torch.float32 and staged["C"].dtype == (torch.float32 if p.C_var else t["C"].dtype)
     assert staged["u"] is t["u"]
+    # the launch gets them so: the plan's pointers, and a kernel of its own
+    seen = []
+    plan = fwd.plan
+    monkeypatch.setattr(fwd, "plan", lambda *a, **k: seen.append(plan(*a, **k)) or seen[-1])
+    fwd.tune_run(p, cfg.replace(bc_f32=1), t)
+    (ln,) = seen[-1]
+    assert ln.args["B_ptr"].dtype == torch.float32 and ln.args["C_ptr"].dtype == staged["C"].dtype
+    assert render.kernel_hash(cfg.replace(bc_f32=1), "cuda") != render.kernel_hash(cfg, "cuda")
 
 
 @pytest.mark.parametrize("form", ["3d", "mixed"])
@@ -589,11 +598,42 @@ def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(
         assert rel_err(g3[k], ref[k]) < GRAD_TOL["bf16"], k
 
 
+@pytest.mark.parametrize("chunks,windows", [(5, 3), (1, 12)], ids=["ragged-last", "one-chunk"])
+def test_windows_of_any_length_recompute_from_fp32_checkpoints(chunks, windows, monkeypatch):
+    """window = 2 with windows of 5 chunks (12 chunks: 5, 5 and a last of 2) and of one chunk (12
+    windows), bf16 checkpoints asked: the training forward's checkpoints are one a window in fp32
+    whatever ckpt_dtype says, as ckpt_shape (and so the fake kernel) says; one forward, no second
+    one in the backward; the window's recomputed states in bf16, so every gradient bitwise
+    window = 1's with bf16 checkpoints (rounded from the same fp32 states), and within the bound
+    against float64."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem("3d", seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
+    monkeypatch.setattr(bwd, "WINDOW_BYTES", chunks * p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk)
+    two = cfg.replace(window=2, ckpt_dtype="bf16")
+    assert bwd.windows(p, two) == (chunks, windows) and bwd.ckpt_every(p, two) == chunks
+    shape, dtype = bwd.ckpt_shape(p, two)
+    assert shape == (p.batch, windows, p.dim, p.dstate) and dtype == torch.float32
+    t = bwd.tune_inputs(p, DEV, seed=37)
+    calls = []
+    real = fwd.forward
+    monkeypatch.setattr(fwd, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g2 = bwd.tune_run(p, two, t, poison=True)
+    assert len(calls) == 1   # the backward took the training forward's checkpoints
+    ck = real(p, bwd.forward_config(p, two, None, "sm90"), t, ckpt_dtype="bf16", ckpt_every=chunks)["ckpt"]
+    assert tuple(ck.shape) == shape and ck.dtype == dtype
+    g1 = bwd.tune_run(p, cfg.replace(window=1, ckpt_dtype="bf16"), t, poison=True)
+    ref = bwd.tune_reference(p, t)
+    for k in ref:
+        assert torch.equal(g1[k], g2[k]), k
+        assert rel_err(g2[k], ref[k]) < GRAD_TOL["bf16"], k
+
+
 def test_a_window_2_record_runs_selective_scan_fn_eagerly_and_compiled(isolated_db, no_shipped_db, monkeypatch):
-    """Through the drop-in: a stored window = 2 backward record (the bound at 3 chunks' partials)
-    makes the training forward keep one checkpoint a window, (batch, 4, dim, dstate) fp32 as the
-    fake kernel says, and the gradients match float64, eagerly and under torch.compile (fullgraph)
-    bitwise alike."""
+    """Through the drop-in: a stored window = 2 backward record (the bound at 3 chunks' partials:
+    45 steps in 2 windows) makes the training forward keep one checkpoint a window, (batch, 2,
+    dim, dstate) fp32, as the op's fake kernel says too; each window is walked again once, the last
+    first; the gradients match float64, eagerly and under torch.compile (fullgraph) bitwise alike."""
     from autossd.core import select
     from autossd.db import add_records, make_record
     from autossd.ops.mamba1 import bwd, scan
@@ -621,6 +661,8 @@ def test_a_window_2_record_runs_selective_scan_fn_eagerly_and_compiled(isolated_
     ck = saved[0]["ckpt"]
     assert ck.dtype == torch.float32 and tuple(ck.shape) == (p.batch, 2, p.dim, p.dstate)
     assert len(saved) == 1 and walked == [3, 0]   # no second forward; each window walked again, the last first
+    fake = scan._sscan_fwd_fake(*(t[k] for k in names), True, True, True)[2]
+    assert fake.shape == ck.shape and fake.dtype == ck.dtype
     xc = [t[k].clone().requires_grad_() for k in names]
     torch.compile(f, backend="aot_eager", fullgraph=True)(*xc).backward()
     x64 = [t[k].detach().double().requires_grad_() for k in names]

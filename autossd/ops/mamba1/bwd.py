@@ -86,7 +86,7 @@ def ckpt_shape(problem: ScanProblem, config: BwdConfig) -> tuple[tuple[int, ...]
     fp32."""
     every = ckpt_every(problem, config)
     rows = _cdiv(_cdiv(problem.seqlen, config.chunk), every)
-    dtype = torch.float32 if every > 1 or config.get("window", 0) == 2 else _fwd.CKPT_DTYPES[config.ckpt_dtype]
+    dtype = torch.float32 if config.get("window", 0) == 2 else _fwd.CKPT_DTYPES[config.ckpt_dtype]
     return (problem.batch, rows, problem.dim, problem.dstate), dtype
 
 
@@ -189,7 +189,7 @@ def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfi
     window = 2 in the serial layout, unsplit, with one checkpoint a window (ckpt_stride)."""
     fcfg = fwd_config if fwd_config is not None else scan_knobs.fwd_default_config(arch, problem)
     if config.get("window", 0) == 2:
-        if fcfg.scan != "serial" or fcfg.get("seq_split", 1) > 1:
+        if fcfg.scan != "serial":
             fcfg = scan_knobs.fwd_default_config(arch, problem, scan="serial")
         return fit(fcfg.replace(chunk=config.chunk, seq_split=1), arch, problem).replace(ckpt_stride=1)
     return fit(fcfg.replace(chunk=config.chunk), arch, problem)
@@ -299,11 +299,12 @@ def tune_run(problem: ScanProblem, config: BwdConfig, t: dict, backend: str = "c
     this config's chunk and checkpoint type), then the backward of `config`: every gradient, by
     name. poison: the backward's outputs and partials start NaN-filled."""
     inputs = {k: t.get(k) for k in GRAD_NAMES}
-    fcfg = forward_config(problem, bounded(problem, config), None, "sm90" if backend == "cuda" else "gfx942")
+    arch = "sm90" if backend == "cuda" else "gfx942"
+    fcfg = forward_config(problem, bounded(problem, config), None, arch)
     ckpt = _fwd.forward(problem, fcfg, inputs, backend, ckpt_dtype=config.ckpt_dtype, poison=poison,
                         ckpt_every=ckpt_every(problem, config))["ckpt"]
     return backward(problem, config, inputs, t["dout"], t.get("dlast"), ckpt,
-                    {k for k in GRAD_NAMES if t.get(k) is not None}, backend, poison=poison)
+                    {k for k in GRAD_NAMES if t.get(k) is not None}, backend, arch, fcfg, poison=poison)
 
 
 def meta_launches(problem: ScanProblem, config: BwdConfig, backend: str) -> list:

@@ -130,9 +130,9 @@ def allocate(problem: ScanProblem, config, t: dict, last: bool, ckpt_dtype: str 
         (lambda *s, dtype: torch.empty(s, dtype=dtype, device=u.device))
     b, d, n, l = problem.batch, problem.dim, problem.dstate, problem.seqlen
     nck, ck_type = _cdiv(_cdiv(l, config.chunk), ckpt_every), CKPT_DTYPES[ckpt_dtype] if ckpt_dtype else None
-    if ckpt_every > 1:
-        if not config.get("ckpt_stride", 0):
-            raise ValueError(f"ckpt_every={ckpt_every} needs a forward config with ckpt_stride=1")
+    if ckpt_every > 1 and not config.get("ckpt_stride", 0):
+        raise ValueError(f"ckpt_every={ckpt_every} needs a forward config with ckpt_stride=1")
+    if config.get("ckpt_stride", 0):
         ck_type = torch.float32   # few, and the windows' recompute starts from them unrounded
     buf = dict(out=make(b, d, l, dtype=u.dtype),
                last=make(b, d, n, dtype=torch.float32) if last else None,

@@ -239,10 +239,15 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
         why += dx_gluon_violations(config, problem)
     if config.rev_walk:
         why += gluon_problem_violations("rev_walk=1", problem)
+        if config.rev_walk == 2 and problem is not None and problem.dstate <= 64:
+            why.append(f"rev_walk=2 tiles dstate by 64: at dstate {problem.dstate} it runs rev_walk=1's tiles")
     elif config.rev_walk_maxnreg:   # the tl stages it would replace take no cap: the same code twice
         why.append(f"rev_walk_maxnreg={config.rev_walk_maxnreg} caps the reverse Gluon walk: needs rev_walk=1")
     if config.recompute_walk:
         why += recompute_walk_violations(config, problem)
+        if config.recompute_walk == 3 and problem is not None and problem.dstate <= 64:
+            why.append(f"recompute_walk=3 tiles dstate by 64: at dstate {problem.dstate} it runs recompute_walk=2's "
+                       "tiles")
     if problem is not None:
         for name, cap in caps(problem).items():
             if config[name] > cap:

@@ -193,6 +193,8 @@ def gluon_violations(config: VarlenConfig, problem: VarlenProblem | None = None)
         why.append(f"walk_block={config.walk_block} sizes the Gluon walk's ring: needs state_walk=1")
     if config.walk_bn != 128 and not config.state_walk:
         why.append(f"walk_bn={config.walk_bn} tiles the Gluon walk's dstate: needs state_walk=1")
+    if config.walk_bn != 128 and problem is not None and problem.dstate <= config.walk_bn:
+        why.append(f"walk_bn={config.walk_bn}: at dstate {problem.dstate} the walk runs walk_bn=128's tiles")
     if not config.scan_gluon:
         return why
     why += gluon_scan_tile_violations(config)
