@@ -84,8 +84,11 @@ KNOBS: tuple[Knob, ...] = (
     # waits, x held in 16 bits while live, and the blocks' boundary dA loaded once a program (H200,
     # 2.7b 4x16384 bf16 no z, capped at 168: dx 1592 -> 1548 us; the H200's records but codestral
     # bf16's take it)
-    Knob("dx_gluon", (0, 1, 2), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90); "
-         "2: with its loads issued ahead of the MMAs", "dx",
+    # 3: as 2, the state's part B_s Grᵀ in the accumulator the blocks after the diagonal share (its
+    # row factor exp(A_last - dA_s) split into a scalar applied before them and the rows' own
+    # scaling after), so one 64 x 64 fp32 tile is live across the row tile's MMAs where 2 holds two
+    Knob("dx_gluon", (0, 1, 2, 3), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90); "
+         "2: with its loads issued ahead of the MMAs; 3: and one accumulator", "dx",
          measured_only=True, needs=("tma", "wgmma")),
     # 1: the dstates stage and the reverse state passing as one Gluon launch for sm90
     # (templates/ssd_bwd/state_walk_rev_gluon.jinja), the forward's state walk run backwards
