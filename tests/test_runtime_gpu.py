@@ -253,13 +253,16 @@ def test_the_backward_recomputes_its_states_by_the_forwards_walk(dtype, n, l, mo
     bw.clear_launch_cache()
 
 
-@pytest.mark.parametrize("dtype,l", [("bf16", 1000), ("fp16", 768), ("bf16", 900)])
-def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, monkeypatch):
+@pytest.mark.parametrize("dtype,l,mode", [("bf16", 1000, 2), ("fp16", 768, 2), ("bf16", 900, 2), ("bf16", 900, 3),
+                                          ("fp16", 1000, 3)])
+def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, mode, monkeypatch):
     """dx_gluon = 2 (each row tile's loads issued ahead of its MMAs, the blocks' boundary dA
     selected in registers) against dx_gluon = 1 on the GPU, both through the Gluon dx: chunk 256,
     four row tiles and their running ratios, a last chunk of 232 tokens (four row tiles), an even
     one, and one of 132 (three row tiles: boundary dA past it loaded, never selected); every
-    gradient within its bound against float64 and within 1e-5 of dx_gluon = 1's."""
+    gradient within its bound against float64 and within 1e-5 of dx_gluon = 1's (dx_gluon = 3,
+    one accumulator, its state part's decay split in two factors: within 1e-3, a 16-bit rounding
+    of dx flipping here and there)."""
     from autossd.ops.ssd import backward as bw
     prob = Problem(2, l, 4, 64, 128, 1, dtype, chunk_size=256, has_D=True, has_z=True, has_dt_bias=True,
                    dt_softplus=True)
@@ -287,15 +290,15 @@ def test_the_gluon_dx_with_its_loads_ahead_gives_the_same_gradients(dtype, l, mo
         (y.float() * dout.float()).sum().backward()
         return {k: v.grad for k, v in leaves.items()}
 
-    ahead = grads(2)
-    assert seen and seen[-1].dx_gluon == 2
+    ahead = grads(mode)
+    assert seen and seen[-1].dx_gluon == mode
     plain = grads(1)
-    assert gluon == [2, 1]   # each planned the Gluon dx, not the tl one
+    assert gluon == [mode, 1]   # each planned the Gluon dx, not the tl one
     ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], 256, t["D"], t["z"], t["dt_bias"],
                        None, None, True, (0.0, float("inf")), dout, None)
     for k in names:
         assert rel_err(ahead[k], ref[k]) < grad_tolerance(dtype), k
-        assert rel_err(ahead[k], plain[k]) < 1e-5, k
+        assert rel_err(ahead[k], plain[k]) < (1e-5 if mode == 2 else 1e-3), k
     bw.clear_launch_cache()
 
 
