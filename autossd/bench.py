@@ -125,6 +125,18 @@ class ClockLog:
             self.proc.terminate()
 
 
+def peak_mib(fn) -> float:
+    """MiB one call of `fn` allocates at its peak above what was allocated before it
+    (torch.cuda.max_memory_allocated)."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - start) / 2**20
+
+
 def kernel_times(fn, reps: int = 10, warmup: int = 3) -> dict:
     """GPU time per call of each kernel `fn` launches (torch.profiler): {kernel name: (us per
     call, launches per call)}, for seeing which stage the time goes to."""

@@ -38,7 +38,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import autossd  # noqa: E402
 from autossd import grad  # noqa: E402
-from autossd.bench import kernel_times, measure_ceilings  # noqa: E402
+from autossd.bench import kernel_times, measure_ceilings, peak_mib  # noqa: E402
 from autossd.ops.ssd import backward as bw  # noqa: E402
 from autossd.problem import DTYPE_BYTES, Problem  # noqa: E402
 from autossd.testing import call_kwargs, grad_tolerance, make_inputs, rel_err  # noqa: E402
@@ -117,12 +117,7 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None, z: bool = True)
                 grad.KEEP_UNGATED_OUTPUT = keep
                 step = _step(fn, prob, t, dout)
                 step()   # compile, and gradients allocated
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                start = torch.cuda.memory_allocated()
-                step()
-                torch.cuda.synchronize()
-                row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - start) / 2**20
+                row[f"{name}_peak_MiB"] = peak_mib(step)
                 row[f"{name}_ms"] = do_bench(step, warmup=25, rep=200, return_mode="median")
                 row[f"{name}_gpu_ms"] = sum(v for v, _ in kernel_times(step, reps=5).values()) / 1e3
                 grad.KEEP_UNGATED_OUTPUT = True

@@ -127,16 +127,6 @@ def bench_ms(fn, graph: bool = False) -> float:
 
 
 # --- the float64 check ---------------------------------------------------------------------------
-def peak_mib(fn) -> float:
-    """MiB one call allocates at its peak above what was allocated before it."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - start) / 2**20
-
-
 def check() -> bool:
     """out, last_state and every gradient against float64 at a small shape per dtype and B/C form."""
     import autossd
@@ -201,7 +191,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}  dim={a.dim} dstate={a.dstate}  torch {torch.__version__}")
     if a.check and not check():
         raise SystemExit("autossd failed the float64 check")
-    from autossd.bench import measure_ceilings   # the copy rate every benchmark measures
+    from autossd.bench import measure_ceilings, peak_mib   # the copy rate every benchmark measures
     bw = measure_ceilings()["copy_GBps"]
     print(f"device-to-device copy: {bw:.0f} GB/s")
     fwd, fwdbwd = autossd_impl()

@@ -269,7 +269,7 @@ def _recompute_states(prob, config, t, buf, opts, backend, dtb, seq_s, st5) -> l
         walk_cfg = SimpleNamespace(chunk_size=config.chunk_size, **recompute_walk_modes(config))
         walk_buf = SimpleNamespace(states=buf.states, final=None, dt=buf.dt, dA=buf.dA)
         return [_gluon_walk(prob, walk_cfg, t, walk_buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]),
-                            bn=getattr(walk_cfg, "walk_bn", 128))]
+                            bn=walk_cfg.walk_bn)]
     out = []
     grid_st = (triton.cdiv(p, config.state_block_m) * triton.cdiv(n, config.state_block_n) * h, nc, b)
     out.append(Launch("chunk_state", "ssd_bwd_chunk_state", grid_st,

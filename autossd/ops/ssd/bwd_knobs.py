@@ -289,15 +289,16 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
 
 
 # the forward walk's own modes, fixed where the backward runs it (recompute_walk = 1): its
-# 128-token ring (the forward's default), one segment, dt' from the cumsum, no dependent launch
-RECOMPUTE_WALK = dict(walk_block=128, walk_split=1, walk_weights=0, pdl=0)
+# 128-token ring (the forward's default), dstate tiles of up to 128, one segment, dt' from the
+# cumsum, no dependent launch
+RECOMPUTE_WALK = dict(walk_block=128, walk_bn=128, walk_split=1, walk_weights=0, pdl=0)
 
 
 def recompute_walk_modes(config: BwdConfig) -> dict:
     """The walk's modes for a config's recompute_walk: RECOMPUTE_WALK, with a 64-token ring at 2
     and 3, and at 3 64-wide dstate tiles (walk_bn)."""
     return {**RECOMPUTE_WALK, "walk_block": 64 if config.recompute_walk >= 2 else 128,
-            **({"walk_bn": 64} if config.recompute_walk == 3 else {})}
+            "walk_bn": 64 if config.recompute_walk == 3 else 128}
 
 
 def recompute_walk_violations(config: BwdConfig, problem=None) -> list[str]:
