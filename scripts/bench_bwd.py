@@ -100,12 +100,13 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None, z: bool = True)
     for dtype in dtypes:
         for spec in shapes:
             prob = _shape(spec, dtype, z)
+            before = torch.cuda.memory_allocated()
             t = make_inputs(prob, "cuda", seed=0)
             for k in GRAD:
                 if t.get(k) is not None:
                     t[k].requires_grad_()
             dout = torch.randn_like(t["x"])
-            base = torch.cuda.memory_allocated()
+            inputs_mib = (torch.cuda.memory_allocated() - before) / 2**20
             row = {"shape": spec, "dtype": dtype, "z": z}
             # autossd_recompute: the backward runs the forward again for z's gradient instead of
             # the forward keeping the ungated output
@@ -123,7 +124,7 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None, z: bool = True)
                 grad.KEEP_UNGATED_OUTPUT = True
             fl, fb, ff = floor_ms(prob, ceil)
             row.update(floor_ms=fl, floor_bytes_ms=fb, floor_flops_ms=ff,
-                       inputs_MiB=(torch.cuda.memory_allocated() - base) / 2**20)
+                       inputs_MiB=inputs_mib)
             row["autossd_floor_share"] = fl / row["autossd_ms"]
             if "mamba_ssm_ms" in row:
                 row["speedup"] = row["mamba_ssm_ms"] / row["autossd_ms"]
@@ -132,7 +133,9 @@ def bench(shapes: list[str], dtypes: list[str], out: str | None, z: bool = True)
             if out:   # after every row: a run cut short keeps what it measured
                 with open(out, "w") as f:
                     json.dump({"ceilings": ceil, "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-            del t, dout
+            # the last step's closure holds the inputs and their gradients: free them before the
+            # next shape's inputs are counted
+            del t, dout, step
             torch.cuda.empty_cache()
 
 
