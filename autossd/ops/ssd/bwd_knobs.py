@@ -87,6 +87,7 @@ KNOBS: tuple[Knob, ...] = (
     # 3: as 2, the state's part B_s Grᵀ in the accumulator the blocks after the diagonal share (its
     # row factor exp(A_last - dA_s) split into a scalar applied before them and the rows' own
     # scaling after), so one 64 x 64 fp32 tile is live across the row tile's MMAs where 2 holds two
+    # (H200, 2.7b 4x16384 bf16 no z: dx 1553 -> 1515 us; every H200 record takes it)
     Knob("dx_gluon", (0, 1, 2, 3), 0, "1: dx in Gluon, the forward's chunk-walking scan in reverse time (sm90); "
          "2: with its loads issued ahead of the MMAs; 3: and one accumulator", "dx",
          measured_only=True, needs=("tma", "wgmma")),
@@ -102,7 +103,9 @@ KNOBS: tuple[Knob, ...] = (
     # fit an SM, so 320 programs on 132 SMs run as a full wave and a fifth of one, each program
     # walking all 64 chunks: the walk took 622 us where the forward's, at three CTAs an SM (one
     # wave), takes about half. dy is read by both dstate tiles of a head (from L2 where they run
-    # side by side).
+    # side by side). On the H200 the 64-wide walk (159 registers, three CTAs an SM) took 626 ->
+    # 560 us at 2.7b 4x16384 bf16 and 1062 -> 992 at 1x65536; the H200's records take it but at
+    # 8x2048, where it did not win
     Knob("rev_walk", (0, 1, 2), 0, "1: dstates + the reverse state passing as one Gluon walk (sm90); "
          "2: on 64-wide dstate tiles",
          "state_passing_rev", measured_only=True, needs=("tma", "wgmma")),
@@ -122,7 +125,9 @@ KNOBS: tuple[Knob, ...] = (
     # bf16), its shared memory leaves room for more CTAs than the 128-token ring's 115 KB (two);
     # on the H200 there the walk took 711 -> 612 us, and the records take it
     # 3: the 64-token ring on 64-wide dstate tiles, twice the programs (a batch of one at 2.7b: 160
-    # programs where 80 leave most of 132 SMs idle, each walking every chunk of the sequence)
+    # programs where 80 leave most of 132 SMs idle, each walking every chunk of the sequence). On
+    # the H200 slower at every training shape (2.7b 1x65536 bf16: 1092 -> 1117 us; 4x16384: 614 ->
+    # 756): no record takes it
     Knob("recompute_walk", (0, 1, 2, 3), 0, "1: the recomputed chunk states by the forward's Gluon walk (sm90); "
          "2: with its 64-token ring; 3: and 64-wide dstate tiles",
          "chunk_state", measured_only=True, needs=("tma", "wgmma")),

@@ -49,7 +49,9 @@ KNOBS: tuple[Knob, ...] = (
     # The walk's dstate tile. A long sequence's walk is one program per (state tile, head) through
     # all of its chunks, the call's long pole (2.7b, one sequence of 8192 tokens: 80 programs for
     # 132 SMs); 64-wide tiles at dstate 128 run twice the programs, each with half the accumulator,
-    # x read by both tiles of a head. measured_only: only a GPU can weigh the two
+    # x read by both tiles of a head. measured_only: only a GPU can weigh the two. On the H200 64
+    # lost at six of bench_varlen's seven cases (2.7b 64 x 64 tokens: 0.305 against 0.267 ms) and
+    # won 1% at one long sequence beside 63 short ones
     Knob("walk_bn", (128, 64), 128, "dstate tile of the Gluon walk (sm90): 64 runs twice the programs at dstate 128",
          "chunk_state", depths=("stage",), measured_only=True, needs=("tma", "wgmma")),
 )
