@@ -440,11 +440,15 @@ def test_the_interpreters_scans_and_reductions_of_own_combines_step_whole_slices
 
 
 @pytest.mark.parametrize("cfg", [FwdConfig(block_d=32, chunk=16, lanes_n=4, seq_split=16),
-                                 BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8)], ids=["fwd", "bwd"])
+                                 FwdConfig(block_d=128, chunk=8, lanes_n=1, seq_split=16),
+                                 BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8),
+                                 BwdConfig(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=8)],
+                         ids=["fwd", "fwd-h200-pick", "bwd", "bwd-h200-pick"])
 def test_a_split_sequence_cross_compiles_for_sm90_without_spills(cfg):
     """seq_split's three launches of the one kernel (summaries, their chain, the main walk)
-    compile for sm90 at Mamba 2.8b's width, batch 1, without spills; the backward's main launch
-    in the registers of the unsplit one's."""
+    compile for sm90 at Mamba 2.8b's width, batch 1, without spills (among them the H200's
+    batch-1 picks); the backward's main launch at the unsplit one's occupancy (its entering
+    gradient costs a few registers, not a block an SM)."""
     from autossd.compile import compile_config
     prob = ScanProblem(batch=1, dim=5120, dstate=16, seqlen=2048, ngroups=1, dtype="bf16", B_var=True, C_var=True,
                        has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
@@ -453,7 +457,7 @@ def test_a_split_sequence_cross_compiles_for_sm90_without_spills(cfg):
     assert len(rep.stages) == 3 and all(s.spill_bytes == 0 for s in rep.stages)
     if cfg.op == "sscan_bwd":
         whole = compile_config(cfg.replace(seq_split=1), "sm90", prob)
-        assert rep.stages[2].registers <= whole.stages[0].registers
+        assert rep.stages[2].occupancy >= whole.stages[0].occupancy
 
 
 
