@@ -82,7 +82,14 @@ FWD_CONFIGS = {
     # 45 steps in 6 chunks of 8: segments of 2 chunks (3), of 1 chunk (6, the split past the chunks)
     "serial-seq-split": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=2),
     "serial-seq-split-lanes": FwdConfig(block_d=2, chunk=8, lanes_n=4, lanes_t=4, warps=1, seq_split=4),
-    "serial-seq-split-past-chunks": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16)}
+    "serial-seq-split-past-chunks": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16),
+    # state_in: each segment's first chunk walked before the chunk loop (with one chunk a segment,
+    # the loop walks none)
+    "serial-seq-split-state-in": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=2, state_in=1),
+    "serial-seq-split-state-in-lanes": FwdConfig(block_d=2, chunk=8, lanes_n=4, lanes_t=4, warps=1, seq_split=4,
+                                                 state_in=1),
+    "serial-seq-split-state-in-past-chunks": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16,
+                                                       state_in=1)}
 
 
 @pytest.mark.parametrize("cfg", FWD_CONFIGS.values(), ids=FWD_CONFIGS.keys())
@@ -105,7 +112,8 @@ def test_forward_checkpoints_are_the_chunk_start_states():
     t = fwd.tune_inputs(p, DEV, seed=2)
     for cfg in (FwdConfig(scan="assoc", block_d=4, chunk=16),
                 FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1),
-                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2)):
+                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2),
+                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2, state_in=1)):
         _check_checkpoints(p, t, cfg)
 
 
@@ -514,6 +522,16 @@ def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, 
     walks = [ln for ln in bwd.plan(p, win, tt, buf) if ln.kernel == "sscan_bwd"]
     assert [(ln.args["C0"], ln.args["NCW"], ln.args["ACC_IN"]) for ln in walks] == \
         [(9, 3, 0), (6, 3, 1), (3, 3, 1), (0, 3, 1)]
+
+
+def test_state_in_is_refused_without_segments_and_changes_the_split_kernel():
+    """state_in = 1 reads a segment's entering state: refused without a split, and at one it
+    compiles a kernel of its own (the segment's first chunk walked before the loop)."""
+    p = _problem("3d", seqlen=90)
+    cfg = FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4)
+    assert any("state_in=1" in w for w in violations(cfg.replace(seq_split=1, state_in=1), "sm90", p))
+    assert not violations(cfg.replace(state_in=1), "sm90", p)
+    assert render.kernel_hash(cfg.replace(state_in=1), "cuda") != render.kernel_hash(cfg, "cuda")
 
 
 def test_a_windowed_backward_is_refused_beside_a_split_sequence():

@@ -100,7 +100,24 @@ CKPT_STRIDE = Knob("ckpt_stride", (0, 1), 0,
                    "serial: 1, a training forward storing one checkpoint a window, and its window recompute "
                    "(set by the backward's window = 2)", "scan", depths=("serial",), measured_only=True)
 
-FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32, CKPT_STRIDE), mode_knob="scan")
+# A segment's entering state (seq_split's main launch) is read before the chunk loop, which
+# carries it. Loaded as a plain (NA, BLOCK_D, NB) tile it takes a layout of its own, and Triton
+# then converts the carried state through shared memory at every chunk: cross-compiled for sm90
+# at the H200's batch-1 pick (128 channels, 8 steps, 16 segments) the main launch takes 254
+# registers (two blocks an SM) and a 1578-instruction chunk loop with 20 barriers, where a zero
+# entering state gives 166 (three blocks), 1550 and 4. state_in = 1 walks the
+# segment's first chunk before the loop, from the loaded state, so that the loop carries the
+# state the scan gives (a second copy of the chunk's code): the loop's 20 barriers drop to 4 and
+# its shared-memory conversions go, at 246 registers; at a 168 cap three blocks fit an SM with 7
+# spill loads a chunk in the loop, where the plain load spills 53 loads and 40 stores there.
+# window = 2's recompute launch walks its window's first chunk the same way, always.
+STATE_IN = Knob("state_in", (0, 1), 0,
+                "serial, seq_split > 1: 1, each segment's first chunk walked before the chunk loop, so that the "
+                "loop carries the state in the scan's layout (0: the loaded state carried, converted at every "
+                "chunk)", "scan", depths=("serial",),
+                measured_only=True)
+
+FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32, CKPT_STRIDE, STATE_IN), mode_knob="scan")
 # The backward's time-varying dB / dC partials are (batch, channel blocks, dstate, seqlen) fp32 each:
 # at Mamba 2.8b's 1 x 65536 with the H200 record's 4 channels a program, 5.4 GB each. window = 1
 # walks the sequence in windows of whole chunks, one launch each from the last, the partials
@@ -181,6 +198,8 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
         if config.get("window", 0) and config.get("seq_split", 1) > 1:
             why.append(f"window={config.window} walks the windows one after another; seq_split={config.seq_split} "
                        "walks segments side by side: one or the other")
+        if config.get("state_in", 0) and config.get("seq_split", 1) == 1:
+            why.append("state_in=1 reads a segment's entering state: seq_split=1 has no segments")
         if config.get("ckpt_stride", 0) and config.get("seq_split", 1) > 1:
             why.append(f"ckpt_stride=1 walks the sequence in one program a channel block (its window recompute "
                        f"one window): seq_split={config.seq_split} cuts it into segments")
@@ -303,6 +322,10 @@ SEED_FAMILIES = {
                   dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2),
                   dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, maxnreg=128),
                   dict(block_d=128, chunk=8, lanes_n=1, seq_split=16),
+                  # cross-compiled: 246 registers uncapped; at 168, three blocks an SM, the chunk
+                  # loop's spills 7 loads a chunk (the plain state load's: 53 loads and 40 stores)
+                  dict(block_d=128, chunk=8, lanes_n=1, seq_split=16, state_in=1),
+                  dict(block_d=128, chunk=8, lanes_n=1, seq_split=16, state_in=1, maxnreg=168),
                   dict(block_d=64, chunk=8, lanes_n=2, seq_split=8)),
     "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1),
                   dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
