@@ -318,10 +318,19 @@ def fit(config: BaseConfig, arch: Arch | str, problem: ScanProblem) -> BaseConfi
 # H200's batch-1 picks since 2026-11-29).
 SEED_FAMILIES = {
     "sscan_fwd": (dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2), dict(block_d=128, chunk=8, lanes_n=1),
+                  dict(block_d=128, chunk=8, lanes_n=1, seq_split=16),
+                  # two channels a thread, two state lanes: each B and C value converted from 16
+                  # bits once for both channels. Cross-compiled for sm90 at 2.8b 8x2048 bf16: a
+                  # chunk loop of 10.9 instructions an element-step against the pick's 12.1 (230
+                  # conversion shifts and permutes a chunk against 422), 168 registers, three blocks
+                  # an SM; in 16 segments with state_in, the same loop at 168 registers where the
+                  # one-lane layout takes 246
+                  dict(block_d=128, chunk=8, lanes_n=2),
+                  dict(block_d=128, chunk=8, lanes_n=2, seq_split=16, state_in=1),
+                  dict(block_d=64, chunk=8, lanes_n=2, warps=2, seq_split=16, state_in=1),
                   dict(block_d=64, chunk=8, lanes_n=2), dict(block_d=8, chunk=16, lanes_n=4, warps=1),
                   dict(block_d=16, chunk=32, lanes_n=2, lanes_t=4), dict(stages=2),
                   dict(block_d=16, chunk=32, lanes_n=4, lanes_t=2, maxnreg=128),
-                  dict(block_d=128, chunk=8, lanes_n=1, seq_split=16),
                   # cross-compiled: 246 registers uncapped; at 168, three blocks an SM, the chunk
                   # loop's spills 7 loads a chunk (the plain state load's: 53 loads and 40 stores)
                   dict(block_d=128, chunk=8, lanes_n=1, seq_split=16, state_in=1),
