@@ -606,6 +606,10 @@ def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(
     assert bwd.ckpt_shape(p, two) == ((p.batch, 4, p.dim, p.dstate), torch.float32)
     fcfg = bwd.forward_config(p, two, None, "sm90")
     assert fcfg.ckpt_stride == 1 and fcfg.chunk == 8
+    # a split forward record (the H200's batch-1 kind) becomes an unsplit, runnable one
+    split = bwd.forward_config(p, two, FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1, seq_split=4, state_in=1),
+                               "sm90")
+    assert (split.seq_split, split.state_in, split.ckpt_stride) == (1, 0, 1) and not violations(split, "sm90", p)
     t = bwd.tune_inputs(p, DEV, seed=31)
     ck = fwd.forward(p, fcfg, t, ckpt_dtype="fp32", ckpt_every=3, poison=True)["ckpt"]
     assert tuple(ck.shape) == (p.batch, 4, p.dim, p.dstate) and torch.isfinite(ck).all()

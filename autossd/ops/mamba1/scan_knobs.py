@@ -105,11 +105,11 @@ CKPT_STRIDE = Knob("ckpt_stride", (0, 1), 0,
 # then converts the carried state through shared memory at every chunk: cross-compiled for sm90
 # at the H200's batch-1 pick (128 channels, 8 steps, 16 segments) the main launch takes 254
 # registers (two blocks an SM) and a 1578-instruction chunk loop with 20 barriers, where a zero
-# entering state gives 166 (three blocks), 1550 and 4. state_in = 1 walks the
-# segment's first chunk before the loop, from the loaded state, so that the loop carries the
-# state the scan gives (a second copy of the chunk's code): the loop's 20 barriers drop to 4 and
-# its shared-memory conversions go, at 246 registers; at a 168 cap three blocks fit an SM with 7
-# spill loads a chunk in the loop, where the plain load spills 53 loads and 40 stores there.
+# entering state gives 166 (three blocks), 1550 and 4. state_in = 1 walks the segment's first
+# chunk before the loop, from the loaded state, so that the loop carries the state the scan gives
+# (a second copy of the chunk's code): the loop's 20 barriers drop to 4 and its shared-memory
+# conversions go, at 246 registers; at a 168 cap three blocks fit an SM with 7 spill loads a
+# chunk in the loop, where the plain load spills 53 loads and 40 stores there.
 # window = 2's recompute launch walks its window's first chunk the same way, always.
 STATE_IN = Knob("state_in", (0, 1), 0,
                 "serial, seq_split > 1: 1, each segment's first chunk walked before the chunk loop, so that the "
