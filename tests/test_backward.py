@@ -582,6 +582,57 @@ def test_gluon_dx_cross_compiles_in_two_ctas_per_sm_without_spills(features):
     assert tl.ok and tl.stages[0].artifact_sha != st.artifact_sha
 
 
+@pytest.mark.parametrize("features", [{}, {"chunk_size": 128}, {"chunk_size": 64},
+                                      {"dstate": 64, "headdim": 128, "dtype": "fp16"},
+                                      {"nheads": 16, "ngroups": 2}])
+def test_gluon_dcb_cross_compiles_on_causal_tile_pairs_without_spills(features):
+    """The Gluon dCB for sm90 (dcb_gluon = 1; its CI coverage, tests/test_runtime_gpu.py runs it):
+    one program per causal pair of 64-token tiles, heads split and group (10 pairs at 256-token
+    chunks, 3 at 128, 1 at 64), 64 KB of shared memory at headdim 64 (80 KB at 128) and no
+    spills, two CTAs per SM, code other than the tl dCB's; the tl stage's tiles, warps, stages or
+    heads a step at other values, or inputs in fp32, are refused naming dcb_gluon=1."""
+    from autossd.compile import compile_config
+    from autossd.ops.ssd.bwd_knobs import DCB_GLUON_FIXED
+    from autossd.render import _interpret
+    prob = Problem(1, 4096, 8, 64, 128, 1, "bf16", chunk_size=256, has_D=True).replace(**features)
+    cfg = default_config("sm90", prob).replace(dcb_gluon=1, **DCB_GLUON_FIXED)
+    assert not violations(cfg, "sm90", prob)
+    with _interpret(False):
+        (ln,) = [ln for ln in get_op("ssd_bwd").fn("meta_launches")(prob, cfg, "cuda") if ln.stage == "dcb"]
+    nc, tiles = -(-prob.seqlen // prob.chunk_size), prob.chunk_size // 64
+    assert ln.kernel == "ssd_bwd_dcb_gluon"
+    assert ln.grid == (tiles * (tiles + 1) // 2 * cfg.group_split * prob.ngroups, nc, prob.batch)
+    rep = compile_config(cfg, "sm90", prob, stages=("dcb",))
+    assert rep.ok, rep.why()
+    (st,) = rep.stages
+    assert st.spill_bytes == 0 and st.shared_bytes <= (80 if prob.headdim == 128 else 64) * 1024 + 1024
+    assert st.occupancy >= 2
+    tl = compile_config(cfg.replace(dcb_gluon=0), "sm90", prob, stages=("dcb",))
+    assert tl.ok and tl.stages[0].artifact_sha != st.artifact_sha
+    for bad in (dict(dcb_block_m=32), dict(dcb_heads=4), dict(dcb_stages=3)):
+        assert any("dcb_gluon=1" in w for w in violations(cfg.replace(**bad), "sm90", prob)), bad
+    assert any("dcb_gluon=1" in w for w in violations(cfg, "sm90", prob.replace(dtype="fp32")))
+
+
+def test_the_gluon_dcb_falls_back_to_the_tl_stage_where_the_call_cannot_take_it(monkeypatch):
+    """dcb_gluon = 1 where a call cannot run it (here: no GPU, or a GPU with seq_idx): the backward
+    runs the tl dCB of the same config, every gradient within the dtype's bound; the reason is
+    named."""
+    from autossd.ops.ssd import bwd_gluon
+    from autossd.ops.ssd.bwd_knobs import DCB_GLUON_FIXED
+
+    def pick(p, a, d=None):
+        return default_config("sm90", p.replace(has_seq_idx=False)).replace(dcb_gluon=1, **DCB_GLUON_FIXED)
+    monkeypatch.setattr(bw, "config_for", pick)
+    prob = _prob("bf16", l=200, h=2, p=64, n=64, chunk=64, has_D=True, has_seq_idx=DEV != "cpu")
+    cfg = pick(prob, "sm90")
+    t = make_inputs(prob, DEV, seed=5)
+    buf = bw.allocate(prob, cfg, t, torch.randn_like(t["x"]), None, set(bw.GRAD_NAMES), None)
+    assert bwd_gluon.dcb_gluon_gaps(prob, cfg, t, buf, "cuda")
+    assert all(ln.kernel != "ssd_bwd_dcb_gluon" for ln in bw.plan(prob, cfg, t, buf, "cuda"))
+    _check(prob, seed=19)
+
+
 # the H200 records' knobs that set these stages' registers: G in one 16-bit operand (dx: 75 KB of
 # shared memory where two operands take 91 KB), dB's folded row weights on 64 x 128 tiles
 _RECORD_KNOBS = dict(dx_g_split=1, db_fold=1, dbc_block_m=64, dbc_block_n=128, dbc_block_k=64, dbc_stages=3)

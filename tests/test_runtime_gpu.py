@@ -348,3 +348,52 @@ def test_a_replayed_packed_prefill_gives_the_planned_ones_outputs_bitwise(path):
     assert len(vl._launch_cache) == 1
     for got, want in zip(again, first):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,l,feats", [("bf16", 1000, {}), ("fp16", 900, {}),
+                                          ("bf16", 700, dict(chunk_size=128, nheads=8, ngroups=2, split=2)),
+                                          ("fp16", 300, dict(chunk_size=64, dstate=64, headdim=128))])
+def test_the_gluon_dcb_gives_the_tl_stages_gradients(dtype, l, feats, monkeypatch):
+    """dcb_gluon = 1 (dCB on 64 x 64 wgmma tiles of causal pairs, the decay split in a row and a
+    column factor off the diagonal) against the tl dCB of the same config on the GPU: a last chunk
+    of 232 tokens, one of 132 (its last row tile wholly past the chunk's end), heads split in two
+    over two groups at 128-token chunks, dstate 64 and headdim 128 at 64-token chunks; every
+    gradient within its bound against float64 and within 1e-3 of the tl stage's."""
+    from autossd.ops.ssd import backward as bw
+    from autossd.ops.ssd.bwd_knobs import DCB_GLUON_FIXED
+    split = feats.pop("split", 1)
+    q = feats.pop("chunk_size", 256)
+    prob = Problem(2, l, 4, 64, 128, 1, dtype, chunk_size=q, has_D=True, has_z=True, has_dt_bias=True,
+                   dt_softplus=True).replace(**feats)
+    base = bw.config_for
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+    t = make_inputs(prob, "cuda", seed=29)
+    g = torch.Generator(device="cpu").manual_seed(29)
+    dout = torch.randn(t["x"].shape, generator=g).to(t["x"].dtype).cuda()
+    planned = []
+    real = bw.dcb_gluon
+    monkeypatch.setattr(bw, "dcb_gluon", lambda *a, **k: planned.append(True) or real(*a, **k))
+
+    def grads(mode):
+        def pick(p, a, d=None):
+            c = base(p, a, d).replace(group_split=split)
+            return c.replace(dcb_gluon=1, **DCB_GLUON_FIXED) if mode else c.replace(**DCB_GLUON_FIXED)
+        monkeypatch.setattr(bw, "config_for", pick)
+        bw.clear_launch_cache()
+        leaves = {k: t[k].clone().requires_grad_() for k in names}
+        y = autossd.mamba_chunk_scan_combined(
+            leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], q, D=leaves["D"], z=leaves["z"],
+            dt_bias=leaves["dt_bias"], dt_softplus=True)
+        (y.float() * dout.float()).sum().backward()
+        return {k: v.grad for k, v in leaves.items()}
+
+    gl = grads(1)
+    assert planned == [True]
+    tl = grads(0)
+    assert planned == [True]
+    ref = bw.reference(t["x"], t["dt"], t["A"], t["B"], t["C"], q, t["D"], t["z"], t["dt_bias"],
+                       None, None, True, (0.0, float("inf")), dout, None)
+    for k in names:
+        assert rel_err(gl[k], ref[k]) < grad_tolerance(dtype), k
+        assert rel_err(gl[k], tl[k]) < 1e-3, (k, rel_err(gl[k], tl[k]))
+    bw.clear_launch_cache()

@@ -37,7 +37,7 @@ from ...core import select as _select
 from ...render import launch_options, load
 from ..common import launch_cache as _lc
 from .chunk import run, warm_up
-from .bwd_gluon import dx_gluon, dx_gluon_gaps, rev_walk, rev_walk_gaps, rev_walk_slots
+from .bwd_gluon import dcb_gluon, dcb_gluon_gaps, dx_gluon, dx_gluon_gaps, rev_walk, rev_walk_gaps, rev_walk_slots
 from .bwd_knobs import STATE_DTYPES, BwdConfig, recompute_walk_modes, recompute_walk_violations
 from .naive import ssd_chunked, ssd_recurrent
 from .plan import Launch, _gluon_walk, walk_call_gaps
@@ -249,7 +249,7 @@ def plan(prob, config: BwdConfig, t: dict, buf: BwdBuffers, backend: str = "cuda
         out.append(dx_gluon(prob, config, t, buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"]), s_D))
     else:
         out.append(_dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2))
-    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2)
+    out += _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2, backend)
     out.append(_ddt(prob, config, buf, dt_in, dt_flags, opts))
     return out
 
@@ -343,7 +343,7 @@ def _dx_tl(prob, config, t, buf, opts, dtb, seq_s, g5, cb5, s_D, N2) -> Launch:
                   opts["dx"])
 
 
-def _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2) -> list[Launch]:
+def _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2, backend) -> list[Launch]:
     """The launches of dCB (with the causal parts of the dt and dA gradients), dB and dC."""
     q = config.chunk_size
     b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
@@ -355,14 +355,17 @@ def _dbc(prob, config, t, buf, opts, dtb, seq_s, st5, g5, P2, N2) -> list[Launch
     dd4 = _named("s_dd", ("b", "h", "c", "j"), buf.ddir)
     da4 = _named("s_da", ("b", "h", "c", "j"), buf.dap)
     nj = triton.cdiv(q, config.dcb_block_k)
-    out.append(Launch("dcb", "ssd_bwd_dcb",
-                      (triton.cdiv(q, config.dcb_block_m) * nj * config.group_split * g, nc, b),
-                      dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
-                           dcb_ptr=buf.dcb, ddir_ptr=buf.ddir, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
-                           heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
-                           **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **dcb6,
-                           **dd4, **da4),
-                      dict(HAS_SEQ=has_seq, P2=P2, N2=N2), opts["dcb"]))
+    if config.dcb_gluon and not dcb_gluon_gaps(prob, config, t, buf, backend):
+        out.append(dcb_gluon(prob, config, t, buf, (dtb["s_dt_b"], dtb["s_dt_h"], dtb["s_dt_c"])))
+    else:
+        out.append(Launch("dcb", "ssd_bwd_dcb",
+                          (triton.cdiv(q, config.dcb_block_m) * nj * config.group_split * g, nc, b),
+                          dict(x_ptr=x, dy_ptr=dy, B_ptr=B, C_ptr=C, dt_ptr=buf.dt, dA_ptr=buf.dA, seq_ptr=seq,
+                               dcb_ptr=buf.dcb, ddir_ptr=buf.ddir, dap_ptr=buf.dap, L=l, H=h, P=p, N=n,
+                               heads_per_group=hpg, **_named("s_x", "blhp", x), **_named("s_dy", "blhp", dy),
+                               **_named("s_B", "blgn", B), **_named("s_C", "blgn", C), **dtb, **seq_s, **dcb6,
+                               **dd4, **da4),
+                          dict(HAS_SEQ=has_seq, P2=P2, N2=N2), opts["dcb"]))
     grid_bc = (triton.cdiv(q, config.dbc_block_m) * triton.cdiv(n, config.dbc_block_n) * config.group_split * g,
                nc, b)
     if buf.dBp is not None:

@@ -54,7 +54,10 @@ def includes(cfg: BwdConfig, backend: str) -> list[str]:
     out.append("dx.jinja")
     if cfg.dx_gluon and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
         out.append("dx_gluon.jinja")
-    return out + ["dbc.jinja", "gate.jinja"]
+    out.append("dbc.jinja")
+    if cfg.dcb_gluon and backend == "cuda":   # PTX only (the knob needs tma and wgmma)
+        out.append("dcb_gluon.jinja")
+    return out + ["gate.jinja"]
 
 
 def render_context(cfg: BwdConfig, backend: str) -> dict:

@@ -1,14 +1,15 @@
 """The SSD backward's sm90 data paths, each the check of whether a call fits it and its launch:
 dx in Gluon (templates/ssd_bwd/dx_gluon.jinja, the forward's chunk-walking scan run in reverse
-time), and the reverse walk (state_walk_rev_gluon.jinja, the forward's state walk run backwards
-over the chunks, in place of the dstates and reverse state-passing stages). `backward.plan`
-takes each where the config asks (dx_gluon = 1, rev_walk = 1) and the call fits; each writes
-the buffers of the tl stages it replaces."""
+time), dCB in Gluon (dcb_gluon.jinja, the tl stage's contract on wgmma tiles), and the reverse
+walk (state_walk_rev_gluon.jinja, the forward's state walk run backwards over the chunks, in
+place of the dstates and reverse state-passing stages). `backward.plan` takes each where the
+config asks (dx_gluon = 1, dcb_gluon = 1, rev_walk = 1) and the call fits; each writes the
+buffers of the tl stages it replaces."""
 from __future__ import annotations
 
 import triton
 
-from .bwd_knobs import BwdConfig, dx_gluon_violations
+from .bwd_knobs import BwdConfig, dcb_gluon_violations, dx_gluon_violations
 from .stage_knobs import gluon_problem_violations
 from .plan import _INT32, Launch, _sm90_gaps, _tma_desc, _tma_view_gaps, strides
 
@@ -34,6 +35,51 @@ def dx_gluon_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[s
     if max(b * l, b * triton.cdiv(l, q) * g * q) >= _INT32:
         why.append("a TMA coordinate would pass 2**31")
     return why
+
+
+def dcb_gluon_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[str]:
+    """Why this call cannot run the Gluon dCB; empty when it can: the config's and problem's
+    limits, an sm90 GPU, C, B, dy and x as TMA-addressable 2-D views of one 16-bit type,
+    coordinates in 32 bits. A call that cannot runs the tl dCB of the same config, with the same
+    result to rounding."""
+    B, C, dy, x = t["B"], t["C"], buf.dy, t["x"]
+    b, l, h, p, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.ngroups
+    why = dcb_gluon_violations(config, prob) + _sm90_gaps("the Gluon dCB", x, backend)
+    if why:
+        return why
+    why += _tma_view_gaps(prob, (("C", C, g * prob.dstate), ("B", B, g * prob.dstate), ("dy", dy, h * p),
+                                 ("x", x, h * p)))
+    if len({B.dtype, C.dtype, dy.dtype, x.dtype}) > 1:
+        why.append(f"B, C, dy and x must share a type, got {B.dtype}, {C.dtype}, {dy.dtype}, {x.dtype}")
+    if b * l >= _INT32:
+        why.append("a TMA coordinate would pass 2**31")
+    return why
+
+
+def dcb_gluon(prob, config: BwdConfig, t: dict, buf, s_dt: tuple) -> Launch:
+    """The Gluon dCB's launch: one program per (causal pair of 64-token tiles, heads split, group,
+    chunk, batch)."""
+    B, C, x, dy = t["B"], t["C"], t["x"], buf.dy
+    q = config.chunk_size
+    b, l, h, p, n, g = prob.batch, prob.seqlen, prob.nheads, prob.headdim, prob.dstate, prob.ngroups
+    nc, T = triton.cdiv(l, q), q // 64
+    tile = [64, 64]
+    descs = dict(C_desc=_tma_desc(C, [b * l, g * n], C.stride(1), tile),
+                 B_desc=_tma_desc(B, [b * l, g * n], B.stride(1), tile),
+                 dy_desc=_tma_desc(dy, [b * l, h * p], dy.stride(1), tile),
+                 x_desc=_tma_desc(x, [b * l, h * p], x.stride(1), tile))
+    scb, sdd, sda = strides(buf.dcb, 6), strides(buf.ddir, 4), strides(buf.dap, 4)
+    return Launch("dcb", "ssd_bwd_dcb_gluon", (T * (T + 1) // 2 * config.group_split * g, nc, b),
+                  dict(**descs, dt_ptr=buf.dt, dA_ptr=buf.dA, dcb_ptr=buf.dcb, ddir_ptr=buf.ddir, dap_ptr=buf.dap,
+                       L=l, heads_per_group=h // g,
+                       s_dt_b=s_dt[0], s_dt_h=s_dt[1], s_dt_c=s_dt[2],
+                       s_cb_b=scb[0], s_cb_c=scb[1], s_cb_s=scb[2], s_cb_g=scb[3], s_cb_i=scb[4], s_cb_j=scb[5],
+                       s_dd_b=sdd[0], s_dd_h=sdd[1], s_dd_c=sdd[2], s_dd_j=sdd[3],
+                       s_da_b=sda[0], s_da_h=sda[1], s_da_c=sda[2], s_da_j=sda[3]),
+                  dict(N=n, P=p),
+                  # one warpgroup, its ring in the template; dcb_maxnreg its register cap (not in the
+                  # module's LAUNCH table, as for the Gluon dx)
+                  _options(config.dcb_maxnreg))
 
 
 def _options(maxnreg: int) -> dict:

@@ -162,6 +162,17 @@ KNOBS: tuple[Knob, ...] = (
          measured_only=True),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
          measured_only=True, needs=("maxnreg",)),
+    # 1: dCB in Gluon for sm90 (templates/ssd_bwd/dcb_gluon.jinja): the tl stage's contract on
+    # 64 x 64 tiles of causal pairs only, C·Bᵀ once a pair from C's and B's tiles resident in
+    # shared memory, each head's dy·xᵀ a wgmma on TMA-fed tiles through a ring two heads deep. The
+    # tl stage at the H200's records (32 x 32 tiles, four heads a step, 248 registers) takes 1.36
+    # ms of a 6.0 ms step at 2.7b 4 x 16384 bf16, about four times its MMAs and exponentials at
+    # the card's rates, and ncu finds it waiting on shared memory and barriers (12% occupancy).
+    # Its register cap is dcb_maxnreg. A call it cannot take (seq_idx, strides TMA cannot
+    # address) runs the tl stage of the same config. measured_only: the static model cannot rank
+    # a data path
+    Knob("dcb_gluon", (0, 1), 0, "1: dCB in Gluon on 64 x 64 tiles, its products wgmmas fed by TMA (sm90)", "dcb",
+         measured_only=True, needs=("tma", "wgmma")),
     # register cap of the dB kernel (0 = ptxas's choice): about 190 registers at the H200's
     # records (2.7b, 64 x 128 tiles, db_fold = 1), two CTAs an SM where its 75 KB of shared memory
     # would fit three, which 168 allows (dC, the stage's twin, is held at two by its 82 KB)
@@ -245,6 +256,8 @@ def violations(config: BwdConfig, arch: Arch | str, problem=None) -> list[str]:
                    f"the tl dx on sm90 (Triton 3.6): take 32 for one of the three")
     if config.dx_gluon:
         why += dx_gluon_violations(config, problem)
+    if config.dcb_gluon:
+        why += dcb_gluon_violations(config, problem)
     if config.rev_walk:
         why += gluon_problem_violations("rev_walk=1", problem)
         if config.rev_walk == 2 and problem is not None and problem.dstate <= 64:
@@ -291,6 +304,25 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
                    f"dx_block_n, dx_block_k and dx_block_d = 64, dx_warps = 4 and dx_stages = 1, got {tiles}, "
                    f"dx_warps={config.dx_warps}, dx_stages={config.dx_stages}")
     return why + gluon_problem_violations("dx_gluon=1", problem)
+
+
+# The knobs the Gluon dCB takes at one value each: the tl stage's tiles, warps, stages and heads a
+# step set to what it runs (64 x 64 tiles, one warpgroup, its ring in the template, one head a
+# step), so that no two configs run the same code. Its register cap is dcb_maxnreg.
+DCB_GLUON_FIXED = dict(dcb_block_m=64, dcb_block_k=64, dcb_warps=4, dcb_stages=1, dcb_heads=1)
+
+
+def dcb_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
+    """What the Gluon dCB (dcb_gluon = 1) cannot do, for this config and problem on sm90: the knobs
+    of DCB_GLUON_FIXED at other values, inputs other than 16-bit, dstate other than 64 or 128,
+    headdim not in 64-wide tiles, seq_idx. Strides and alignment are the call's
+    (bwd_gluon.dcb_gluon_gaps)."""
+    why = []
+    if any(config[k] != v for k, v in DCB_GLUON_FIXED.items()):
+        got = {k: config[k] for k in DCB_GLUON_FIXED}
+        why.append(f"dcb_gluon=1 runs 64 x 64 tiles in one warpgroup, one head a step, its ring in the template: "
+                   f"needs {DCB_GLUON_FIXED}, got {got}")
+    return why + gluon_problem_violations("dcb_gluon=1", problem)
 
 
 # the forward walk's own modes, fixed where the backward runs it (recompute_walk = 1): its
