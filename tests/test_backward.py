@@ -614,6 +614,36 @@ def test_gluon_dcb_cross_compiles_on_causal_tile_pairs_without_spills(features):
     assert any("dcb_gluon=1" in w for w in violations(cfg, "sm90", prob.replace(dtype="fp32")))
 
 
+@pytest.mark.parametrize("heads,flags", [(1, dict(l=150)), (4, dict(l=150)),
+                                         (4, dict(l=170, has_seq_idx=True)), (1, dict(l=130, b=2))])
+def test_the_dcb_decay_split_off_the_diagonal_gives_the_same_gradients(heads, flags, monkeypatch):
+    """dcb_decay = 1 (off the diagonal, dCB's decay as a row factor times a column factor): every
+    gradient within its bound against float64 and within 1e-5 of dcb_decay = 0's, at 64-token
+    chunks in 16 x 16 tiles (six of the ten causal tiles off the diagonal), one head a step or
+    four, a ragged last chunk, sequences packed by seq_idx (their boundary inside off-diagonal
+    tiles), two batch rows."""
+    prob = _prob("fp32", h=4, p=16, n=16, chunk=64, has_D=True, has_dt_bias=True, dt_softplus=True, **flags)
+    real = bw.config_for
+    got, seen = {}, []
+    for decay in (0, 1):
+        def pick(p, a, d=None, decay=decay):
+            c = real(p, a, d).replace(dcb_block_m=16, dcb_block_k=16, dcb_heads=heads, dcb_decay=decay,
+                                      group_split=1)
+            seen.append(c)
+            return c
+        monkeypatch.setattr(bw, "config_for", pick)
+        bw.clear_launch_cache()
+        got[decay] = _grads(prob, seed=23)
+        assert seen and seen[-1].dcb_decay == decay
+    bw.clear_launch_cache()
+    ref = got[0][1]
+    for k in ref:
+        assert rel_err(got[1][0][k], ref[k]) < TOL["fp32"], k
+        assert rel_err(got[1][0][k], got[0][0][k]) < 1e-5, (k, rel_err(got[1][0][k], got[0][0][k]))
+    assert render.kernel_hash(pick(prob, "sm90").replace(dcb_decay=1), "cuda") != \
+        render.kernel_hash(pick(prob, "sm90").replace(dcb_decay=0), "cuda")
+
+
 def test_the_gluon_dcb_falls_back_to_the_tl_stage_where_the_call_cannot_take_it(monkeypatch):
     """dcb_gluon = 1 where a call cannot run it (here: no GPU, or a GPU with seq_idx): the backward
     runs the tl dCB of the same config, every gradient within the dtype's bound; the reason is

@@ -162,6 +162,16 @@ KNOBS: tuple[Knob, ...] = (
          measured_only=True),
     Knob("dcb_maxnreg", MAXNREG, 0, "register cap per thread of the dCB kernel, 0 = compiler's choice", "dcb",
          measured_only=True, needs=("maxnreg",)),
+    # 1: off the diagonal (a tile whose every s precedes every t) the dCB stage's decay
+    # exp(dA_t - dA_s) as exp(dA_t - dA_r) exp(dA_r - dA_s), r the tile's last column: each factor
+    # <= 1 as dA falls along the chunk, two exponentials a row and a column where a pair took one.
+    # At 256-token chunks in 32 x 32 tiles 28 of the 36 causal tiles are off the diagonal.
+    # Cross-compiled, the H200 record's dCB (four heads a step) issues one exponential per head
+    # and tile element: 32 a warp in a 565-instruction loop, whose special-function units (a
+    # quarter of the issue rate) need about 45% of the loop's issue time for them.
+    # measured_only: the static model does not price exponentials
+    Knob("dcb_decay", (0, 1), 0, "1: off the diagonal, dCB's decay as a row factor times a column factor", "dcb",
+         measured_only=True),
     # 1: dCB in Gluon for sm90 (templates/ssd_bwd/dcb_gluon.jinja): the tl stage's contract on
     # 64 x 64 tiles of causal pairs only, C·Bᵀ once a pair from C's and B's tiles resident in
     # shared memory, each head's dy·xᵀ a wgmma on TMA-fed tiles through a ring two heads deep. The
@@ -308,8 +318,9 @@ def dx_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
 
 # The knobs the Gluon dCB takes at one value each: the tl stage's tiles, warps, stages and heads a
 # step set to what it runs (64 x 64 tiles, one warpgroup, its ring in the template, one head a
-# step), so that no two configs run the same code. Its register cap is dcb_maxnreg.
-DCB_GLUON_FIXED = dict(dcb_block_m=64, dcb_block_k=64, dcb_warps=4, dcb_stages=1, dcb_heads=1)
+# step, the decay split off the diagonal as it always does), so that no two configs run the same
+# code. Its register cap is dcb_maxnreg.
+DCB_GLUON_FIXED = dict(dcb_block_m=64, dcb_block_k=64, dcb_warps=4, dcb_stages=1, dcb_heads=1, dcb_decay=1)
 
 
 def dcb_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
