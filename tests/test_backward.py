@@ -612,6 +612,7 @@ def test_gluon_dcb_cross_compiles_on_causal_tile_pairs_without_spills(features):
     for bad in (dict(dcb_block_m=32), dict(dcb_heads=4), dict(dcb_stages=3)):
         assert any("dcb_gluon=1" in w for w in violations(cfg.replace(**bad), "sm90", prob)), bad
     assert any("dcb_gluon=1" in w for w in violations(cfg, "sm90", prob.replace(dtype="fp32")))
+    assert any("headdim <= 384" in w for w in violations(cfg, "sm90", prob.replace(headdim=448)))
 
 
 @pytest.mark.parametrize("heads,flags", [(1, dict(l=150)), (4, dict(l=150)),

@@ -51,7 +51,7 @@ def dcb_gluon_gaps(prob, config: BwdConfig, t: dict, buf, backend: str) -> list[
                                  ("x", x, h * p)))
     if len({B.dtype, C.dtype, dy.dtype, x.dtype}) > 1:
         why.append(f"B, C, dy and x must share a type, got {B.dtype}, {C.dtype}, {dy.dtype}, {x.dtype}")
-    if b * l >= _INT32:
+    if b * l + config.chunk_size >= _INT32:   # row tiles run up to a chunk past the last token
         why.append("a TMA coordinate would pass 2**31")
     return why
 

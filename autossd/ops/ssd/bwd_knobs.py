@@ -333,6 +333,11 @@ def dcb_gluon_violations(config: BwdConfig, problem=None) -> list[str]:
         got = {k: config[k] for k in DCB_GLUON_FIXED}
         why.append(f"dcb_gluon=1 runs 64 x 64 tiles in one warpgroup, one head a step, its ring in the template: "
                    f"needs {DCB_GLUON_FIXED}, got {got}")
+    # a head's dy and x tiles, its whole headdim, in each of the ring's two stages: 32 KB per 64
+    # of headdim beside C's and B's tiles, within sm90's 227 KB of shared memory up to 384
+    if problem is not None and problem.headdim > 384:
+        why.append(f"dcb_gluon=1 holds a head's whole headdim in shared memory: needs headdim <= 384, "
+                   f"got {problem.headdim}")
     return why + gluon_problem_violations("dcb_gluon=1", problem)
 
 
