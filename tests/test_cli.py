@@ -27,7 +27,7 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
-def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
+def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env, monkeypatch):
     db, journal, plots = env / "tuning.sqlite", env / "studies.journal", env / "plots"
     r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 6, "--seed", 0,
                "--db", db, "--storage", journal, "--compile-workers", 2, "--no-progress",
@@ -47,7 +47,9 @@ def test_static_tune_end_to_end_then_the_runtime_uses_the_record(env):
     assert kernel.provenance == "static"
     assert kernel.config.as_dict() == recs[0]["config"]
 
-    # the study resumes: asking for 7 evaluations adds one
+    # the study resumes: asking for 7 evaluations adds one (compiled in this process, which goes
+    # through the spawned compiler: this one imported Triton interpreted)
+    _interpreted(monkeypatch)
     r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 7, "--seed", 0,
                "--db", db, "--storage", journal, "--compile-workers", 0, "--no-progress")
     assert r.exit_code == 0, r.output
@@ -347,8 +349,9 @@ def test_tune_refuses_a_store_that_is_no_database_before_any_trial(env, monkeypa
 
 
 
-def test_export_of_a_jsonl_store_never_writes_lines_into_a_database_name(env):
+def test_export_of_a_jsonl_store_never_writes_lines_into_a_database_name(env, monkeypatch):
     src = env / "recs.jsonl"
+    _interpreted(monkeypatch)   # the in-process compiles through the spawned compiler, a cold Triton cache too
     r = invoke("tune", "--arch", "gfx942", "--shapes", SHAPE, "--trials", 4, "--seed", 0, "--db", src,
                "--storage", env / "j.journal", "--compile-workers", 0, "--no-progress")
     assert r.exit_code == 0, r.output
