@@ -3,6 +3,7 @@ float64 reference, in Triton's CPU interpreter: every B/C form, with and without
 delta_bias and softplus, in fp32, bf16 and fp16; outputs poisoned with NaN where the ops write
 into buffers of their own; a length that is no multiple of the chunk; bad input refused by
 name. Shapes are tiny: each launch is a few interpreted programs."""
+import dataclasses
 import os
 
 import pytest
@@ -13,6 +14,7 @@ import triton.language as tl
 import autossd
 from autossd import render
 from autossd.ops.mamba1 import fwd
+from autossd.ops.mamba1 import scan as scan_module
 from autossd.ops.mamba1.naive import selective_scan_ref
 from autossd.ops.mamba1.problem import ScanProblem
 from autossd.ops.mamba1.scan_knobs import BwdConfig, FwdConfig, fwd_default_config, violations
@@ -338,6 +340,56 @@ def test_torch_compile_fullgraph_forward_and_backward():
     torch.compile(f, backend="aot_eager", fullgraph=True)(*xc).backward()
     for k, a, b in zip(names, xe, xc):
         assert torch.equal(a.grad, b.grad), k
+
+
+def test_an_eager_call_runs_the_ops_bodies_with_the_ops_gradients():
+    """An eager call skips torch's custom-op dispatch (its own autograd over the same two bodies):
+    its outputs and gradients equal the registered ops' bit for bit, also where only the last
+    state is used (out's cotangent then zeros) and where only some inputs require grad."""
+    from autossd.ops.mamba1.bwd import reference
+    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    t = fwd.tune_inputs(p, DEV, seed=14)
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=torch.Generator().manual_seed(5))
+    for wanted in (names, ("delta", "B")):
+        xe = {k: t[k].clone().requires_grad_(k in wanted) for k in names}
+        xo = {k: t[k].clone().requires_grad_(k in wanted) for k in names}
+        out_e, last_e = autossd.selective_scan_fn(*xe.values(), delta_softplus=True, return_last_state=True)
+        out_o, last_o, _ = torch.ops.autossd.sscan_fwd(*xo.values(), True, True, True)
+        assert torch.equal(out_e, out_o) and torch.equal(last_e, last_o)
+        ge = torch.autograd.grad(last_e, [xe[k] for k in wanted], dlast)
+        go = torch.autograd.grad(last_o, [xo[k] for k in wanted], dlast)
+        ref = reference(t, True, torch.zeros_like(t["u"]), dlast)
+        for k, a, b in zip(wanted, ge, go):
+            assert torch.equal(a, b), k
+            assert rel_err(a, ref[k]) < GRAD_TOL["fp32"], (k, rel_err(a, ref[k]))
+
+
+def test_a_recorded_call_replays_on_each_calls_own_tensors(monkeypatch):
+    """The launch cache: a training call's forward and backward each plan, launch and record the
+    first time their key is seen; a second call of the same key with other values plans nothing
+    and replays both records on its own tensors and buffers (gradients within the float64 bound
+    both times); another key (a longer sequence) records anew."""
+    from autossd.testing import interpret_launch_cache
+    seen = interpret_launch_cache(monkeypatch, fwd, "launch_all")
+    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    cfgs = (FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1, seq_split=2), BwdConfig(block_d=4, chunk=16, lanes_n=8,
+                                                                                         warps=1))
+    monkeypatch.setattr(scan_module, "configs", lambda prob, device, training=False: (*cfgs, "cuda"))
+
+    def check(prob, seed):
+        got, ref = _grads(prob, fwd.tune_inputs(prob, DEV, seed=seed), seed)
+        assert set(got) == set(ref)
+        for k in ref:
+            assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
+
+    check(p, 1)
+    planned = seen["planned"]
+    assert planned == 4 and seen["replays"] == 0 and len(fwd._launch_cache) == 2   # 3 split launches + the backward
+    check(p, 2)
+    assert seen == {"planned": planned, "replays": 2}
+    check(dataclasses.replace(p, seqlen=61), 3)
+    assert seen["planned"] == 2 * planned and seen["replays"] == 2 and len(fwd._launch_cache) == 4
 
 
 def test_the_shape_grammar_writes_mamba1_calls():

@@ -160,6 +160,11 @@ def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: d
             for k, win in enumerate(reversed(range(nwin)))]
 
 
+# what the backward's launches read (the forward's inputs, dout, dlast, the checkpoints) and write
+INPUTS = _fwd.INPUTS + ("dout", "dlast", "ckpt")
+BUFFERS = ("du", "ddelta", "dz", "pA", "pB", "pC", "pD", "pdb", "gc", "we", "sd")
+
+
 def _run(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device,
          before=None) -> None:
     """The launches; with window = 1, after each window's, its time-varying partials summed over
@@ -260,6 +265,11 @@ def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None,
     tt = dict(_fwd.staged(problem, config, t), dout=dout.contiguous(),
               dlast=dlast.float().contiguous() if dlast is not None else None, ckpt=ckpt)
     buf = allocate(problem, config, t, poison)
+    if not config.get("window", 0):   # one set of launches: recorded once, replayed (fwd.run_recorded)
+        key = None if poison else ("bwd", problem, config, backend)
+        _fwd.run_recorded(key, lambda: plan(problem, config, tt, buf, backend), config, backend, tt, buf,
+                          INPUTS, BUFFERS)
+        return _sum_partials(problem, config, buf, t, set(need))
     before = _recompute_windows(problem, config, fcfg, t, ckpt, buf, backend) if config.get("window", 0) == 2 else None
     _run(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf, t["u"].device,
          before)

@@ -3,12 +3,15 @@ float64 reference, cost model, defaults and constraints; and `forward`, which al
 outputs and launches the kernel (the drop-in `selective_scan_fn` is in scan.py)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from ...core.cost import StageCost
 from ...core.cost import cdiv as _cdiv
 from ...problem import DTYPE_BYTES, TORCH_DTYPES
 from ...render import load
+from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
 from ..ssd.plan import Launch
 from . import scan_knobs
@@ -158,13 +161,57 @@ def recompute(problem: ScanProblem, config: FwdConfig, t: dict, coarse, every: i
 
 
 def launch(launches: list, module, device) -> None:
-    for ln in launches:
-        kernel = getattr(module, ln.kernel)
-        if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
-            with torch.cuda.device(device):
-                kernel[ln.grid](**ln.args, **ln.constexprs, **ln.options)
-        else:
-            kernel[ln.grid](**ln.args, **ln.constexprs, **ln.options)
+    if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(device):
+            launch_all(launches, module)
+    else:
+        launch_all(launches, module)
+
+
+def launch_all(launches: list, module) -> list:
+    """The launches through triton, on the current device: their compiled kernels."""
+    return [getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options) for ln in launches]
+
+
+# The launch cache: a call's launches are recorded the first time a key is seen and replayed on
+# later calls' tensors, skipping the plan and triton's per-launch binding (about as much host time
+# as the kernels take at batch 1 and 2048 tokens). The key holds everything a launch depends on:
+# problem, config, what the caller asked for, and the tensors' dtypes, shapes, strides, alignment
+# and aliasing (`launch_cache.input_sig`).
+_launch_cache: dict = {}
+LAUNCH_CACHE_MAX = 1024
+INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+BUFFERS = ("out", "last", "ckpt", "he", "sd")
+
+
+def clear_launch_cache() -> None:
+    _launch_cache.clear()
+
+
+def run_recorded(key, plan_of, config, backend: str, t: dict, buf: dict, inputs: tuple, buffers: tuple) -> None:
+    """Launch what `plan_of()` plans for these tensors (t's `inputs`, buf's `buffers`), or replay
+    the record kept under `key` (None: neither kept nor looked up, e.g. a poisoned gate run).
+    Records are made and replayed on the current device only."""
+    dev = t["u"].device
+    stream = None
+    if key is not None and dev.index in (None, torch.cuda.current_device() if dev.type == "cuda" else None):
+        stream = _lc.replay_stream(dev)
+    if stream is not None:
+        key = (key, _lc.input_sig(t, inputs))
+        rec = _launch_cache.get(key)
+        if rec is not None:
+            _lc.replay(rec, t, SimpleNamespace(**{k: buf.get(k) for k in buffers}), stream)
+            return
+    module = load(config, backend)
+    launches = plan_of()
+    if stream is None:
+        launch(launches, module, dev)
+        return
+    compiled = launch_all(launches, module)
+    if all(c is not None for c in compiled):
+        ns = SimpleNamespace(**{k: buf.get(k) for k in buffers})
+        _lc.remember(_launch_cache, key, _lc.record(launches, compiled, t, ns, module, inputs, buffers),
+                     LAUNCH_CACHE_MAX)
 
 
 def forward(problem: ScanProblem, config: FwdConfig, t: dict, backend: str = "cuda", last: bool = False,
@@ -172,7 +219,9 @@ def forward(problem: ScanProblem, config: FwdConfig, t: dict, backend: str = "cu
     """Run the forward of `config` on validated inputs: {"out", "last", "ckpt"} (None where not
     asked); ckpt_every > 1: one checkpoint every that many chunks (ckpt_stride = 1)."""
     buf = allocate(problem, config, t, last, ckpt_dtype, poison, ckpt_every)
-    launch(plan(problem, config, staged(problem, config, t), buf, backend), load(config, backend), t["u"].device)
+    tt = staged(problem, config, t)
+    key = None if poison else ("fwd", problem, config, backend, last, ckpt_dtype, ckpt_every)
+    run_recorded(key, lambda: plan(problem, config, tt, buf, backend), config, backend, tt, buf, INPUTS, BUFFERS)
     return buf
 
 

@@ -1,10 +1,12 @@
 """`selective_scan_fn`: a drop-in for mamba_ssm's selective_scan_fn (Mamba-1's selective scan),
 forward and backward, eagerly and under torch.compile(fullgraph=True).
 
-The call goes through two registered custom ops, "autossd::sscan_fwd" and "autossd::sscan_bwd",
-each with a fake kernel, so torch.compile traces them as opaque nodes (no graph break); the
-forward op's autograd calls the backward op. Both pick their config through the one selector
-(`core.select`: exact, nearest, transfer records, else the arch default).
+Under torch.compile the call goes through two registered custom ops, "autossd::sscan_fwd" and
+"autossd::sscan_bwd", each with a fake kernel, so they trace as opaque nodes (no graph break); the
+forward op's autograd calls the backward op. An eager call runs the same two bodies through a
+plain autograd.Function instead (torch's custom-op dispatch costs more host time than the kernels
+of a short sequence). Both pick their config through the one selector (`core.select`: exact,
+nearest, transfer records, else the arch default).
 
 Where gradients are wanted the forward also stores each chunk's entering state (checkpoints, at
 the backward config's chunk and in its checkpoint type), so the backward recomputes a chunk's
@@ -20,6 +22,7 @@ import torch
 
 from ...arch import get_arch
 from ...core import select as _select
+from ...core.autograd import any_requires_grad
 from ...core.device import arch_of_device
 from ...db import lookup as _lookup
 from ...problem import as_flag
@@ -84,14 +87,20 @@ def sscan_fwd_op(u: _Tensor, delta: _Tensor, A: _Tensor, B: _Tensor, C: _Tensor,
     """(out, last state or an empty tensor, checkpoints or an empty tensor): an op's schema has a
     fixed number of outputs. save: store the checkpoints the backward reads."""
     prob = from_args(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    return _forward(prob, _tensors(u, delta, A, B, C, D, z, delta_bias), save)
+
+
+def _forward(prob: ScanProblem, t: dict, save: bool) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """The forward op's body on validated inputs (the op's and the eager path's)."""
+    u = t["u"]
     _device_check(u)
     fcfg, bcfg, backend = configs(prob, u.device, training=save)
-    buf = _fwd.forward(prob, fcfg, _tensors(u, delta, A, B, C, D, z, delta_bias), backend, last=return_last_state,
+    buf = _fwd.forward(prob, fcfg, t, backend, last=prob.return_last_state,
                        ckpt_dtype=bcfg.ckpt_dtype if save else None,
                        ckpt_every=_bwd.ckpt_every(prob, bcfg) if save else 1)
     def empty():   # one tensor each: a custom op's outputs may not alias one another
         return u.new_empty(0, dtype=torch.float32)
-    return buf["out"], (buf["last"] if return_last_state else empty()), (buf["ckpt"] if save else empty())
+    return buf["out"], (buf["last"] if prob.return_last_state else empty()), (buf["ckpt"] if save else empty())
 
 
 @sscan_fwd_op.register_fake
@@ -118,10 +127,15 @@ def sscan_bwd_op(dout: _Tensor, dlast: Optional[_Tensor], u: _Tensor, delta: _Te
     elsewhere: an op's schema has a fixed number of outputs). ckpt: the forward's checkpoints
     (None or empty: the forward runs again to store them)."""
     prob = from_args(u, delta, A, B, C, D, z, delta_bias, delta_softplus, dlast is not None)
+    return _backward(prob, dout, dlast, _tensors(u, delta, A, B, C, D, z, delta_bias), ckpt, need)
+
+
+def _backward(prob: ScanProblem, dout, dlast, t: dict, ckpt, need) -> list[_Tensor]:
+    """The backward op's body on validated inputs (the op's and the eager path's)."""
+    u = t["u"]
     _device_check(u)
     arch = arch_of_device(u.device)
     fcfg, bcfg, backend = configs(prob, u.device, training=True)
-    t = _tensors(u, delta, A, B, C, D, z, delta_bias)
     names = {k for k, w in zip(DIFFERENTIABLE, need) if w and t[k] is not None}
     if ckpt is not None and ckpt.numel() == 0:
         ckpt = None
@@ -175,12 +189,42 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     inputs in fp32, fp16 or bf16 (delta, B, C, z may differ from u's dtype). Returns out (u's
     dtype), or (out, last_state (batch, dim, dstate) fp32) with return_last_state.
     Differentiable in every tensor input (and through last_state)."""
-    from ...core.autograd import any_requires_grad
     delta_softplus = as_flag("delta_softplus", delta_softplus)
     return_last_state = as_flag("return_last_state", return_last_state)
-    if not torch.compiler.is_compiling():   # named errors before the op's schema sees the arguments
-        from_args(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
     save = torch.is_grad_enabled() and any_requires_grad(u, delta, A, B, C, D, z, delta_bias)
-    out, last, _ = torch.ops.autossd.sscan_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                               return_last_state, save)
+    if torch.compiler.is_compiling():   # traced: the registered ops (no graph break)
+        out, last, _ = torch.ops.autossd.sscan_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                                                   return_last_state, save)
+        return (out, last) if return_last_state else out
+    # Eager calls skip torch's custom-op dispatcher, as the SSD drop-in does: its per-call checks
+    # cost more host time than the kernels at batch 1 and 2048 tokens. Validated once, here,
+    # with named errors, before anything runs.
+    prob = from_args(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    t = _tensors(u, delta, A, B, C, D, z, delta_bias)
+    if save:
+        out, last = _Scan.apply(prob, *(t[k] for k in DIFFERENTIABLE))
+    else:
+        out, last, _ = _forward(prob, t, False)
     return (out, last) if return_last_state else out
+
+
+class _Scan(torch.autograd.Function):
+    """The eager path's autograd: the ops' bodies called directly (the same kernels, configs and
+    checkpoints as the registered ops' autograd, without their dispatch)."""
+
+    @staticmethod
+    def forward(ctx, prob, *tensors):
+        out, last, ckpt = _forward(prob, dict(zip(DIFFERENTIABLE, tensors)), True)
+        ctx.save_for_backward(*tensors, ckpt)
+        ctx.prob = prob
+        return out, last
+
+    @staticmethod
+    def backward(ctx, dout, dlast):
+        need = list(ctx.needs_input_grad[1:])
+        if not any(need):
+            return (None,) * (_N_IN + 1)
+        *t, ckpt = ctx.saved_tensors
+        grads = _backward(ctx.prob, dout, dlast if ctx.prob.return_last_state else None,
+                          dict(zip(DIFFERENTIABLE, t)), ckpt, need)
+        return (None, *(g if w else None for w, g in zip(need, grads)))
