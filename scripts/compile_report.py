@@ -3,7 +3,8 @@
 registers, spill bytes, shared memory, occupancy (blocks per SM on NVIDIA, waves per SIMD on
 AMD) and, for NVIDIA targets, SASS instruction counts that say where time goes without running:
 tensor-core MMAs (HGMMA: sm90 wgmma; HMMA: mma.sync), fp32 FMAs (an fp32 "ieee" dot lowers to
-FFMA) and local-memory loads and stores (spills).
+FFMA), special-function ops (MUFU: the scans' exponentials), cross-lane shuffles (SHFL) and
+local-memory loads and stores (spills).
 
 Run it when a config is slower than expected or a knob's default is in question (does a tile spill?
 does a register cap cost occupancy?), after a Triton upgrade, or before changing a template.
@@ -13,6 +14,7 @@ does a register cap cost occupancy?), after a Triton upgrade, or before changing
     python scripts/compile_report.py --op ssd_fwd --arch gfx942 --shape "mamba2-2.7b:b=1,l=16k"
     python scripts/compile_report.py --op ssd_decode --shape "mamba2-2.7b:b=64" --state-dtype bf16
     python scripts/compile_report.py --op ssd_bwd --config '{"dx_maxnreg": 128}' --json
+    python scripts/compile_report.py --op sscan_bwd --shape "mamba-2.8b:b=1,l=64k" --set seq_split=8
 
 --shape takes what `autossd tune --op OP --shapes` takes (default: Mamba-2 2.7b's layer at the
 op's training or serving size). --set and --config override knobs of the arch's default config
@@ -33,10 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # the op's problem at Mamba-2 2.7b's layer: the backward at a training shape with the gate and
-# final states, the decode step at a serving batch, packed prefill at 8192 tokens in 16 sequences
+# final states, the decode step at a serving batch, packed prefill at 8192 tokens in 16 sequences;
+# Mamba-1's selective scan at Mamba 2.8b's layer, 8x2048
 DEFAULT_SHAPES = {"ssd_fwd": "mamba2-2.7b:b=1,l=16k", "ssd_bwd": "mamba2-2.7b:b=8,l=2048,z=1,final=1",
-                  "ssd_decode": "mamba2-2.7b:b=64", "ssd_varlen": "mamba2-2.7b:t=8192,s=16"}
-SASS_OPS = ("HGMMA", "HMMA", "FFMA", "LDL", "STL")
+                  "ssd_decode": "mamba2-2.7b:b=64", "ssd_varlen": "mamba2-2.7b:t=8192,s=16",
+                  "sscan_fwd": "mamba-2.8b:b=8,l=2048", "sscan_bwd": "mamba-2.8b:b=8,l=2048"}
+# MUFU (exp2 and other special functions) and SHFL (cross-lane moves) bound the scans
+SASS_OPS = ("HGMMA", "HMMA", "FFMA", "MUFU", "SHFL", "LDL", "STL")
 
 
 def knob_value(space, name: str, text: str):
@@ -68,21 +73,24 @@ def sass_counts(compiled) -> dict[str, int]:
 
 
 def report(config, arch: str, problem, stages=None):
-    """compile_config's report, with each stage's SASS counts gathered as it compiles:
-    (report, {stage: counts})."""
+    """compile_config's report, with each launch's SASS counts gathered as it compiles:
+    (report, [counts per launch, in the report's order]; several launches can share a stage's
+    name, e.g. a split scan's summary, chain and main launches)."""
     from autossd import compile as _compile
-    counts: dict[str, dict[str, int]] = {}
+    counts: list[dict[str, int]] = []
     orig = _compile._report_stage
 
     def spy(arch_, launch, compiled):
-        counts[launch.stage] = sass_counts(compiled)
+        counts.append(sass_counts(compiled))
         return orig(arch_, launch, compiled)
     _compile._report_stage = spy
     try:
         rep = _compile.compile_config(config, arch, problem, stages=tuple(stages) if stages else None)
     finally:
         _compile._report_stage = orig
-    return rep, counts
+    # a launch that failed to compile has a report but no counts
+    it = iter(counts)
+    return rep, [{} if any(r.startswith("compile error") for r in s.reasons) else next(it, {}) for s in rep.stages]
 
 
 def print_report(rep, counts, out=sys.stdout) -> None:
@@ -92,8 +100,7 @@ def print_report(rep, counts, out=sys.stdout) -> None:
         print("  refused:", "; ".join(rep.reasons), file=out)
     print(f"  {'stage':<18} {'warps':>5} {'regs':>5} {'agpr':>5} {'spill':>6} {'smem':>7} {occ:>10} "
           + " ".join(f"{k.lower():>5}" for k in SASS_OPS) + "  notes", file=out)
-    for s in rep.stages:
-        c = counts.get(s.stage, {})
+    for s, c in zip(rep.stages, counts):
         print(f"  {s.stage:<18} {s.num_warps:>5} {s.registers:>5} {s.agprs:>5} {s.spill_bytes:>6} "
               f"{s.shared_bytes:>7} {s.occupancy:>10g} " + " ".join(f"{c.get(k, ''):>5}" for k in SASS_OPS)
               + f"  {'; '.join(s.reasons)}", file=out)

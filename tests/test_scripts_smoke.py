@@ -271,6 +271,19 @@ def test_compile_report_of_the_decode_step(tmp_path):
     assert r.returncode != 0 and "warps=3: expected one of" in r.stderr
 
 
+def test_compile_report_counts_each_launch_of_a_split_scan(tmp_path):
+    """Mamba-1's backward in segments: three launches of one stage name (the segments' summaries,
+    their chain, the main walk), each with its own registers and SASS counts."""
+    r = _run_script("compile_report", "--op", "sscan_bwd", "--shape", "mamba-2.8b:b=1,l=8k", "--set", "seq_split=8",
+                    "block_d=4", "lanes_n=8", "warps=1", "--json", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    assert rep["config"]["seq_split"] == 8 and [s["stage"] for s in rep["stages"]] == ["bwd"] * 3
+    summary, chain, main = rep["sass"]
+    assert main["FFMA"] > summary["FFMA"] > chain["FFMA"] > 0 and main["MUFU"] > 0
+    assert all(s["registers"] > 0 for s in rep["stages"])
+
+
 def test_bench_lookup_reports_each_phase(tmp_path):
     out = tmp_path / "lookup.json"
     r = _run_script("bench_lookup", "--n", "200", "--json", str(out), tmp_path=tmp_path)

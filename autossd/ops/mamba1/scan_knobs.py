@@ -342,7 +342,14 @@ SEED_FAMILIES = {
                   dict(block_d=64, chunk=8, lanes_n=4), dict(stages=2),
                   # cross-compiled: 128 registers, 40 bytes of spills, 16 warps an SM where 12 fit
                   dict(block_d=4, chunk=8, lanes_n=8, warps=1, maxnreg=128),
-                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=8)),
+                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=8),
+                  # batch 1 past 2048 tokens, where the unsplit records run 1280 single-warp
+                  # programs (about 10 warps an SM): the 4-channel layout in segments,
+                  # cross-compiled for sm90 at 1x65536 at 168 registers and 12 blocks an SM (the
+                  # 8-channel one at 252 and 8), its checkpoints in either type
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8),
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16, ckpt_dtype="bf16"),
+                  dict(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4)),
 }
 
 
