@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ...core import select as _select
 from ...core.cost import StageCost
 from ...core.cost import cdiv as _cdiv
 from ...problem import DTYPE_BYTES, TORCH_DTYPES
@@ -184,6 +185,7 @@ INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 BUFFERS = ("out", "last", "ckpt", "he", "sd")
 
 
+@_select.on_clear
 def clear_launch_cache() -> None:
     _launch_cache.clear()
 
