@@ -91,7 +91,11 @@ FWD_CONFIGS = {
     "serial-seq-split-state-in-lanes": FwdConfig(block_d=2, chunk=8, lanes_n=4, lanes_t=4, warps=1, seq_split=4,
                                                  state_in=1),
     "serial-seq-split-state-in-past-chunks": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16,
-                                                       state_in=1)}
+                                                       state_in=1),
+    # softplus_poly: delta' as max(x, 0) + log1p(exp(-|x|)), log1p a polynomial
+    "serial-softplus-poly": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, softplus_poly=1),
+    "serial-seq-split-softplus-poly": FwdConfig(block_d=2, chunk=8, lanes_n=4, lanes_t=4, warps=1, seq_split=4,
+                                                state_in=1, softplus_poly=1)}
 
 
 @pytest.mark.parametrize("cfg", FWD_CONFIGS.values(), ids=FWD_CONFIGS.keys())
@@ -106,6 +110,27 @@ def test_forward_poisoned_outputs_and_configs(cfg):
     ref = fwd.tune_reference(p, t)
     assert torch.isfinite(out).all() and torch.isfinite(last).all()
     assert rel_err(out, ref[0]) < tolerance("fp32") and rel_err(last, ref[1]) < tolerance("fp32")
+
+
+def test_the_polynomial_softplus_holds_over_the_whole_range_of_delta():
+    """softplus_poly against float64 where delta + bias spans -30 to 25 (past both ends of the
+    polynomial's use: -|x| of either sign, and the identity above 20), the forward's output and
+    last state and every gradient, as softplus_poly = 0 does."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem("3d", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    t = bwd.tune_inputs(p, DEV, seed=23)
+    t["delta"] = torch.linspace(-30.0, 25.0, t["delta"].numel())[torch.randperm(t["delta"].numel(),
+                                                                              generator=torch.Generator().manual_seed(2))
+                                                                 ].view_as(t["delta"]).to(t["delta"].dtype)
+    ref_out = fwd.tune_reference(p, t)
+    ref_grad = bwd.tune_reference(p, t)
+    for poly in (0, 1):
+        out, last = fwd.tune_run(p, FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, softplus_poly=poly), t,
+                                 poison=True)
+        assert rel_err(out, ref_out[0]) < tolerance("fp32") and rel_err(last, ref_out[1]) < tolerance("fp32"), poly
+        got = bwd.tune_run(p, BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, softplus_poly=poly), t, poison=True)
+        for k in ref_grad:
+            assert rel_err(got[k], ref_grad[k]) < GRAD_TOL["fp32"], (poly, k, rel_err(got[k], ref_grad[k]))
 
 
 def test_forward_checkpoints_are_the_chunk_start_states():
@@ -255,7 +280,8 @@ BWD_CONFIGS = {
     "serial-channel-rows": BwdConfig(block_d=4, chunk=8, lanes_n=1, lanes_t=8, warps=1),
     # 6 chunks of 8: 3 segments of 2 chunks; 6 of one (time lanes)
     "serial-seq-split": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4),
-    "serial-seq-split-lanes": BwdConfig(block_d=4, chunk=8, lanes_n=2, lanes_t=4, warps=1, seq_split=16)}
+    "serial-seq-split-lanes": BwdConfig(block_d=4, chunk=8, lanes_n=2, lanes_t=4, warps=1, seq_split=16),
+    "serial-seq-split-softplus-poly": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, softplus_poly=1)}
 
 
 @pytest.mark.parametrize("cfg", BWD_CONFIGS.values(), ids=BWD_CONFIGS.keys())
