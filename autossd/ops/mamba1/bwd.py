@@ -165,15 +165,12 @@ INPUTS = _fwd.INPUTS + ("dout", "dlast", "ckpt")
 BUFFERS = ("du", "ddelta", "dz", "pA", "pB", "pC", "pD", "pdb", "gc", "we", "sd")
 
 
-def _run(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device,
-         before=None) -> None:
-    """The launches; with window = 1, after each window's, its time-varying partials summed over
-    each group's channel blocks (torch's fixed order, as without windows) into that window's
-    steps of oB / oC. before(launch): run first for each window's launch (window = 2: that
-    window's chunk states recomputed)."""
-    if not config.get("window", 0):
-        _fwd.launch(launches, module, device)
-        return
+def _run_windows(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device,
+                 before=None) -> None:
+    """A windowed backward's launches (window = 1 or 2), one a window; after each window's, its
+    time-varying partials summed over each group's channel blocks (torch's fixed order, as
+    without windows) into that window's steps of oB / oC. before(launch): run first for each
+    window's launch (window = 2: that window's chunk states recomputed)."""
     b, n, l, ng = problem.batch, problem.dstate, problem.seqlen, problem.ngroups
     nbg = programs(problem, config) // ng   # a group's channel blocks: contiguous, they divide its channels
     for ln in launches:
@@ -269,10 +266,10 @@ def backward(problem: ScanProblem, config: BwdConfig, t: dict, dout, dlast=None,
         key = None if poison else ("bwd", problem, config, backend)
         _fwd.run_recorded(key, lambda: plan(problem, config, tt, buf, backend), config, backend, tt, buf,
                           INPUTS, BUFFERS)
-        return _sum_partials(problem, config, buf, t, set(need))
-    before = _recompute_windows(problem, config, fcfg, t, ckpt, buf, backend) if config.get("window", 0) == 2 else None
-    _run(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf, t["u"].device,
-         before)
+    else:   # launches interleaved with torch's sums of each window's partials: not recorded
+        before = _recompute_windows(problem, config, fcfg, t, ckpt, buf, backend) if config.window == 2 else None
+        _run_windows(problem, config, plan(problem, config, tt, buf, backend), load(config, backend), buf,
+                     t["u"].device, before)
     return _sum_partials(problem, config, buf, t, set(need))
 
 

@@ -14,6 +14,7 @@ from ...problem import DTYPE_BYTES, TORCH_DTYPES
 from ...render import load
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
+from ..ssd.chunk import run as launch_all   # through triton's JIT: the compiled kernels
 from ..ssd.plan import Launch
 from . import scan_knobs
 from .naive import selective_scan_ref
@@ -167,11 +168,6 @@ def launch(launches: list, module, device) -> None:
             launch_all(launches, module)
     else:
         launch_all(launches, module)
-
-
-def launch_all(launches: list, module) -> list:
-    """The launches through triton, on the current device: their compiled kernels."""
-    return [getattr(module, ln.kernel)[ln.grid](**ln.args, **ln.constexprs, **ln.options) for ln in launches]
 
 
 # The launch cache: a call's launches are recorded the first time a key is seen and replayed on
