@@ -615,10 +615,38 @@ def test_state_in_is_refused_without_segments_and_changes_the_split_kernel():
     assert render.kernel_hash(cfg.replace(state_in=1), "cuda") != render.kernel_hash(cfg, "cuda")
 
 
-def test_a_windowed_backward_is_refused_beside_a_split_sequence():
-    p = _problem("3d", seqlen=90)
-    why = violations(BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, window=1), "sm90", p)
-    assert any("window=1" in w and "seq_split" in w for w in why)
+@pytest.mark.parametrize("form", ["groups", "mixed"])
+def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_gradients_bitwise(form, monkeypatch):
+    """seq_split with window = 1: the segments' start gradients over the whole sequence, then a
+    main launch per window of whole segments from the last, the time-varying partials one window
+    long. With the bound at two segments' partials: 11 chunks of 8 in 6 segments of 2 (the last
+    one chunk, ragged) make windows of 2, 2 and 2 segments; every gradient bitwise the unwindowed
+    split's and within float64's bound, poisoned buffers, a last state's gradient. window = 2
+    (one checkpoint a window) stays refused beside a split, and the bound does not switch a split
+    record to windows."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem(form, seqlen=85, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8)   # 11 chunks: 6 segments of 2
+    assert fwd.segments(p, cfg) == (2, 6)
+    monkeypatch.setattr(bwd, "WINDOW_BYTES", bwd._partial_bytes(p, cfg, 2 * 2 * cfg.chunk))
+    win = cfg.replace(window=1)
+    assert not violations(win, "sm90", p) and bwd.windows(p, win) == (4, 3)
+    assert any("window=2" in w and "seq_split" in w for w in violations(cfg.replace(window=2), "sm90", p))
+    assert bwd.bounded(p, cfg) == cfg
+    t = bwd.tune_inputs(p, DEV, seed=14)
+    buf = bwd.allocate(p, win, t)
+    assert buf["pB"].shape[-1] == 32   # a window's 32 steps (rows a multiple of 16)
+    tt = dict(t, ckpt=torch.zeros(p.batch, 11, p.dim, p.dstate, device=DEV), dlast=t["dlast"])
+    launches = bwd.plan(p, win, tt, buf)
+    assert [(ln.constexprs["PHASE"], ln.grid[2], ln.args["C0"]) for ln in launches] == \
+        [(1, 5, 0), (2, 1, 0), (0, 2, 8), (0, 2, 4), (0, 2, 0)]
+    ref = bwd.tune_reference(p, t)
+    one = bwd.tune_run(p, cfg, t, poison=True)
+    got = bwd.tune_run(p, win, t, poison=True)
+    for k in ref:
+        assert torch.equal(got[k], one[k]), k
+        assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
 
 
 @pytest.mark.parametrize("form", ["3d", "groups", "mixed"])

@@ -65,10 +65,15 @@ def allocate(problem: ScanProblem, config: BwdConfig, t: dict, poison: bool = Fa
 
 def windows(problem: ScanProblem, config: BwdConfig) -> tuple[int, int]:
     """(chunks per window, windows) of a config with window = 1: as many chunks as keep each
-    time-varying partial within WINDOW_BYTES, at least one; (all chunks, 1) otherwise."""
+    time-varying partial within WINDOW_BYTES, at least one; with seq_split, as many whole
+    segments, at least one; (all chunks, 1) otherwise."""
     nchunks = _cdiv(problem.seqlen, config.chunk)
     if not config.get("window", 0):
         return nchunks, 1
+    if config.get("seq_split", 1) > 1:
+        spc, nseg = _fwd.segments(problem, config)
+        k = max(1, min(nseg, WINDOW_BYTES // _partial_bytes(problem, config, spc * config.chunk)))
+        return k * spc, _cdiv(nseg, k)
     spw = max(1, min(nchunks, WINDOW_BYTES // _partial_bytes(problem, config, config.chunk)))
     return spw, _cdiv(nchunks, spw)
 
@@ -101,7 +106,8 @@ def window_row(config: BwdConfig, spw: int) -> int:
 def bounded(problem: ScanProblem, config: BwdConfig) -> BwdConfig:
     """`config` with window = 1 where its time-varying partials over the whole sequence would pass
     WINDOW_BYTES (serial layout, no seq_split): a bound on the backward's memory whatever a record
-    holds."""
+    holds. A split config is left as it is (in windows its launches have fewer programs each:
+    its record says whether it takes them)."""
     if config.get("window", 0) or config.scan != "serial" or config.get("seq_split", 1) > 1 \
             or not (problem.B_var or problem.C_var):
         return config
@@ -134,19 +140,28 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     g = (programs(problem, config), problem.batch)
     if config.get("window", 0) == 2:
         args |= dict(ck_ptr=buffers["wck"], SPW=windows(problem, config)[0])
-    if config.get("window", 0):
+    split = config.get("seq_split", 1) > 1
+    if config.get("window", 0) and not split:
         return _windowed(problem, config, args, constexprs, opts, buffers, g)
-    if config.get("seq_split", 1) == 1:
+    if not split:
         return [Launch("bwd", "sscan_bwd", g, args, constexprs, opts)]
     # seq_split: each segment's start gradient (PHASE 1), their chain from the sequence's end
-    # (PHASE 2), then the walk of every segment (PHASE 0); see the kernel
+    # (PHASE 2), then the walk of every segment (PHASE 0; with windows, a launch per window of
+    # segments from the last); see the kernel
     spc, nseg = _fwd.segments(problem, config)
     args = {**args, "we_ptr": buffers["we"], "sd_ptr": buffers["sd"], "SPC": spc, "NSEG": nseg}
-    main = Launch("bwd", "sscan_bwd", g + (nseg,), args, constexprs | dict(PHASE=0), opts)
+    mains = [Launch("bwd", "sscan_bwd", g + (nseg,), args, constexprs | dict(PHASE=0), opts)]
+    if config.get("window", 0):
+        spw, nwin = windows(problem, config)
+        k, nchunks = spw // spc, _cdiv(problem.seqlen, config.chunk)
+        args |= dict(wc_ptr=buffers["wc"], C0=0, NCW=0, WL=window_row(config, spw), ACC_IN=0)
+        mains = [Launch("bwd", "sscan_bwd", g + (min(k, nseg - win * k),),
+                        args | dict(C0=win * spw, NCW=min(spw, nchunks - win * spw)), constexprs | dict(PHASE=0), opts)
+                 for win in reversed(range(nwin))]
     if nseg == 1:
-        return [main]
+        return mains
     return [Launch("bwd", "sscan_bwd", g + (nseg - 1,), args, constexprs | dict(PHASE=1), opts),
-            Launch("bwd", "sscan_bwd", g + (1,), args, constexprs | dict(PHASE=2), opts), main]
+            Launch("bwd", "sscan_bwd", g + (1,), args, constexprs | dict(PHASE=2), opts)] + mains
 
 
 def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: dict, opts: dict, buffers: dict,
@@ -177,6 +192,8 @@ def _run_windows(problem: ScanProblem, config: BwdConfig, launches: list, module
         if before is not None:
             before(ln)
         _fwd.launch([ln], module, device)
+        if ln.constexprs.get("PHASE", 0):   # a split sequence's start gradients: no partials
+            continue
         t0, wl = ln.args["C0"] * config.chunk, ln.args["WL"]
         steps = min(ln.args["NCW"] * config.chunk, l - t0)   # a row holds the window's steps, then padding
         for name, var in (("B", problem.B_var), ("C", problem.C_var)):

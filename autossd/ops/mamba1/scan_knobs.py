@@ -71,8 +71,9 @@ SHARED: tuple[Knob, ...] = (
 # 8 segments of 8-channel single-warp programs, 1.225 -> 1.190 ms a training step.
 # Cross-compiled for sm90 at 1x2048, 32 channels x 16 steps x 4 state lanes: the forward's main
 # launch takes 158 registers against 122 unsplit (3 blocks per SM against 4: the entering state,
-# loaded, costs what a zero state does not).
-SEQ_SPLIT = Knob("seq_split", (1, 2, 4, 8, 16), 1,
+# loaded, costs what a zero state does not). 32 and 64 segments: for the backward in windows of
+# whole segments at long batch-1 sequences (below, window).
+SEQ_SPLIT = Knob("seq_split", (1, 2, 4, 8, 16, 32, 64), 1,
                  "serial: segments the sequence is cut into, one program each (two small launches first "
                  "summarize the segments and chain them)", "scan", depths=("serial",), measured_only=True)
 
@@ -146,6 +147,15 @@ FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32, CKPT_STRID
 # forward's kernel walks that window again from its checkpoint, storing each chunk's entering
 # state into a buffer one window long. The price: the forward's scan once more, without its output
 # (H200, 2.8b bf16 forward + backward: 1x65536 52.4 ms against 43.1, peak 2.7 GB against 5.2).
+# With seq_split, window = 1 walks windows of whole segments: the segments' start gradients first
+# (their two small launches, over the whole sequence), then a main launch per window of segments
+# from the last, each segment a program as without windows, its partials one window long. A
+# window holds as many segments as keep a partial within WINDOW_BYTES, at least one (so the bound
+# holds where a segment's partial fits it: at 1x65536 with 8-channel programs, segments of 4096
+# steps or fewer). Without windows the H200's batch-1 records in 8 segments hold 2.7 GB a partial
+# at 1x65536 (a 10.3 GB peak against CUDA's 3.2). The switch to windows whatever the record says
+# stays with unsplit configs: a split one in windows has fewer programs a launch, which only a GPU
+# can weigh.
 WINDOW = Knob("window", (0, 1, 2), 0,
               "serial: 1, the sequence in windows (a launch each, from the last), the dB / dC partials "
               "bounded to one window; 2, and one checkpoint a window, each window's chunk states "
@@ -209,9 +219,9 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
                        f"{threads} threads (the rest would spread a thread's own time steps across threads)")
         if config.lanes_t > config.chunk:
             why.append(f"serial: lanes_t={config.lanes_t} > chunk={config.chunk}")
-        if config.get("window", 0) and config.get("seq_split", 1) > 1:
-            why.append(f"window={config.window} walks the windows one after another; seq_split={config.seq_split} "
-                       "walks segments side by side: one or the other")
+        if config.get("window", 0) == 2 and config.get("seq_split", 1) > 1:
+            why.append(f"window=2 recomputes each window's chunk states from one checkpoint a window; "
+                       f"seq_split={config.seq_split} walks segments from their own start gradients: one or the other")
         if config.get("state_in", 0) and config.get("seq_split", 1) == 1:
             why.append("state_in=1 reads a segment's entering state: seq_split=1 has no segments")
         if config.get("ckpt_stride", 0) and config.get("seq_split", 1) > 1:
@@ -368,7 +378,11 @@ SEED_FAMILIES = {
                   dict(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=16, ckpt_dtype="bf16"),
                   dict(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4),
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1, softplus_poly=1),
-                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=8, softplus_poly=1)),
+                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=8, softplus_poly=1),
+                  # long batch-1 sequences: the H200's pick above in windows of whole segments,
+                  # its partials within WINDOW_BYTES (at 1x65536: 11 windows of 6 or 3 segments)
+                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=64, window=1, softplus_poly=1),
+                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=32, window=1, softplus_poly=1)),
 }
 
 
