@@ -615,6 +615,19 @@ def test_state_in_is_refused_without_segments_and_changes_the_split_kernel():
     assert render.kernel_hash(cfg.replace(state_in=1), "cuda") != render.kernel_hash(cfg, "cuda")
 
 
+def _same_gradients_bitwise(p, first, second, t) -> dict:
+    """Two backward configs' gradients (poisoned buffers) bitwise equal, the second's within fp32's
+    bound of the float64 reference; the reference, for further checks."""
+    from autossd.ops.mamba1 import bwd
+    ref = bwd.tune_reference(p, t)
+    a = bwd.tune_run(p, first, t, poison=True)
+    b = bwd.tune_run(p, second, t, poison=True)
+    for k in ref:
+        assert torch.equal(a[k], b[k]), k
+        assert rel_err(b[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(b[k], ref[k]))
+    return ref
+
+
 @pytest.mark.parametrize("form", ["groups", "mixed"])
 def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_gradients_bitwise(form, monkeypatch):
     """seq_split with window = 1: the segments' start gradients over the whole sequence, then a
@@ -641,12 +654,7 @@ def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_grad
     launches = bwd.plan(p, win, tt, buf)
     assert [(ln.constexprs["PHASE"], ln.grid[2], ln.args["C0"]) for ln in launches] == \
         [(1, 5, 0), (2, 1, 0), (0, 2, 8), (0, 2, 4), (0, 2, 0)]
-    ref = bwd.tune_reference(p, t)
-    one = bwd.tune_run(p, cfg, t, poison=True)
-    got = bwd.tune_run(p, win, t, poison=True)
-    for k in ref:
-        assert torch.equal(got[k], one[k]), k
-        assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
+    _same_gradients_bitwise(p, cfg, win, t)
 
 
 @pytest.mark.parametrize("form", ["3d", "groups", "mixed"])
@@ -722,12 +730,7 @@ def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(
     t = bwd.tune_inputs(p, DEV, seed=31)
     ck = fwd.forward(p, fcfg, t, ckpt_dtype="fp32", ckpt_every=3, poison=True)["ckpt"]
     assert tuple(ck.shape) == (p.batch, 4, p.dim, p.dstate) and torch.isfinite(ck).all()
-    ref = bwd.tune_reference(p, t)
-    g1 = bwd.tune_run(p, one, t, poison=True)
-    g2 = bwd.tune_run(p, two, t, poison=True)
-    for k in ref:
-        assert torch.equal(g1[k], g2[k]), k
-        assert rel_err(g2[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(g2[k], ref[k]))
+    ref = _same_gradients_bitwise(p, one, two, t)
     g3 = bwd.tune_run(p, two.replace(ckpt_dtype="bf16"), t, poison=True)
     for k in ref:
         assert rel_err(g3[k], ref[k]) < GRAD_TOL["bf16"], k
