@@ -150,7 +150,6 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     # segments from the last); see the kernel
     spc, nseg = _fwd.segments(problem, config)
     args = {**args, "we_ptr": buffers["we"], "sd_ptr": buffers["sd"], "SPC": spc, "NSEG": nseg}
-    mains = [Launch("bwd", "sscan_bwd", g + (nseg,), args, constexprs | dict(PHASE=0), opts)]
     if config.get("window", 0):
         spw, nwin = windows(problem, config)
         k, nchunks = spw // spc, _cdiv(problem.seqlen, config.chunk)
@@ -158,6 +157,8 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
         mains = [Launch("bwd", "sscan_bwd", g + (min(k, nseg - win * k),),
                         args | dict(C0=win * spw, NCW=min(spw, nchunks - win * spw)), constexprs | dict(PHASE=0), opts)
                  for win in reversed(range(nwin))]
+    else:
+        mains = [Launch("bwd", "sscan_bwd", g + (nseg,), args, constexprs | dict(PHASE=0), opts)]
     if nseg == 1:
         return mains
     return [Launch("bwd", "sscan_bwd", g + (nseg - 1,), args, constexprs | dict(PHASE=1), opts),
