@@ -169,10 +169,11 @@ def test_tune_grid_lists_the_grid_shapes_the_shipped_file_lacks_for_a_gpu(tmp_pa
     measured = [q for q in grid(op="sscan_fwd") if q.dim == 5120]   # Mamba 2.8b's width, every shape
     assert len(measured) == 12 and len(left) == len(grid(op="sscan_fwd")) - 12
     assert all(op == "sscan_fwd" for op, _ in left)
-    # --match: only the shapes whose description holds it (the backward measured at 10 of that width's
-    # 12: 1x32768 and 1x65536 in bf16 are left)
+    # --match: only the shapes whose description holds it (the backward measured at 11 of that width's
+    # 12: 1x32768 in bf16 is left)
     narrow = listed("--ops", "sscan_bwd", "--device", "NVIDIA H200", "--match", "d=5120")
-    assert len(narrow) == 2 and all("d=5120" in shape and shape.endswith("bf16") for _, shape in narrow)
+    assert len(narrow) == 1 and all("d=5120" in shape and "l=32768" in shape and shape.endswith("bf16")
+                                    for _, shape in narrow)
     assert len(listed("--ops", "ssd_varlen", "--device", "NVIDIA B200")) == len(grid(op="ssd_varlen"))
     # a shape left, measured elsewhere in both launch modes: done
     p = next(q for q in grid(op="sscan_fwd") if q not in measured)
@@ -207,7 +208,7 @@ def test_tune_grid_deals_the_list_it_computed_once_to_one_worker_per_visible_gpu
     assert [env for _, env in started] == ["4", "6"]
     left = pickle.loads((out / "todo.pkl").read_bytes())
     from autossd.tuner.shapes import grid
-    assert len(left) == len(grid(op="sscan_bwd")) - 10 and {op for op, _ in left} == {"sscan_bwd"}
+    assert len(left) == len(grid(op="sscan_bwd")) - 11 and {op for op, _ in left} == {"sscan_bwd"}
     for g, (cmd, _) in enumerate(started):
         args = cmd[2:]
         assert args[args.index("--gpu") + 1] == str(g) and args[args.index("--trials") + 1] == "2"
