@@ -887,7 +887,6 @@ def test_opcheck_on_the_backward_op():
                           test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm90", "sm80", "gfx90a", "gfx942"])
 def test_default_config_cross_compiles(arch):
     """Every stage of the ssd_bwd default compiles for each arch at mamba2-2.7b's shapes (meta

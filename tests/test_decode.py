@@ -270,7 +270,6 @@ def test_meta_launches_plan_the_one_kernel():
     assert ln.args["s_dt_p"] == 0 and ln.args["s_D_p"] == 0 and ln.options["num_warps"] == cfg.warps
 
 
-@pytest.mark.slow
 def test_cross_compiles_for_nvidia_and_amd_without_spills():
     """The default config, a tiled and a persistent one, compile for sm90 and gfx942 on meta tensors (a
     spawned compile worker: the interpreter cannot compile) with no register spills; on sm90 also
@@ -567,7 +566,8 @@ def test_meta_launches_of_the_dense_kernel():
 # with a random permutation of slots; Mamba-2 A, dt, D, dt_bias either per channel or expanded
 # from per-head values with stride 0 (tie_hdim). Checked against float64, not its fp32 reference.
 # All 540 cases take about 90 s in the interpreter: those at one dim (the partial tile's for the
-# Mamba-1 form) and, with heads, one dstate run unmarked (about 15 s), the rest are marked slow.
+# Mamba-1 form) and, with heads, one dstate run unmarked (about 15 s), the rest are marked slow
+# (deselected by default: `pytest -m slow` runs them).
 ITYPES = [torch.float32, torch.float16, torch.bfloat16]
 SLOW = pytest.mark.slow
 _NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

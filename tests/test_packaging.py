@@ -9,12 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
 def test_non_editable_install_finds_shipped_db_and_migrations(tmp_path):
     src = tmp_path / "src"   # build from a copy: no build/ or egg-info in the shared tree
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "build",

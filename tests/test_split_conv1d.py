@@ -224,7 +224,6 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.slow
 def test_the_triton_kernels_cross_compile_without_spills():
     """The backward kernels of the conv1d and the norm (the ones that hold the most: 2 * width - 1
     shifted tiles of x; the gate's terms), at their default tiles, bf16 with every option on, at

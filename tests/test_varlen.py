@@ -343,7 +343,6 @@ def test_tuner_hooks_agree_with_the_reference():
     assert [ln.stage for ln in launches] == list(op.sequences["stage"])
 
 
-@pytest.mark.slow
 def test_cross_compiles_for_nvidia_and_amd_without_spills():
     """The defaults compile for sm80, sm90, gfx90a and gfx942 on meta tensors (a spawned compile
     worker: the interpreter cannot compile) with no register spills."""
