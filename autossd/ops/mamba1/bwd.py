@@ -183,7 +183,8 @@ BUFFERS = ("du", "ddelta", "dz", "pA", "pB", "pC", "pD", "pdb", "gc", "we", "sd"
 
 def _run_windows(problem: ScanProblem, config: BwdConfig, launches: list, module, buf: dict, device,
                  before=None) -> None:
-    """A windowed backward's launches (window = 1 or 2), one a window; after each window's, its
+    """A windowed backward's launches (window = 1 or 2), one a window (a split sequence's two
+    start-gradient launches first, which write no partials); after each window's, its
     time-varying partials summed over each group's channel blocks (torch's fixed order, as
     without windows) into that window's steps of oB / oC. before(launch): run first for each
     window's launch (window = 2: that window's chunk states recomputed)."""
