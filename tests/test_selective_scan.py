@@ -95,7 +95,10 @@ FWD_CONFIGS = {
     # softplus_poly: delta' as max(x, 0) + log1p(exp(-|x|)), log1p a polynomial
     "serial-softplus-poly": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, softplus_poly=1),
     "serial-seq-split-softplus-poly": FwdConfig(block_d=2, chunk=8, lanes_n=4, lanes_t=4, warps=1, seq_split=4,
-                                                state_in=1, softplus_poly=1)}
+                                                state_in=1, softplus_poly=1),
+    # gluon: the Gluon kernel on a GPU, the serial tl kernel of the same config in the interpreter
+    "gluon": FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=1),
+    "gluon-seq-split": FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1, seq_split=2, gluon=1, softplus_poly=1)}
 
 
 @pytest.mark.parametrize("cfg", FWD_CONFIGS.values(), ids=FWD_CONFIGS.keys())
@@ -140,7 +143,8 @@ def test_forward_checkpoints_are_the_chunk_start_states():
     for cfg in (FwdConfig(scan="assoc", block_d=4, chunk=16),
                 FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1),
                 FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2),
-                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2, state_in=1)):
+                FwdConfig(block_d=4, chunk=16, lanes_n=2, lanes_t=4, warps=1, seq_split=2, state_in=1),
+                FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1, seq_split=2, gluon=1)):
         _check_checkpoints(p, t, cfg)
 
 
@@ -168,7 +172,7 @@ def _check_checkpoints(p, t, cfg):
     ck = fwd.forward(p, cfg, t, ckpt_dtype="fp32", poison=True)["ckpt"]
     assert ck.shape == (2, 3, 8, 16)
     for c in range(3):
-        want = torch.zeros(2, 8, 16, dtype=torch.float64) if c == 0 else selective_scan_ref(
+        want = torch.zeros(2, 8, 16, dtype=torch.float64, device=ck.device) if c == 0 else selective_scan_ref(
             t["u"][..., :16 * c], t["delta"][..., :16 * c], t["A"], t["B"][..., :16 * c], t["C"][..., :16 * c],
             delta_softplus=True, return_last_state=True)[1]
         assert (ck[:, c].double() - want).abs().max() < 1e-4
@@ -341,7 +345,7 @@ def test_backward_without_checkpoints_recomputes_them():
     them: the same gradients bit for bit."""
     p = _problem("3d", has_D=True, delta_softplus=True)
     t = fwd.tune_inputs(p, DEV, seed=9)
-    dout = torch.randn(t["u"].shape)
+    dout = torch.randn(t["u"].shape, device=t["u"].device)
     args = [t[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
     need = [True, True, True, True, True, True, False, False]
     _, _, ck = torch.ops.autossd.sscan_fwd(*args, True, False, True)
@@ -810,3 +814,52 @@ def test_a_window_2_record_runs_selective_scan_fn_eagerly_and_compiled(isolated_
         assert torch.equal(a.grad, b.grad), k
         assert rel_err(a.grad, r.grad) < GRAD_TOL["fp32"], (k, rel_err(a.grad, r.grad))
     select.clear()
+
+
+GLUON_PROB = ScanProblem(batch=1, dim=5120, dstate=16, seqlen=2048, ngroups=1, dtype="bf16", B_var=True, C_var=True,
+                         has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+@pytest.mark.parametrize("cfg,prob", [
+    (FwdConfig(block_d=64, warps=2, chunk=16, lanes_n=1, gluon=1, softplus_poly=1), GLUON_PROB),
+    (FwdConfig(block_d=128, warps=4, chunk=16, lanes_n=1, seq_split=16, gluon=1, softplus_poly=1), GLUON_PROB),
+    (FwdConfig(block_d=64, warps=4, chunk=8, lanes_n=2, gluon=1), dataclasses.replace(GLUON_PROB, batch=8)),
+    (FwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1),
+     dataclasses.replace(GLUON_PROB, dim=256, ngroups=2, B_var=False, dstate=12, return_last_state=True))],
+    ids=["8x2048-pick", "split", "state-lanes", "invariant-B-groups"])
+def test_gluon_configs_cross_compile_to_the_gluon_kernel_without_spills(cfg, prob, arch):
+    """gluon = 1 plans the Gluon kernel for a GPU (meta tensors stand for one) and it compiles for
+    sm90 and sm80 without spills in every launch: unsplit, split (three launches), two state lanes
+    a channel, a time-invariant B with groups and padded states."""
+    from autossd.compile import compile_config
+    assert not violations(cfg, arch, prob)
+    launches = fwd.meta_launches(prob, cfg, "cuda")
+    assert {ln.kernel for ln in launches} == {"sscan_fwd_gl"}
+    rep = compile_config(cfg, arch, prob)
+    assert rep.ok, rep.why()
+    assert len(rep.stages) == len(launches) and all(s.spill_bytes == 0 for s in rep.stages)
+
+
+def test_gluon_is_refused_where_its_tiles_do_not_follow_from_the_serial_knobs():
+    """gluon = 1 takes one channel per group of lanes_n threads, one time lane, no pipelining, B
+    and C as given, no state_in or strided checkpoints, at most 32 steps a chunk; it is not offered
+    on AMD; a training forward at the backward's chunk keeps it, window = 2's drops it; the
+    interpreter plans the serial kernel of the same config."""
+    from autossd.ops.mamba1 import bwd
+    p = GLUON_PROB
+    cfg = FwdConfig(block_d=64, warps=2, chunk=16, lanes_n=1, gluon=1, softplus_poly=1)
+    assert not violations(cfg, "sm90", p) and cfg.replace(scan="assoc").gluon == 0   # a serial knob
+    for change in (dict(block_d=32), dict(lanes_t=2), dict(stages=2), dict(bc_f32=1), dict(chunk=64),
+                   dict(seq_split=4, state_in=1)):
+        assert any("gluon=1" in w for w in violations(cfg.replace(**change), "sm90", p)), change
+    assert any("gluon=1 is not offered on gfx942" in w for w in violations(cfg.replace(warps=1, block_d=64), "gfx942", p))
+    train = bwd.forward_config(p, BwdConfig(block_d=8, chunk=8, lanes_n=4, warps=1), cfg, "sm90")
+    assert (train.gluon, train.chunk) == (1, 8) and not violations(train, "sm90", p)
+    two = bwd.forward_config(p, BwdConfig(block_d=8, chunk=8, lanes_n=4, warps=1, window=2), cfg, "sm90")
+    assert two.gluon == 0 and two.ckpt_stride == 1 and not violations(two, "sm90", p)
+    small = _problem("3d")
+    t = fwd.tune_inputs(small, DEV, seed=1)
+    g = FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=1)
+    (ln,) = fwd.plan(small, g, t, fwd.allocate(small, g, t, False, None))
+    assert ln.kernel == ("sscan_fwd_gl" if DEV == "cuda" and not render.interpreting() else "sscan_fwd")

@@ -213,7 +213,8 @@ def forward_config(problem: ScanProblem, config: BwdConfig, fwd_config: FwdConfi
         if fcfg.scan != "serial":
             fcfg = scan_knobs.fwd_default_config(arch, problem, scan="serial")
         # unsplit: state_in (a split segment's entering state) goes with seq_split
-        return fit(fcfg.replace(chunk=config.chunk, seq_split=1, state_in=0), arch, problem).replace(ckpt_stride=1)
+        return fit(fcfg.replace(chunk=config.chunk, seq_split=1, state_in=0, gluon=0), arch,
+                   problem).replace(ckpt_stride=1)
     return fit(fcfg.replace(chunk=config.chunk), arch, problem)
 
 

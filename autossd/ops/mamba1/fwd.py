@@ -11,7 +11,7 @@ from ...core import select as _select
 from ...core.cost import StageCost
 from ...core.cost import cdiv as _cdiv
 from ...problem import DTYPE_BYTES, TORCH_DTYPES
-from ...render import load
+from ...render import interpreting, load
 from ..common import launch_cache as _lc
 from ..registry import Op, Stage, register
 from ..ssd.chunk import run as launch_all   # through triton's JIT: the compiled kernels
@@ -30,7 +30,9 @@ def includes(cfg, backend: str) -> list[str]:
     """The family's helpers (templates/mamba1/scan_lib.jinja, and serial_lib.jinja for the serial
     layout), then the op's kernel of that layout."""
     if cfg.scan == "serial":
-        return ["scan_lib.jinja", "serial_lib.jinja", "serial.jinja"]
+        # gluon = 1: the Gluon kernel beside the tl one of the same config, which runs where
+        # Gluon cannot (gluon_runs)
+        return ["scan_lib.jinja", "serial_lib.jinja", "serial.jinja"] + (["gluon.jinja"] if cfg.get("gluon", 0) else [])
     return ["scan_lib.jinja", "kernel.jinja"]
 
 
@@ -90,6 +92,15 @@ def segments(problem: ScanProblem, config) -> tuple[int, int]:
     return spc, _cdiv(nchunks, spc)
 
 
+def gluon_runs(config, x: torch.Tensor, backend: str) -> bool:
+    """Whether `config`'s Gluon kernel runs a call on x's device: gluon = 1 on an NVIDIA GPU, or
+    meta tensors (the cross-compile, whose arch compile_config has checked); the interpreter and
+    ROCm run the serial tl kernel of the same config."""
+    if not config.get("gluon", 0) or backend != "cuda" or torch.version.hip:
+        return False
+    return x.device.type == "meta" or (x.device.type == "cuda" and not interpreting())
+
+
 def plan(problem: ScanProblem, config: FwdConfig, t: dict, buffers: dict, backend: str = "cuda") -> list:
     """The launch: t holds the inputs by name, buffers out, last (or None) and ckpt (or None), and
     with seq_split the segments' summaries (he, sd): two launches of the same kernel before the
@@ -112,15 +123,16 @@ def plan(problem: ScanProblem, config: FwdConfig, t: dict, buffers: dict, backen
         constexprs["RECOMP"] = False
     opts = OP.launch_options(config, backend)["fwd"]
     g = grid(problem, config)
+    kernel = "sscan_fwd_gl" if gluon_runs(config, t["u"], backend) else "sscan_fwd"
     if not split:
-        return [Launch("fwd", "sscan_fwd", g, args, constexprs, opts)]
-    main = Launch("fwd", "sscan_fwd", g, args, constexprs | dict(PHASE=0), opts)
+        return [Launch("fwd", kernel, g, args, constexprs, opts)]
+    main = Launch("fwd", kernel, g, args, constexprs | dict(PHASE=0), opts)
     if nseg == 1:
         return [main]
     # the summaries and their chain write neither the output nor the checkpoints
     quiet = constexprs | dict(LAST=False, SAVE=False)
-    return [Launch("fwd", "sscan_fwd", g[:2] + (nseg - 1,), args, quiet | dict(PHASE=1), opts),
-            Launch("fwd", "sscan_fwd", g[:2] + (1,), args, quiet | dict(PHASE=2), opts),
+    return [Launch("fwd", kernel, g[:2] + (nseg - 1,), args, quiet | dict(PHASE=1), opts),
+            Launch("fwd", kernel, g[:2] + (1,), args, quiet | dict(PHASE=2), opts),
             main]
 
 

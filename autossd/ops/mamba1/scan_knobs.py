@@ -131,7 +131,23 @@ SOFTPLUS_POLY = Knob("softplus_poly", (0, 1), 0,
                      "serial: 1, softplus as max(x, 0) + log1p(exp(-|x|)) with log1p a degree-7 polynomial "
                      "(0: log(1 + exp(x)))", "scan", depths=("serial",), measured_only=True)
 
-FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32, CKPT_STRIDE, STATE_IN, SOFTPLUS_POLY),
+# The serial forward's walk as a Gluon kernel (templates/mamba1_sscan_fwd/gluon.jinja): the same
+# tiles with their layouts given, a group of lanes_n threads per channel holding its states and a
+# chunk's steps, B and C staged a chunk at a time in shared memory as fp32 and read as broadcast
+# rows. Cross-compiled for sm90 at Mamba 2.8b's width (a thread per channel, 8 steps): a chunk loop
+# of about 8.6 SASS instructions an element-step with one barrier a chunk at 96 registers, where
+# the tl kernel of the batch-1 pick takes 12.5 with 24 barriers at 168 and spills. H200 (bf16,
+# graph replay, a standalone version of the kernel against the records, one run): 8x2048 0.838 ->
+# 0.702 ms (2 warps, 16 steps), 1x2048 0.171 -> 0.149, 1x65536 4.81 -> 4.16 (16 segments). Its
+# tiles are a fixed function of the serial knobs (block_d = 32 x warps / lanes_n, one time lane,
+# no pipelining: violations), so a config with it names the serial kernel run where Gluon cannot
+# (the interpreter; a backend other than CUDA never offers it).
+GLUON = Knob("gluon", (0, 1), 0,
+             "serial: 1, the walk as a Gluon kernel with explicit layouts (B and C staged in shared memory "
+             "as fp32), on NVIDIA GPUs; the serial tl kernel of the same config runs elsewhere", "scan",
+             depths=("serial",), measured_only=True, needs=("cuda",))
+
+FWD_SPACE = KnobSpace("sscan_fwd", take(SHARED) + (SEQ_SPLIT, BC_F32, CKPT_STRIDE, STATE_IN, SOFTPLUS_POLY, GLUON),
                       mode_knob="scan")
 # The backward's time-varying dB / dC partials are (batch, channel blocks, dstate, seqlen) fp32 each:
 # at Mamba 2.8b's 1 x 65536 with the H200 record's 4 channels a program, 5.4 GB each. window = 1
@@ -227,10 +243,12 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
         if config.get("ckpt_stride", 0) and config.get("seq_split", 1) > 1:
             why.append(f"ckpt_stride=1 walks the sequence in one program a channel block (its window recompute "
                        f"one window): seq_split={config.seq_split} cuts it into segments")
+    if config.get("gluon", 0):
+        why += gluon_violations(config, arch, problem)
     if problem is not None:
         per_thread = config.block_d * n2(problem) * config.chunk // threads
         cap = MAX_ELEMS_PER_THREAD[config.op]
-        if per_thread > cap:
+        if per_thread > cap and not config.get("gluon", 0):
             why.append(f"a {config.block_d} x {n2(problem)} x {config.chunk} scan tile is {per_thread} elements "
                        f"per thread (> {cap}: registers spill)")
         span = config.block_d * sub_blocks(config)
@@ -238,6 +256,25 @@ def violations(config: BaseConfig, arch: Arch | str, problem: ScanProblem | None
             why.append(f"block_d={config.block_d}{f' x sub={config.sub}' if config.get('sub', 1) > 1 else ''} does "
                        f"not divide the {problem.channels_per_group} channels of a group (a program reads one "
                        "group's B and C)")
+    return why
+
+
+def gluon_violations(config: BaseConfig, arch: Arch, problem: ScanProblem | None = None) -> list[str]:
+    """Why a config cannot take gluon = 1: its tiles are one channel per group of lanes_n
+    threads, one time lane, chunk steps in registers (at most 32), no pipelining, B and C staged
+    by the kernel itself, the state carried in its own layout, no strided checkpoints."""
+    why = []
+    threads = config.warps * arch.warp_size
+    if config.block_d * config.lanes_n != threads:
+        why.append(f"gluon=1: block_d={config.block_d} x lanes_n={config.lanes_n} must be the {threads} threads "
+                   "(one channel per group of lanes_n threads)")
+    for name, want in (("lanes_t", 1), ("stages", 1), ("bc_f32", 0), ("state_in", 0), ("ckpt_stride", 0)):
+        if config.get(name, want) != want:
+            why.append(f"gluon=1 takes {name}={want} (got {config.get(name)})")
+    if config.chunk > 32:
+        why.append(f"gluon=1: chunk={config.chunk} > 32 steps in each thread's registers")
+    if problem is not None and config.lanes_n > n2(problem):
+        why.append(f"gluon=1: lanes_n={config.lanes_n} > the {n2(problem)} padded states")
     return why
 
 
@@ -327,6 +364,10 @@ def fit(config: BaseConfig, arch: Arch | str, problem: ScanProblem) -> BaseConfi
     the nearest config _serial_fit finds."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     if config.scan == "serial":
+        if not violations(config, arch, problem):
+            return config
+        if config.get("gluon", 0):   # its tiles follow from the serial knobs: the tl kernel's fit instead
+            config = config.replace(gluon=0)
         return config if not violations(config, arch, problem) else _serial_fit(config, arch, problem, keep_chunk=True)
     while violations(config, arch, problem) and config.block_d > 1:
         config = config.replace(block_d=config.block_d // 2)
@@ -362,7 +403,15 @@ SEED_FAMILIES = {
                   dict(block_d=64, chunk=8, lanes_n=2, seq_split=8),
                   # the H200's picks with softplus_poly (cross-compiled: 9-10% shorter loops)
                   dict(block_d=128, chunk=8, lanes_n=1, softplus_poly=1),
-                  dict(block_d=128, chunk=8, lanes_n=1, seq_split=16, state_in=1, maxnreg=168, softplus_poly=1)),
+                  dict(block_d=128, chunk=8, lanes_n=1, seq_split=16, state_in=1, maxnreg=168, softplus_poly=1),
+                  # the Gluon walk (gluon = 1): the standalone kernel's best on the H200 at 8x2048
+                  # (2 warps, 16 steps), 1x2048 (2 warps, 8 steps, 16 segments) and 1x65536 (4
+                  # warps, 16 steps, 16 segments); two state lanes a channel (twice the threads)
+                  dict(block_d=64, warps=2, chunk=16, lanes_n=1, gluon=1, softplus_poly=1),
+                  dict(block_d=64, warps=2, chunk=8, lanes_n=1, seq_split=16, gluon=1, softplus_poly=1),
+                  dict(block_d=128, warps=4, chunk=16, lanes_n=1, seq_split=16, gluon=1, softplus_poly=1),
+                  dict(block_d=64, warps=4, chunk=16, lanes_n=2, gluon=1, softplus_poly=1),
+                  dict(block_d=64, warps=4, chunk=16, lanes_n=2, seq_split=8, gluon=1, softplus_poly=1)),
     "sscan_bwd": (dict(block_d=4, chunk=8, lanes_n=8, warps=1),
                   dict(block_d=4, chunk=8, lanes_n=8, warps=1, ckpt_dtype="bf16"),
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1), dict(block_d=4, chunk=16, lanes_n=8, warps=1),
