@@ -12,7 +12,9 @@ fp32 (negative), D and delta_bias fp32, softplus on. Rows per (shape, dtype, imp
               longer than the kernel: the small shapes)
   fwd/g       the same replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the kernels alone
   fwd+bwd     forward with gradients wanted (autossd then stores its checkpoints) and the backward
-              of every input, one call after the other
+              of every input, one call after the other (autossd's through torch.autograd, as a
+              training step calls it; the peer's kernels called directly)
+  fwd+bwd/g   the same replayed from a CUDA graph: the kernels alone, with no host work
   peak        fwd+bwd's rows also give one call's peak memory above what was allocated before it
               (torch.cuda.max_memory_allocated), autossd's and the peer's
   floor       bytes read and written once (forward: u, delta, z, B, C read, out written; the
@@ -208,7 +210,8 @@ def main() -> int:
             for name, f_ours, f_peer, nbytes, graph in (
                     ("fwd", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, False),
                     ("fwd/g", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, True),
-                    ("fwd+bwd", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, False)):
+                    ("fwd+bwd", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, False),
+                    ("fwd+bwd/g", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, True)):
                 ours = bench_ms(f_ours, graph)
                 theirs = None
                 if f_peer:
