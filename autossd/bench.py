@@ -31,6 +31,49 @@ def measure_ceilings() -> dict:
     return {"copy_GBps": copy_gbps, "bf16_matmul_TFLOPs": tflops}
 
 
+# exp2's throughput (the special-function pipe's: MUFU.EX2 on NVIDIA), the compute ceiling of a
+# scan whose decays are exponentials one per element-step (Mamba-1's selective scan at d_state 16
+# does too little arithmetic besides for a matmul or the copy rate to bound it): EXP2_CHAINS
+# independent chains a thread, x <- exp2(-x / 2), which stays in (0, 1]
+EXP2_CHAINS = 8
+_exp2_kernel = None
+
+
+def exp2_chains_kernel():
+    """The Triton kernel measure_exp2_rate times: each element walks EXP2_CHAINS chains of STEPS
+    exponentials from x, x + 1/8, ... and stores their sum."""
+    global _exp2_kernel
+    if _exp2_kernel is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def exp2_chains(x_ptr, out_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + offs)
+            c0, c1, c2, c3 = x, x + 0.125, x + 0.25, x + 0.375
+            c4, c5, c6, c7 = x + 0.5, x + 0.625, x + 0.75, x + 0.875
+            for _ in range(STEPS):
+                c0, c1, c2, c3 = tl.exp2(c0 * -0.5), tl.exp2(c1 * -0.5), tl.exp2(c2 * -0.5), tl.exp2(c3 * -0.5)
+                c4, c5, c6, c7 = tl.exp2(c4 * -0.5), tl.exp2(c5 * -0.5), tl.exp2(c6 * -0.5), tl.exp2(c7 * -0.5)
+            tl.store(out_ptr + offs, ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)))
+        _exp2_kernel = exp2_chains
+    return _exp2_kernel
+
+
+def measure_exp2_rate(steps: int = 4096, blocks_per_sm: int = 16, block: int = 256) -> float:
+    """fp32 exp2 per second on the current GPU: every SM's threads busy with independent chains."""
+    import torch
+    from triton.testing import do_bench
+    n = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count * blocks_per_sm * block
+    x = torch.rand(n, device="cuda")
+    out = torch.empty_like(x)
+    kern = exp2_chains_kernel()
+    ms = do_bench(lambda: kern[(n // block,)](x, out, STEPS=steps, BLOCK=block), warmup=25, rep=200,
+                  return_mode="median")
+    return n * steps * EXP2_CHAINS / ms * 1e3
+
+
 EAGER_BATCH_MS = 2.0  # eager calls are timed in back-to-back batches of about this long
 EAGER_MAX_CALLS = 256
 

@@ -17,9 +17,12 @@ fp32 (negative), D and delta_bias fp32, softplus on. Rows per (shape, dtype, imp
   fwd+bwd/g   the same replayed from a CUDA graph: the kernels alone, with no host work
   peak        fwd+bwd's rows also give one call's peak memory above what was allocated before it
               (torch.cuda.max_memory_allocated), autossd's and the peer's
-  floor       bytes read and written once (forward: u, delta, z, B, C read, out written; the
-              backward adds dout, u, delta, z, B, C read, du, ddelta, dz, dB, dC written) at the
-              device-to-device copy bandwidth measured in this run; "of floor" = floor / time
+  floor       the larger of two, both at rates measured in this run: bytes read and written once
+              (forward: u, delta, z, B, C read, out written; the backward adds dout, u, delta, z,
+              B, C read, du, ddelta, dz, dB, dC written) at the device-to-device copy bandwidth,
+              and the decays' exponentials (one an element-step, batch x dim x dstate x seqlen;
+              twice that with the backward, which must recompute them or read them back) at the
+              fp32 exp2 rate (autossd.bench.measure_exp2_rate); "of floor" = floor / time
 The peer is mamba_ssm's CUDA extension `selective_scan_cuda` (fwd/bwd called directly, as
 mamba_ssm's autograd function calls them); else mamba_ssm's selective_scan_fn; else "peer: not
 available".
@@ -193,9 +196,10 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}  dim={a.dim} dstate={a.dstate}  torch {torch.__version__}")
     if a.check and not check():
         raise SystemExit("autossd failed the float64 check")
-    from autossd.bench import measure_ceilings, peak_mib   # the copy rate every benchmark measures
-    bw = measure_ceilings()["copy_GBps"]
-    print(f"device-to-device copy: {bw:.0f} GB/s")
+    from autossd.bench import measure_ceilings, measure_exp2_rate, peak_mib
+    bw = measure_ceilings()["copy_GBps"]   # the copy rate every benchmark measures
+    exp_rate = measure_exp2_rate()
+    print(f"device-to-device copy: {bw:.0f} GB/s; fp32 exp2: {exp_rate / 1e12:.2f} T/s")
     fwd, fwdbwd = autossd_impl()
     peer = peer_impl()
     print(f"peer: {peer[0] if peer else 'not available'}")
@@ -207,11 +211,13 @@ def main() -> int:
             t = make(b, a.dim, a.dstate, l, dtype)
             dout = torch.randn_like(t["u"])
             fb, fbb = floor_bytes(b, a.dim, a.dstate, l, dtype)
-            for name, f_ours, f_peer, nbytes, graph in (
-                    ("fwd", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, False),
-                    ("fwd/g", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, True),
-                    ("fwd+bwd", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, False),
-                    ("fwd+bwd/g", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, True)):
+            exps = b * a.dim * a.dstate * l
+            for name, f_ours, f_peer, nbytes, nexp, graph in (
+                    ("fwd", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, exps, False),
+                    ("fwd/g", lambda: fwd(t), peer and (lambda: peer[1](t)), fb, exps, True),
+                    ("fwd+bwd", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, 2 * exps, False),
+                    ("fwd+bwd/g", lambda: fwdbwd(t, dout), peer and (lambda: peer[2](t, dout)), fbb, 2 * exps,
+                     True)):
                 ours = bench_ms(f_ours, graph)
                 theirs = None
                 if f_peer:
@@ -219,9 +225,11 @@ def main() -> int:
                         theirs = bench_ms(f_peer, graph)
                     except Exception as e:   # noqa: BLE001 - a peer's failure is reported, not fatal
                         print(f"  peer failed at {b}x{l} {dtype} {name}: {type(e).__name__}: {e}")
-                floor = nbytes / (bw * 1e9) * 1e3
+                floor_b, floor_e = nbytes / (bw * 1e9) * 1e3, nexp / exp_rate * 1e3
+                floor = max(floor_b, floor_e)
                 row = dict(batch=b, seqlen=l, dim=a.dim, dstate=a.dstate, dtype=dtype, what=name, autossd_ms=ours,
-                           peer_ms=theirs, peer=peer[0] if peer else None, floor_ms=floor, copy_gbps=bw,
+                           peer_ms=theirs, peer=peer[0] if peer else None, floor_ms=floor, floor_bytes_ms=floor_b,
+                           floor_exp2_ms=floor_e, copy_gbps=bw, exp2_per_s=exp_rate,
                            device=torch.cuda.get_device_name())
                 if name == "fwd+bwd":
                     row["autossd_peak_MiB"] = peak_mib(f_ours)

@@ -1,7 +1,9 @@
-"""autossd.bench's pieces that need no GPU: the floor and the clock log."""
+"""autossd.bench's pieces that need no GPU: the floor, the clock log, the exp2 rate's kernel."""
 import time
 
-from autossd.bench import ClockLog, floor_ms
+import torch
+
+from autossd.bench import EXP2_CHAINS, ClockLog, exp2_chains_kernel, floor_ms
 from autossd.problem import Problem
 
 
@@ -33,3 +35,19 @@ def test_floor_is_the_larger_of_bytes_and_flops():
     by_flops = floor_ms(p, {"copy_GBps": 1e9, "bf16_matmul_TFLOPs": 1.0})
     assert by_bytes == p.min_bytes() / 1e6 and by_flops == p.flops(256) / 1e9
     assert floor_ms(p, {"copy_GBps": 1.0, "bf16_matmul_TFLOPs": 1.0}) == max(by_bytes, by_flops)
+
+
+def test_the_exp2_rate_kernel_walks_every_chain_it_counts():
+    """measure_exp2_rate's kernel (in the interpreter without a GPU): each element's EXP2_CHAINS
+    chains of x <- exp2(-x / 2), summed, as float64 walks them."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.rand(64, device=dev)
+    out = torch.full_like(x, float("nan"))
+    exp2_chains_kernel()[(2,)](x, out, STEPS=5, BLOCK=32)
+    want = torch.zeros(64, dtype=torch.float64)
+    for k in range(EXP2_CHAINS):
+        c = x.double().cpu() + k / 8
+        for _ in range(5):
+            c = torch.exp2(-c / 2)
+        want += c
+    assert torch.allclose(out.double().cpu(), want, rtol=1e-5)
