@@ -12,8 +12,8 @@ fp32 (negative), D and delta_bias fp32, softplus on. Rows per (shape, dtype, imp
               longer than the kernel: the small shapes)
   fwd/g       the same replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the kernels alone
   fwd+bwd     forward with gradients wanted (autossd then stores its checkpoints) and the backward
-              of every input, one call after the other (autossd's through torch.autograd, as a
-              training step calls it; the peer's kernels called directly)
+              of every input through torch.autograd.grad, one call after the other (both through
+              autograd, as a training step calls them)
   fwd+bwd/g   the same replayed from a CUDA graph: the kernels alone, with no host work
   peak        fwd+bwd's rows also give one call's peak memory above what was allocated before it
               (torch.cuda.max_memory_allocated), autossd's and the peer's
@@ -23,9 +23,9 @@ fp32 (negative), D and delta_bias fp32, softplus on. Rows per (shape, dtype, imp
               and the decays' exponentials (one an element-step, batch x dim x dstate x seqlen;
               twice that with the backward, which must recompute them or read them back) at the
               fp32 exp2 rate (autossd.bench.measure_exp2_rate); "of floor" = floor / time
-The peer is mamba_ssm's CUDA extension `selective_scan_cuda` (fwd/bwd called directly, as
-mamba_ssm's autograd function calls them); else mamba_ssm's selective_scan_fn; else "peer: not
-available".
+The peer is mamba_ssm's CUDA extension `selective_scan_cuda` (its fwd called directly for the
+forward rows; fwd and bwd behind an autograd function for the training rows, as mamba_ssm's
+selective_scan_fn calls them); else mamba_ssm's selective_scan_fn; else "peer: not available".
 """
 from __future__ import annotations
 
@@ -99,11 +99,28 @@ def peer_impl():
                                                     t["D"], t["z"], t["delta_bias"], True)
             return rest[0]
 
+        class Scan(torch.autograd.Function):
+            """The extension's fwd and bwd behind autograd, as a training step reaches them through
+            mamba_ssm's selective_scan_fn (so the eager rows compare like with like: autossd's
+            call goes through autograd too). bwd returns du, ddelta, dA, dB, dC, dD,
+            ddelta_bias, dz."""
+
+            @staticmethod
+            def forward(ctx, u, delta, A, B, C, D, z, delta_bias):
+                out, x, *rest = selective_scan_cuda.fwd(u, delta, A, B[:, None], C[:, None], D, z, delta_bias, True)
+                ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, x, out)
+                return rest[0]
+
+            @staticmethod
+            def backward(ctx, dout):
+                u, delta, A, B, C, D, z, delta_bias, x, out = ctx.saved_tensors
+                du, ddelta, dA, dB, dC, dD, ddelta_bias, dz, *_ = selective_scan_cuda.bwd(
+                    u, delta, A, B[:, None], C[:, None], D, z, delta_bias, dout.contiguous(), x, out, None, True, False)
+                return du, ddelta, dA, dB.squeeze(1), dC.squeeze(1), dD, dz, ddelta_bias
+
         def fwdbwd(t, dout):
-            out, x, *rest = selective_scan_cuda.fwd(t["u"], t["delta"], t["A"], t["B"][:, None], t["C"][:, None],
-                                                    t["D"], t["z"], t["delta_bias"], True)
-            return selective_scan_cuda.bwd(t["u"], t["delta"], t["A"], t["B"][:, None], t["C"][:, None], t["D"],
-                                           t["z"], t["delta_bias"], dout, x, out, None, True, False)
+            x = {k: t[k].detach().requires_grad_() for k in NAMES}
+            return torch.autograd.grad(Scan.apply(*(x[k] for k in NAMES)), list(x.values()), dout)
 
         return "selective_scan_cuda", fwd, fwdbwd
     try:
