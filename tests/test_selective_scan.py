@@ -841,6 +841,20 @@ def test_gluon_configs_cross_compile_to_the_gluon_kernel_without_spills(cfg, pro
     assert len(rep.stages) == len(launches) and all(s.spill_bytes == 0 for s in rep.stages)
 
 
+@pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
+def test_a_gluon_config_matches_float64_in_every_b_c_form(form):
+    """A gluon config in each B/C form (time-invariant rows, groups, 12 states padded to 16), with
+    the last state and a partial last chunk: on a GPU the Gluon kernel, in the interpreter the tl
+    kernel of the same knobs."""
+    p = _problem(form, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    cfg = FwdConfig(block_d=4, chunk=16, lanes_n=8, warps=1, seq_split=2, gluon=1, softplus_poly=1)
+    assert not violations(cfg, "sm90", p)
+    t = fwd.tune_inputs(p, DEV, seed=21)
+    out, last = fwd.tune_run(p, cfg, t, poison=True)
+    ref = fwd.tune_reference(p, t)
+    assert rel_err(out, ref[0]) < tolerance("fp32") and rel_err(last, ref[1]) < tolerance("fp32")
+
+
 def test_gluon_is_refused_where_its_tiles_do_not_follow_from_the_serial_knobs():
     """gluon = 1 takes one channel per group of lanes_n threads, one time lane, no pipelining, B
     and C as given, no state_in or strided checkpoints, at most 32 steps a chunk; it is not offered
