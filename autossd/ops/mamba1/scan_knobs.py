@@ -135,7 +135,7 @@ SOFTPLUS_POLY = Knob("softplus_poly", (0, 1), 0,
 # tiles with their layouts given, a group of lanes_n threads per channel holding its states and a
 # chunk's steps, B and C staged a chunk at a time in shared memory as fp32 and read as broadcast
 # rows. Cross-compiled for sm90 at Mamba 2.8b's width (a thread per channel, 8 steps): a chunk loop
-# of about 8.6 SASS instructions an element-step with one barrier a chunk at 96 registers, where
+# of about 8.6 SASS instructions an element-step with two barriers a chunk at 96 registers, where
 # the tl kernel of the batch-1 pick takes 12.5 with 24 barriers at 168 and spills. H200 (bf16,
 # graph replay, a standalone version of the kernel against the records, one run): 8x2048 0.838 ->
 # 0.702 ms (2 warps, 16 steps), 1x2048 0.171 -> 0.149, 1x65536 4.81 -> 4.16 (16 segments). Its
