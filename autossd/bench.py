@@ -4,6 +4,8 @@ floor uses ceilings measured in the same run: a device-to-device copy (bytes rea
 a bf16 matmul; scripts/bench_ssd.py uses the same two functions."""
 from __future__ import annotations
 
+import functools
+
 from .problem import Problem
 from .ops.ssd.fwd_knobs import Config
 
@@ -36,29 +38,27 @@ def measure_ceilings() -> dict:
 # does too little arithmetic besides for a matmul or the copy rate to bound it): EXP2_CHAINS
 # independent chains a thread, x <- exp2(-x / 2), which stays in (0, 1]
 EXP2_CHAINS = 8
-_exp2_kernel = None
 
 
+@functools.cache
 def exp2_chains_kernel():
-    """The Triton kernel measure_exp2_rate times: each element walks EXP2_CHAINS chains of STEPS
-    exponentials from x, x + 1/8, ... and stores their sum."""
-    global _exp2_kernel
-    if _exp2_kernel is None:
-        import triton
-        import triton.language as tl
+    """The Triton kernel measure_exp2_rate times (built on first use: triton is imported lazily
+    here): each element walks EXP2_CHAINS chains of STEPS exponentials from x, x + 1/8, ... and
+    stores their sum."""
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def exp2_chains(x_ptr, out_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + offs)
-            c0, c1, c2, c3 = x, x + 0.125, x + 0.25, x + 0.375
-            c4, c5, c6, c7 = x + 0.5, x + 0.625, x + 0.75, x + 0.875
-            for _ in range(STEPS):
-                c0, c1, c2, c3 = tl.exp2(c0 * -0.5), tl.exp2(c1 * -0.5), tl.exp2(c2 * -0.5), tl.exp2(c3 * -0.5)
-                c4, c5, c6, c7 = tl.exp2(c4 * -0.5), tl.exp2(c5 * -0.5), tl.exp2(c6 * -0.5), tl.exp2(c7 * -0.5)
-            tl.store(out_ptr + offs, ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)))
-        _exp2_kernel = exp2_chains
-    return _exp2_kernel
+    @triton.jit
+    def exp2_chains(x_ptr, out_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs)
+        c0, c1, c2, c3 = x, x + 0.125, x + 0.25, x + 0.375
+        c4, c5, c6, c7 = x + 0.5, x + 0.625, x + 0.75, x + 0.875
+        for _ in range(STEPS):
+            c0, c1, c2, c3 = tl.exp2(c0 * -0.5), tl.exp2(c1 * -0.5), tl.exp2(c2 * -0.5), tl.exp2(c3 * -0.5)
+            c4, c5, c6, c7 = tl.exp2(c4 * -0.5), tl.exp2(c5 * -0.5), tl.exp2(c6 * -0.5), tl.exp2(c7 * -0.5)
+        tl.store(out_ptr + offs, ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)))
+    return exp2_chains
 
 
 def measure_exp2_rate(steps: int = 4096, blocks_per_sm: int = 16, block: int = 256) -> float:

@@ -364,10 +364,8 @@ def fit(config: BaseConfig, arch: Arch | str, problem: ScanProblem) -> BaseConfi
     the nearest config _serial_fit finds."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     if config.scan == "serial":
-        if not violations(config, arch, problem):
-            return config
-        if config.get("gluon", 0):   # its tiles follow from the serial knobs: the tl kernel's fit instead
-            config = config.replace(gluon=0)
+        if config.get("gluon", 0) and violations(config, arch, problem):
+            config = config.replace(gluon=0)   # its tiles follow from the serial knobs: the tl kernel's fit instead
         return config if not violations(config, arch, problem) else _serial_fit(config, arch, problem, keep_chunk=True)
     while violations(config, arch, problem) and config.block_d > 1:
         config = config.replace(block_d=config.block_d // 2)
