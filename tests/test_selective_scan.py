@@ -239,8 +239,9 @@ def _grads(p, t, seed=0):
     weighted by random cotangents) and the float64 reference's."""
     from autossd.ops.mamba1.bwd import reference
     g = torch.Generator().manual_seed(seed + 99)
-    dout = torch.randn(t["u"].shape, generator=g).to(t["u"].dtype)
-    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=g) if p.return_last_state else None
+    dev = t["u"].device
+    dout = torch.randn(t["u"].shape, generator=g).to(device=dev, dtype=t["u"].dtype)
+    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=g).to(dev) if p.return_last_state else None
     x = {k: v.detach().clone().requires_grad_() for k, v in t.items() if v is not None}
     got = autossd.selective_scan_fn(x["u"], x["delta"], x["A"], x["B"], x["C"], x.get("D"), x.get("z"),
                                     x.get("delta_bias"), delta_softplus=p.delta_softplus,
@@ -285,7 +286,10 @@ BWD_CONFIGS = {
     # 6 chunks of 8: 3 segments of 2 chunks; 6 of one (time lanes)
     "serial-seq-split": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4),
     "serial-seq-split-lanes": BwdConfig(block_d=4, chunk=8, lanes_n=2, lanes_t=4, warps=1, seq_split=16),
-    "serial-seq-split-softplus-poly": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, softplus_poly=1)}
+    "serial-seq-split-softplus-poly": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, softplus_poly=1),
+    # gluon: the Gluon kernel on a GPU, the serial tl kernel of the same config in the interpreter
+    "gluon": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=1),
+    "gluon-seq-split": BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, gluon=1, softplus_poly=1)}
 
 
 @pytest.mark.parametrize("cfg", BWD_CONFIGS.values(), ids=BWD_CONFIGS.keys())
@@ -380,7 +384,7 @@ def test_an_eager_call_runs_the_ops_bodies_with_the_ops_gradients():
     p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
     t = fwd.tune_inputs(p, DEV, seed=14)
     names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=torch.Generator().manual_seed(5))
+    dlast = torch.randn(p.batch, p.dim, p.dstate, generator=torch.Generator().manual_seed(5)).to(DEV)
     for wanted in (names, ("delta", "B")):
         xe = {k: t[k].clone().requires_grad_(k in wanted) for k in names}
         xo = {k: t[k].clone().requires_grad_(k in wanted) for k in names}
@@ -841,6 +845,46 @@ def test_gluon_configs_cross_compile_to_the_gluon_kernel_without_spills(cfg, pro
     assert len(rep.stages) == len(launches) and all(s.spill_bytes == 0 for s in rep.stages)
 
 
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+@pytest.mark.parametrize("cfg,prob", [
+    (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, gluon=1, softplus_poly=1), GLUON_PROB),
+    (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=16, gluon=1, softplus_poly=1), GLUON_PROB),
+    (BwdConfig(block_d=64, warps=4, chunk=8, lanes_n=2, gluon=1), dataclasses.replace(GLUON_PROB, batch=8)),
+    (BwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1),
+     dataclasses.replace(GLUON_PROB, dim=256, ngroups=2, B_var=False, dstate=12, return_last_state=True))],
+    ids=["batch-1", "split", "four-warps", "invariant-B-groups"])
+def test_gluon_backward_configs_cross_compile_to_the_gluon_kernel(cfg, prob, arch):
+    """The backward's gluon = 1 plans its Gluon kernel for a GPU (meta tensors stand for one) in
+    every launch (a split sequence's three) and it compiles for sm90 and sm80: unsplit, split,
+    four warps (the channel sums' rows over the warps), a time-invariant B with groups, padded
+    states and the last state's gradient."""
+    from autossd.compile import compile_config
+    from autossd.ops.mamba1 import bwd
+    assert not violations(cfg, arch, prob)
+    launches = bwd.meta_launches(prob, cfg, "cuda")
+    assert {ln.kernel for ln in launches} == {"sscan_bwd_gl"} and len(launches) == (3 if cfg.seq_split > 1 else 1)
+    rep = compile_config(cfg, arch, prob)
+    assert rep.ok, rep.why()
+    assert len(rep.stages) == len(launches)
+
+
+@pytest.mark.parametrize("form", ["3d", "invariant", "mixed"])
+def test_a_gluon_backward_matches_float64_in_every_b_c_form(form):
+    """The backward's gluon config in the B/C forms the poisoned test leaves out (groups is
+    there): time-invariant rows, a time-varying B with an invariant C and 12 states padded to 16,
+    with the last state's gradient and a partial last chunk, in segments; on a GPU the Gluon
+    kernel, in the interpreter the tl kernel of the same knobs."""
+    from autossd.ops.mamba1 import bwd
+    p = _problem(form, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4, gluon=1)
+    assert not violations(cfg, "sm90", p)
+    t = bwd.tune_inputs(p, DEV, seed=31)
+    got = bwd.tune_run(p, cfg, t, poison=True)
+    ref = bwd.tune_reference(p, t)
+    for k in ref:
+        assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
+
+
 @pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
 def test_a_gluon_config_matches_float64_in_every_b_c_form(form):
     """A gluon config in each B/C form (time-invariant rows, groups, 12 states padded to 16), with
@@ -877,3 +921,30 @@ def test_gluon_is_refused_where_its_tiles_do_not_follow_from_the_serial_knobs():
     g = FwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=1)
     (ln,) = fwd.plan(small, g, t, fwd.allocate(small, g, t, False, None))
     assert ln.kernel == ("sscan_fwd_gl" if DEV == "cuda" and not render.interpreting() else "sscan_fwd")
+
+
+def test_the_gluon_backward_is_refused_where_its_registers_or_sums_do_not_fit():
+    """The backward's gluon = 1 also keeps a chunk's states in registers (at most 64 a thread),
+    gives each thread of its channel sums a (step, state) pair (at least warps x 2 steps at 16
+    states), fits its products in shared memory and walks no windows; a config whose partials
+    would pass the memory bound (the tl kernel then walks windows) drops it; the interpreter plans
+    the serial kernel of the same config."""
+    from autossd.ops.mamba1 import bwd
+    p = GLUON_PROB
+    cfg = BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, gluon=1, softplus_poly=1)
+    assert not violations(cfg, "sm90", p)
+    for change, words in ((dict(chunk=16), "states a thread"), (dict(block_d=32, lanes_n=1), "states a thread"),
+                          (dict(block_d=128, warps=8, lanes_n=2), "for the channel sums"),
+                          (dict(window=1), "takes window=0"), (dict(block_d=32, warps=2, lanes_n=2, chunk=32),
+                                                              "states a thread")):
+        why = violations(cfg.replace(**change), "sm90", p)
+        assert any("gluon=1" in w and words in w for w in why), (change, why)
+    long = dataclasses.replace(p, seqlen=1 << 20)
+    assert bwd.bounded(long, cfg).window == 1 and bwd.bounded(long, cfg).gluon == 0
+    assert bwd.bounded(p, cfg) == cfg
+    small = _problem("3d")
+    t = bwd.tune_inputs(small, DEV, seed=1)
+    g = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=1)
+    t["ckpt"] = torch.zeros(small.batch, 6, small.dim, small.dstate, device=DEV)
+    (ln,) = bwd.plan(small, g, t, bwd.allocate(small, g, t))
+    assert ln.kernel == ("sscan_bwd_gl" if DEV == "cuda" and not render.interpreting() else "sscan_bwd")

@@ -112,7 +112,8 @@ def bounded(problem: ScanProblem, config: BwdConfig) -> BwdConfig:
             or not (problem.B_var or problem.C_var):
         return config
     full = _partial_bytes(problem, config, problem.seqlen)
-    return config.replace(window=1) if full > WINDOW_BYTES else config
+    # (the Gluon kernel walks no windows: the tl kernel of the same config does)
+    return config.replace(window=1, gluon=0) if full > WINDOW_BYTES else config
 
 
 def _partial_bytes(problem: ScanProblem, config: BwdConfig, steps: int) -> int:
@@ -137,6 +138,7 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     args.update(zip(("s_g_b", "s_g_d", "s_g_t"), du.stride()))
     constexprs["HAS_DLAST"] = t.get("dlast") is not None
     opts = OP.launch_options(config, backend)["bwd"]
+    kernel = "sscan_bwd_gl" if _fwd.gluon_runs(config, du, backend) else "sscan_bwd"
     g = (programs(problem, config), problem.batch)
     if config.get("window", 0) == 2:
         args |= dict(ck_ptr=buffers["wck"], SPW=windows(problem, config)[0])
@@ -144,7 +146,7 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
     if config.get("window", 0) and not split:
         return _windowed(problem, config, args, constexprs, opts, buffers, g)
     if not split:
-        return [Launch("bwd", "sscan_bwd", g, args, constexprs, opts)]
+        return [Launch("bwd", kernel, g, args, constexprs, opts)]
     # seq_split: each segment's start gradient (PHASE 1), their chain from the sequence's end
     # (PHASE 2), then the walk of every segment (PHASE 0; with windows, a launch per window of
     # segments from the last); see the kernel
@@ -158,11 +160,11 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
                         args | dict(C0=win * spw, NCW=min(spw, nchunks - win * spw)), constexprs | dict(PHASE=0), opts)
                  for win in reversed(range(nwin))]
     else:
-        mains = [Launch("bwd", "sscan_bwd", g + (nseg,), args, constexprs | dict(PHASE=0), opts)]
+        mains = [Launch("bwd", kernel, g + (nseg,), args, constexprs | dict(PHASE=0), opts)]
     if nseg == 1:
         return mains
-    return [Launch("bwd", "sscan_bwd", g + (nseg - 1,), args, constexprs | dict(PHASE=1), opts),
-            Launch("bwd", "sscan_bwd", g + (1,), args, constexprs | dict(PHASE=2), opts)] + mains
+    return [Launch("bwd", kernel, g + (nseg - 1,), args, constexprs | dict(PHASE=1), opts),
+            Launch("bwd", kernel, g + (1,), args, constexprs | dict(PHASE=2), opts)] + mains
 
 
 def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: dict, opts: dict, buffers: dict,

@@ -31,8 +31,9 @@ def includes(cfg, backend: str) -> list[str]:
     layout), then the op's kernel of that layout."""
     if cfg.scan == "serial":
         # gluon = 1: the Gluon kernel beside the tl one of the same config, which runs where
-        # Gluon cannot (gluon_runs)
-        return ["scan_lib.jinja", "serial_lib.jinja", "serial.jinja"] + (["gluon.jinja"] if cfg.get("gluon", 0) else [])
+        # Gluon cannot (gluon_runs); the forward's and the backward's share gluon_lib.jinja
+        gluon = ["gluon_lib.jinja", "gluon.jinja"] if cfg.get("gluon", 0) else []
+        return ["scan_lib.jinja", "serial_lib.jinja", "serial.jinja"] + gluon
     return ["scan_lib.jinja", "kernel.jinja"]
 
 

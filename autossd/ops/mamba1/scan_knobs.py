@@ -142,6 +142,14 @@ SOFTPLUS_POLY = Knob("softplus_poly", (0, 1), 0,
 # tiles are a fixed function of the serial knobs (block_d = 32 x warps / lanes_n, one time lane,
 # no pipelining: violations), so a config with it names the serial kernel run where Gluon cannot
 # (the interpreter; a backend other than CUDA never offers it).
+# The backward takes it too (templates/mamba1_sscan_bwd/gluon.jinja): per chunk the states again
+# from the checkpoint, kept in registers, then the walk back with every gradient; a time-varying dB
+# and dC summed over the program's channels through shared memory, a thread per (step, state).
+# Cross-compiled for sm90 at 2.8b's width (two state lanes a channel, one warp, 8 steps): about 31
+# SASS instructions an element-step where the tl backward's pick takes 61. H200, measured tunes
+# of the training step (graph ms, bf16): 1x2048 1.167 -> 1.009, 8x2048 6.04 -> 5.35, 4x8192
+# 14.43 -> 11.71, 1x65536 35.75 -> 30.71 (16 segments). Beyond the forward's rules it keeps a
+# chunk's states in registers (violations: at most 64 a thread) and walks no windows.
 GLUON = Knob("gluon", (0, 1), 0,
              "serial: 1, the walk as a Gluon kernel with explicit layouts (B and C staged in shared memory "
              "as fp32), on NVIDIA GPUs; the serial tl kernel of the same config runs elsewhere", "scan",
@@ -187,7 +195,7 @@ BWD_SPACE = KnobSpace("sscan_bwd", take(SHARED, defaults={"chunk": 8, "lanes_n":
     Knob("ckpt_dtype", ("fp32", "bf16"), "fp32",
          "type of the chunk-start states the forward stores for the backward (bf16: half the bytes, the "
          "states rounded to 8 bits of mantissa before the backward's recompute)", "scan"),
-    SEQ_SPLIT, WINDOW, BC_F32, SOFTPLUS_POLY,
+    SEQ_SPLIT, WINDOW, BC_F32, SOFTPLUS_POLY, GLUON,
 ), mode_knob="scan")
 
 
@@ -268,13 +276,30 @@ def gluon_violations(config: BaseConfig, arch: Arch, problem: ScanProblem | None
     if config.block_d * config.lanes_n != threads:
         why.append(f"gluon=1: block_d={config.block_d} x lanes_n={config.lanes_n} must be the {threads} threads "
                    "(one channel per group of lanes_n threads)")
-    for name, want in (("lanes_t", 1), ("stages", 1), ("bc_f32", 0), ("state_in", 0), ("ckpt_stride", 0)):
+    for name, want in (("lanes_t", 1), ("stages", 1), ("bc_f32", 0), ("state_in", 0), ("ckpt_stride", 0),
+                       ("window", 0)):
         if config.get(name, want) != want:
             why.append(f"gluon=1 takes {name}={want} (got {config.get(name)})")
     if config.chunk > 32:
         why.append(f"gluon=1: chunk={config.chunk} > 32 steps in each thread's registers")
-    if problem is not None and config.lanes_n > n2(problem):
-        why.append(f"gluon=1: lanes_n={config.lanes_n} > the {n2(problem)} padded states")
+    states = n2(problem) if problem is not None else 16
+    if config.lanes_n > states:
+        why.append(f"gluon=1: lanes_n={config.lanes_n} > the {states} padded states")
+    if config.op == "sscan_bwd":
+        # the backward keeps a chunk's states in registers (chunk x states / lanes_n a thread);
+        # its dB / dC channel sums give each thread a (step, state) pair, min(states, 32) threads
+        # across the states, the warps along the steps; the products of a chunk in shared memory
+        held = config.chunk * states // config.lanes_n
+        if held > 64:
+            why.append(f"gluon=1: chunk={config.chunk} x {states} states / lanes_n={config.lanes_n} = {held} "
+                       "states a thread kept in registers (> 64)")
+        rows = config.warps * arch.warp_size // min(states, 32)
+        if config.chunk < rows:
+            why.append(f"gluon=1: chunk={config.chunk} < {rows} steps (warps={config.warps} x "
+                       f"{arch.warp_size // min(states, 32)} for the channel sums)")
+        smem = 4 * states * config.chunk * (2 * config.block_d + 2)
+        if smem > arch.smem_per_block:
+            why.append(f"gluon=1: {smem} bytes of shared memory > {arch.smem_per_block}")
     return why
 
 
@@ -429,7 +454,13 @@ SEED_FAMILIES = {
                   # long batch-1 sequences: the H200's pick above in windows of whole segments,
                   # its partials within WINDOW_BYTES (at 1x65536: 11 windows of 6 or 3 segments)
                   dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=64, window=1, softplus_poly=1),
-                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=32, window=1, softplus_poly=1)),
+                  dict(block_d=8, chunk=8, lanes_n=4, warps=1, seq_split=32, window=1, softplus_poly=1),
+                  # the Gluon walk (gluon = 1): a standalone version's best on the H200 (two state
+                  # lanes a channel, one warp, 8 steps; 16 segments at batch 1), and two warps
+                  dict(block_d=16, warps=1, chunk=8, lanes_n=2, gluon=1, softplus_poly=1),
+                  dict(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=16, gluon=1, softplus_poly=1),
+                  dict(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=8, gluon=1, softplus_poly=1),
+                  dict(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1, softplus_poly=1)),
 }
 
 
