@@ -822,6 +822,7 @@ def test_a_window_2_record_runs_selective_scan_fn_eagerly_and_compiled(isolated_
 
 GLUON_PROB = ScanProblem(batch=1, dim=5120, dstate=16, seqlen=2048, ngroups=1, dtype="bf16", B_var=True, C_var=True,
                          has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+GLUON_INVARIANT_B = dataclasses.replace(GLUON_PROB, dim=256, ngroups=2, B_var=False, dstate=12, return_last_state=True)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm80"])
@@ -829,43 +830,30 @@ GLUON_PROB = ScanProblem(batch=1, dim=5120, dstate=16, seqlen=2048, ngroups=1, d
     (FwdConfig(block_d=64, warps=2, chunk=16, lanes_n=1, gluon=1, softplus_poly=1), GLUON_PROB),
     (FwdConfig(block_d=128, warps=4, chunk=16, lanes_n=1, seq_split=16, gluon=1, softplus_poly=1), GLUON_PROB),
     (FwdConfig(block_d=64, warps=4, chunk=8, lanes_n=2, gluon=1), dataclasses.replace(GLUON_PROB, batch=8)),
-    (FwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1),
-     dataclasses.replace(GLUON_PROB, dim=256, ngroups=2, B_var=False, dstate=12, return_last_state=True))],
-    ids=["8x2048-pick", "split", "state-lanes", "invariant-B-groups"])
-def test_gluon_configs_cross_compile_to_the_gluon_kernel_without_spills(cfg, prob, arch):
-    """gluon = 1 plans the Gluon kernel for a GPU (meta tensors stand for one) and it compiles for
-    sm90 and sm80 without spills in every launch: unsplit, split (three launches), two state lanes
-    a channel, a time-invariant B with groups and padded states."""
-    from autossd.compile import compile_config
-    assert not violations(cfg, arch, prob)
-    launches = fwd.meta_launches(prob, cfg, "cuda")
-    assert {ln.kernel for ln in launches} == {"sscan_fwd_gl"}
-    rep = compile_config(cfg, arch, prob)
-    assert rep.ok, rep.why()
-    assert len(rep.stages) == len(launches) and all(s.spill_bytes == 0 for s in rep.stages)
-
-
-@pytest.mark.parametrize("arch", ["sm90", "sm80"])
-@pytest.mark.parametrize("cfg,prob", [
+    (FwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1), GLUON_INVARIANT_B),
     (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, gluon=1, softplus_poly=1), GLUON_PROB),
     (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=16, gluon=1, softplus_poly=1), GLUON_PROB),
     (BwdConfig(block_d=64, warps=4, chunk=8, lanes_n=2, gluon=1), dataclasses.replace(GLUON_PROB, batch=8)),
-    (BwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1),
-     dataclasses.replace(GLUON_PROB, dim=256, ngroups=2, B_var=False, dstate=12, return_last_state=True))],
-    ids=["batch-1", "split", "four-warps", "invariant-B-groups"])
-def test_gluon_backward_configs_cross_compile_to_the_gluon_kernel(cfg, prob, arch):
-    """The backward's gluon = 1 plans its Gluon kernel for a GPU (meta tensors stand for one) in
-    every launch (a split sequence's three) and it compiles for sm90 and sm80: unsplit, split,
-    four warps (the channel sums' rows over the warps), a time-invariant B with groups, padded
-    states and the last state's gradient."""
+    (BwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1), GLUON_INVARIANT_B)],
+    ids=["fwd-8x2048-pick", "fwd-split", "fwd-state-lanes", "fwd-invariant-B-groups",
+         "bwd-batch-1", "bwd-split", "bwd-four-warps", "bwd-invariant-B-groups"])
+def test_gluon_configs_cross_compile_to_the_gluon_kernel(cfg, prob, arch):
+    """gluon = 1 plans the op's Gluon kernel for a GPU (meta tensors stand for one) in every
+    launch (a split sequence's three) and it compiles for sm90 and sm80: unsplit, split, two state
+    lanes a channel over one to four warps, a time-invariant B with groups and padded states (the
+    backward with the last state's gradient). The forward's launches spill nothing; the
+    backward's keep a chunk's states in registers and may spill a few bytes (the GPU weighs them)."""
     from autossd.compile import compile_config
     from autossd.ops.mamba1 import bwd
+    op = fwd if cfg.op == "sscan_fwd" else bwd
     assert not violations(cfg, arch, prob)
-    launches = bwd.meta_launches(prob, cfg, "cuda")
-    assert {ln.kernel for ln in launches} == {"sscan_bwd_gl"} and len(launches) == (3 if cfg.seq_split > 1 else 1)
+    launches = op.meta_launches(prob, cfg, "cuda")
+    assert {ln.kernel for ln in launches} == {f"{cfg.op}_gl"} and len(launches) == (3 if cfg.seq_split > 1 else 1)
     rep = compile_config(cfg, arch, prob)
     assert rep.ok, rep.why()
     assert len(rep.stages) == len(launches)
+    if op is fwd:
+        assert all(s.spill_bytes == 0 for s in rep.stages)
 
 
 @pytest.mark.parametrize("form", ["3d", "invariant", "mixed"])
