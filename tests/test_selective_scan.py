@@ -21,6 +21,9 @@ from autossd.ops.mamba1.scan_knobs import BwdConfig, FwdConfig, fwd_default_conf
 from autossd.testing import rel_err, tolerance
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter without a GPU
+# the backward's windowed walks with gluon = 0 and 1 on a GPU (in the interpreter a gluon config
+# runs the same tl kernel: once is enough there)
+GLUON_ON_GPU = [0, 1] if DEV == "cuda" else [0]
 
 
 def _problem(form, dtype="fp32", **kw):
@@ -579,8 +582,9 @@ def test_a_split_backward_sums_each_segments_channel_sums(form):
     assert phases == [1, 2, 0] and buf["pA"].shape[0] == p.batch * 4
 
 
+@pytest.mark.parametrize("gluon", GLUON_ON_GPU)
 @pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
-def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, monkeypatch):
+def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, gluon, monkeypatch):
     """window = 1: the sequence's chunks in windows, a launch each from the last, the time-varying
     dB / dC partials one window long (summed after each window's launch), the gradient carried and the
     per-channel sums added from window to window. With the bound at 3 chunks' partials: 12 chunks
@@ -589,7 +593,7 @@ def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, 
     from autossd.ops.mamba1 import bwd
     p = _problem(form, seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
-    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=gluon)
     per_chunk = p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk
     monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * per_chunk)
     win = cfg.replace(window=1)
@@ -608,7 +612,7 @@ def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, 
         # a window's 24 steps in rows of 32: a row length Triton knows divisible by 16 (vector stores)
         assert buf["pB"].shape[-1] == 32 and buf["oB"].shape[-1] == p.seqlen
     tt = dict(t, ckpt=torch.zeros(p.batch, 12, p.dim, p.dstate, device=DEV), dlast=None)
-    walks = [ln for ln in bwd.plan(p, win, tt, buf) if ln.kernel == "sscan_bwd"]
+    walks = [ln for ln in bwd.plan(p, win, tt, buf) if ln.kernel.startswith("sscan_bwd")]
     assert [(ln.args["C0"], ln.args["NCW"], ln.args["ACC_IN"]) for ln in walks] == \
         [(9, 3, 0), (6, 3, 1), (3, 3, 1), (0, 3, 1)]
 
@@ -636,8 +640,10 @@ def _same_gradients_bitwise(p, first, second, t) -> dict:
     return ref
 
 
+@pytest.mark.parametrize("gluon", GLUON_ON_GPU)
 @pytest.mark.parametrize("form", ["groups", "mixed"])
-def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_gradients_bitwise(form, monkeypatch):
+def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_gradients_bitwise(form, gluon,
+                                                                                             monkeypatch):
     """seq_split with window = 1: the segments' start gradients over the whole sequence, then a
     main launch per window of whole segments from the last, the time-varying partials one window
     long. With the bound at two segments' partials: 11 chunks of 8 in 6 segments of 2 (the last
@@ -648,7 +654,7 @@ def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_grad
     from autossd.ops.mamba1 import bwd
     p = _problem(form, seqlen=85, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
-    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8)   # 11 chunks: 6 segments of 2
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8, gluon=gluon)   # 11 chunks: 6 segments of 2
     assert fwd.segments(p, cfg) == (2, 6)
     monkeypatch.setattr(bwd, "WINDOW_BYTES", bwd._partial_bytes(p, cfg, 2 * 2 * cfg.chunk))
     win = cfg.replace(window=1)
@@ -711,8 +717,9 @@ def test_b_and_c_converted_once_give_the_same_gradients_bitwise(form):
         assert rel_err(g1[k], ref[k]) < GRAD_TOL["bf16"], (k, rel_err(g1[k], ref[k]))
 
 
+@pytest.mark.parametrize("gluon", GLUON_ON_GPU)
 @pytest.mark.parametrize("form", ["3d", "groups", "invariant", "mixed"])
-def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(form, monkeypatch):
+def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(form, gluon, monkeypatch):
     """window = 2: the training forward stores one checkpoint a window (fp32), and before each
     window's launch the forward's kernel walks that window again from it, each chunk's entering
     state into a buffer one window long. With the bound at 3 chunks' partials (12 chunks of 8 in 4
@@ -722,7 +729,7 @@ def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(
     from autossd.ops.mamba1 import bwd
     p = _problem(form, seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
-    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=gluon)
     per_chunk = p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk
     monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * per_chunk)
     one, two = cfg.replace(window=1), cfg.replace(window=2)
@@ -834,14 +841,18 @@ GLUON_INVARIANT_B = dataclasses.replace(GLUON_PROB, dim=256, ngroups=2, B_var=Fa
     (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, gluon=1, softplus_poly=1), GLUON_PROB),
     (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=16, gluon=1, softplus_poly=1), GLUON_PROB),
     (BwdConfig(block_d=64, warps=4, chunk=8, lanes_n=2, gluon=1), dataclasses.replace(GLUON_PROB, batch=8)),
-    (BwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1), GLUON_INVARIANT_B)],
+    (BwdConfig(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1), GLUON_INVARIANT_B),
+    (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, window=2, gluon=1), GLUON_PROB),
+    (BwdConfig(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=16, window=1, gluon=1), GLUON_PROB)],
     ids=["fwd-8x2048-pick", "fwd-split", "fwd-state-lanes", "fwd-invariant-B-groups",
-         "bwd-batch-1", "bwd-split", "bwd-four-warps", "bwd-invariant-B-groups"])
+         "bwd-batch-1", "bwd-split", "bwd-four-warps", "bwd-invariant-B-groups", "bwd-window-2",
+         "bwd-split-windows"])
 def test_gluon_configs_cross_compile_to_the_gluon_kernel(cfg, prob, arch):
     """gluon = 1 plans the op's Gluon kernel for a GPU (meta tensors stand for one) in every
     launch (a split sequence's three) and it compiles for sm90 and sm80: unsplit, split, two state
     lanes a channel over one to four warps, a time-invariant B with groups and padded states (the
-    backward with the last state's gradient). The forward's launches spill nothing; the
+    backward with the last state's gradient), the backward in windows (one checkpoint a window, or
+    whole segments a window). The forward's launches spill nothing; the
     backward's keep a chunk's states in registers and may spill a few bytes (the GPU weighs them)."""
     from autossd.compile import compile_config
     from autossd.ops.mamba1 import bwd
@@ -914,8 +925,8 @@ def test_gluon_is_refused_where_its_tiles_do_not_follow_from_the_serial_knobs():
 def test_the_gluon_backward_is_refused_where_its_registers_or_sums_do_not_fit():
     """The backward's gluon = 1 also keeps a chunk's states in registers (at most 64 a thread),
     gives each thread of its channel sums a (step, state) pair (at least warps x 2 steps at 16
-    states), fits its products in shared memory and walks no windows; a config whose partials
-    would pass the memory bound (the tl kernel then walks windows) drops it; the interpreter plans
+    states) and fits its products in shared memory; it walks windows as the tl kernel does (a
+    config whose partials would pass the memory bound keeps it, in windows); the interpreter plans
     the serial kernel of the same config."""
     from autossd.ops.mamba1 import bwd
     p = GLUON_PROB
@@ -923,13 +934,12 @@ def test_the_gluon_backward_is_refused_where_its_registers_or_sums_do_not_fit():
     assert not violations(cfg, "sm90", p)
     for change, words in ((dict(chunk=16), "states a thread"), (dict(block_d=32, lanes_n=1), "states a thread"),
                           (dict(block_d=128, warps=8, lanes_n=2), "for the channel sums"),
-                          (dict(window=1), "takes window=0"), (dict(block_d=32, warps=2, lanes_n=2, chunk=32),
-                                                              "states a thread")):
+                          (dict(block_d=32, warps=2, lanes_n=2, chunk=32), "states a thread")):
         why = violations(cfg.replace(**change), "sm90", p)
         assert any("gluon=1" in w and words in w for w in why), (change, why)
+    assert not violations(cfg.replace(window=1), "sm90", p) and not violations(cfg.replace(window=2), "sm90", p)
     long = dataclasses.replace(p, seqlen=1 << 20)
-    assert bwd.bounded(long, cfg).window == 1 and bwd.bounded(long, cfg).gluon == 0
-    assert bwd.bounded(p, cfg) == cfg
+    assert bwd.bounded(long, cfg) == cfg.replace(window=1) and bwd.bounded(p, cfg) == cfg
     small = _problem("3d")
     t = bwd.tune_inputs(small, DEV, seed=1)
     g = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=1)

@@ -112,8 +112,7 @@ def bounded(problem: ScanProblem, config: BwdConfig) -> BwdConfig:
             or not (problem.B_var or problem.C_var):
         return config
     full = _partial_bytes(problem, config, problem.seqlen)
-    # (the Gluon kernel walks no windows: the tl kernel of the same config does)
-    return config.replace(window=1, gluon=0) if full > WINDOW_BYTES else config
+    return config.replace(window=1) if full > WINDOW_BYTES else config
 
 
 def _partial_bytes(problem: ScanProblem, config: BwdConfig, steps: int) -> int:
@@ -144,7 +143,7 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
         args |= dict(ck_ptr=buffers["wck"], SPW=windows(problem, config)[0])
     split = config.get("seq_split", 1) > 1
     if config.get("window", 0) and not split:
-        return _windowed(problem, config, args, constexprs, opts, buffers, g)
+        return _windowed(problem, config, kernel, args, constexprs, opts, buffers, g)
     if not split:
         return [Launch("bwd", kernel, g, args, constexprs, opts)]
     # seq_split: each segment's start gradient (PHASE 1), their chain from the sequence's end
@@ -156,7 +155,7 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
         spw, nwin = windows(problem, config)
         k, nchunks = spw // spc, _cdiv(problem.seqlen, config.chunk)
         args |= dict(wc_ptr=buffers["wc"], C0=0, NCW=0, WL=window_row(config, spw), ACC_IN=0)
-        mains = [Launch("bwd", "sscan_bwd", g + (min(k, nseg - win * k),),
+        mains = [Launch("bwd", kernel, g + (min(k, nseg - win * k),),
                         args | dict(C0=win * spw, NCW=min(spw, nchunks - win * spw)), constexprs | dict(PHASE=0), opts)
                  for win in reversed(range(nwin))]
     else:
@@ -167,13 +166,13 @@ def plan(problem: ScanProblem, config: BwdConfig, t: dict, buffers: dict, backen
             Launch("bwd", kernel, g + (1,), args, constexprs | dict(PHASE=2), opts)] + mains
 
 
-def _windowed(problem: ScanProblem, config: BwdConfig, args: dict, constexprs: dict, opts: dict, buffers: dict,
-              g: tuple) -> list:
+def _windowed(problem: ScanProblem, config: BwdConfig, kernel: str, args: dict, constexprs: dict, opts: dict,
+              buffers: dict, g: tuple) -> list:
     """window = 1: a launch per window, from the sequence's last (`backward` sums each one's
     time-varying dB / dC partials before the next overwrites them)."""
     spw, nwin = windows(problem, config)
     nchunks = _cdiv(problem.seqlen, config.chunk)
-    return [Launch("bwd", "sscan_bwd", g, args | dict(wc_ptr=buffers["wc"], C0=win * spw, NCW=min(spw, nchunks - win * spw),
+    return [Launch("bwd", kernel, g, args | dict(wc_ptr=buffers["wc"], C0=win * spw, NCW=min(spw, nchunks - win * spw),
                                                       WL=window_row(config, spw), ACC_IN=int(k > 0)), constexprs, opts)
             for k, win in enumerate(reversed(range(nwin)))]
 

@@ -149,7 +149,8 @@ SOFTPLUS_POLY = Knob("softplus_poly", (0, 1), 0,
 # SASS instructions an element-step where the tl backward's pick takes 61. H200, measured tunes
 # of the training step (graph ms, bf16): 1x2048 1.167 -> 1.009, 8x2048 6.04 -> 5.35, 4x8192
 # 14.43 -> 11.71, 1x65536 35.75 -> 30.71 (16 segments). Beyond the forward's rules it keeps a
-# chunk's states in registers (violations: at most 64 a thread) and walks no windows.
+# chunk's states in registers (violations: at most 64 a thread); it walks windows (window = 1
+# or 2) as the tl kernel does.
 GLUON = Knob("gluon", (0, 1), 0,
              "serial: 1, the walk as a Gluon kernel with explicit layouts (B and C staged in shared memory "
              "as fp32), on NVIDIA GPUs; the serial tl kernel of the same config runs elsewhere", "scan",
@@ -276,8 +277,7 @@ def gluon_violations(config: BaseConfig, arch: Arch, problem: ScanProblem | None
     if config.block_d * config.lanes_n != threads:
         why.append(f"gluon=1: block_d={config.block_d} x lanes_n={config.lanes_n} must be the {threads} threads "
                    "(one channel per group of lanes_n threads)")
-    for name, want in (("lanes_t", 1), ("stages", 1), ("bc_f32", 0), ("state_in", 0), ("ckpt_stride", 0),
-                       ("window", 0)):
+    for name, want in (("lanes_t", 1), ("stages", 1), ("bc_f32", 0), ("state_in", 0), ("ckpt_stride", 0)):
         if config.get(name, want) != want:
             why.append(f"gluon=1 takes {name}={want} (got {config.get(name)})")
     if config.chunk > 32:
@@ -460,7 +460,9 @@ SEED_FAMILIES = {
                   dict(block_d=16, warps=1, chunk=8, lanes_n=2, gluon=1, softplus_poly=1),
                   dict(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=16, gluon=1, softplus_poly=1),
                   dict(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=8, gluon=1, softplus_poly=1),
-                  dict(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1, softplus_poly=1)),
+                  dict(block_d=32, warps=2, chunk=8, lanes_n=2, gluon=1, softplus_poly=1),
+                  # long batch-1 sequences within the memory bound: its segments in windows
+                  dict(block_d=16, warps=1, chunk=8, lanes_n=2, seq_split=64, window=1, gluon=1, softplus_poly=1)),
 }
 
 
