@@ -1,8 +1,13 @@
 """Test-session setup. Without a GPU, kernels run in Triton's CPU interpreter: TRITON_INTERPRET
 must be set before triton is first imported (triton.language's own @jit helpers, e.g. tl.sigmoid,
 are built at import and cannot be called from an interpreted kernel otherwise)."""
+import json
 import os
+import subprocess
+import sys
 import tempfile
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,3 +52,38 @@ def _no_eval_worker_outlives_its_test():
     measured = sys.modules.get("autossd.tuner.runners.measured")
     if measured is not None:
         measured.close_eval_workers()
+
+
+@pytest.fixture(scope="session")
+def script_help(tmp_path_factory):
+    """script_help(name): `python scripts/<name>.py --help` run in a fresh process (without
+    TRITON_INTERPRET: several scripts cross-compile at import), as (returncode, stdout, stderr);
+    run once a test session, its answer kept in a file that the xdist workers of the session share
+    (test_scripts_smoke checks each script's --help, test_readme the options the documents name)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent   # the session's, above each worker's own
+    shared = base / "script-help"
+    shared.mkdir(exist_ok=True)
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+
+    def run(name: str) -> types.SimpleNamespace:
+        env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "AUTOSSD_DB")}
+        r = subprocess.run([sys.executable, str(scripts / f"{name}.py"), "--help"], capture_output=True,
+                           text=True, env=env, timeout=300)
+        return types.SimpleNamespace(returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
+
+    def get(name: str) -> types.SimpleNamespace:
+        try:
+            import fcntl
+        except ImportError:   # no POSIX locks: each asker runs its own
+            return run(name)
+        out = shared / f"{name}.json"
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # one process runs it, the others wait for its answer
+            if not out.exists():
+                tmp = shared / f"{name}.json.part"
+                tmp.write_text(json.dumps(vars(run(name))))
+                tmp.replace(out)
+        return types.SimpleNamespace(**json.loads(out.read_text()))
+    return get

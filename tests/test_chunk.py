@@ -87,8 +87,9 @@ FOLDED = {1: ["ssd_chunk_state_prep", "ssd_state_passing", "ssd_chunk_scan"],
 def test_fold_prep_every_feature(dtype, state_dtype, fold):
     # fold 1: several state tiles per (batch, chunk, head), all writing that chunk's dt' and dA,
     # and several C·Bᵀ tiles per chunk and group after them in the same grid; fold 2: the C·Bᵀ
-    # tiles, then blocks of heads' cumsums (two blocks of 2 here), in one grid of their own
-    prob = Problem(batch=2, seqlen=150, nheads=4, headdim=32, dstate=32, ngroups=2, dtype=dtype, **FULL)
+    # tiles, then blocks of heads' cumsums (two blocks of 2 here), in one grid of their own; two
+    # chunks, the second ragged, the first passing its state on
+    prob = Problem(batch=2, seqlen=86, nheads=4, headdim=32, dstate=32, ngroups=2, dtype=dtype, **FULL)
     cfg = SMALL.replace(state_dtype=state_dtype, fold_prep=fold, cumsum_block_h=2)
     assert [ln.kernel for ln in _launches(prob, cfg)] == FOLDED[fold]
     check(prob, cfg, 5)
@@ -107,10 +108,11 @@ def test_pdl_launches_run_the_same_kernels_to_the_same_bits(fold, pdl):
     """pdl = 1 adds a wait-then-release at the top of every depth-5 kernel and a launch option.
     In the interpreter the launches run in order and the wait is compiled out (inline PTX), so
     the result is bitwise pdl = 0's, and within tolerance of float64: the rendering with the
-    helpers runs, on every kernel of the depth. (On sm90, gpu_validate.py's pdl cases.)"""
+    helpers runs, on every kernel of the depth. (On sm90, gpu_validate.py's pdl cases; one batch
+    row: the wait and release open each kernel whatever its program's row.)"""
     if DEV == "cuda" and ARCH != "sm90":
         pytest.skip("pdl is sm90's")
-    prob = Problem(batch=2, seqlen=150, nheads=4, headdim=16, dstate=16, ngroups=2, dtype="fp16", **FULL)
+    prob = Problem(batch=1, seqlen=150, nheads=4, headdim=16, dstate=16, ngroups=2, dtype="fp16", **FULL)
     base = fit(SMALL.replace(fold_prep=fold, state_dtype="fp16", scan_gluon=int(pdl >= 2),
                              state_walk=int(pdl == 3)), prob)
     on = base.replace(pdl=pdl)   # (the Gluon kernels need a GPU: here their tl fallbacks run)
@@ -148,8 +150,12 @@ def test_walk_weights_are_written_by_the_cumsum(fold, seqlen):
     t = make_inputs(prob, DEV, seed=next(_seed))
     kw = call_kwargs(prob, t)
     if DEV == "cpu" and (fold, seqlen) == (0, 150):   # the tl stages, bitwise walk_weights = 0's
-        outs = [ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], 64, config=c, poison=True,
-                            state_dtype=torch.float16, **kw) for c in (base, cfg)]
+        row = prob.replace(batch=1)   # (one batch row: the configs' kernels are the same)
+        assert fit(base, row) == base and fit(cfg, row) == cfg
+        t1 = make_inputs(row, DEV, seed=next(_seed))
+        kw1 = call_kwargs(row, t1)
+        outs = [ssd_forward(t1["x"], t1["dt"], t1["A"], t1["B"], t1["C"], 64, config=c, poison=True,
+                            state_dtype=torch.float16, **kw1) for c in (base, cfg)]
         for a, b in zip(*outs):
             assert torch.equal(a, b)
     buf = allocate(prob, cfg, DEV, poison=True)
@@ -244,10 +250,12 @@ def test_decay_split_with_full_and_ragged_chunks(seqlen, feats, depth):
     """The factored decay (row factor on the accumulator after the blocks before the diagonal)
     with full chunks (the chunk scan's masks compiled out: EVEN_L/EVEN_P/EVEN_N) and ragged ones;
     full chunks with and without seq_idx / initial states / z, ragged with them; 4 m tiles per
-    chunk, so 3 of them have blocks before the diagonal."""
+    chunk, so 3 of them have blocks before the diagonal. One batch row: the split changes only the
+    walk of a chunk's tiles, after every batch, head and group offset is taken (the batch rows are
+    test_every_feature_every_dtype's); seq_idx puts sequence starts inside the row."""
     flags = FULL if feats == "full" else dict(has_D=True, has_dt_bias=True, dt_softplus=True,
                                               return_final_states=True)
-    prob = Problem(batch=2, seqlen=seqlen, nheads=4, headdim=32, dstate=32, ngroups=2, dtype="fp16", **flags)
+    prob = Problem(batch=1, seqlen=seqlen, nheads=4, headdim=32, dstate=32, ngroups=2, dtype="fp16", **flags)
     check(prob, SMALL.replace(decay_split=True, scan_block_m=16, scan_block_n=32, scan_block_d=32), depth)
 
 
@@ -702,7 +710,8 @@ def test_fused_depths_ignore_program_start_order(depth_, monkeypatch):
         old = signal.signal(signal.SIGALRM, timeout)
         signal.alarm(900)   # turns a deadlock into a failure; a loaded machine is only slow
     try:
-        prob = Problem(batch=2, seqlen=64 * 12 + 5, nheads=2, headdim=32, dstate=16, ngroups=1, dtype="fp32",
+        # 7 chunks (the last ragged): each (batch, head, state tile) chain passes its state through 7
+        prob = Problem(batch=2, seqlen=64 * 6 + 5, nheads=2, headdim=32, dstate=16, ngroups=1, dtype="fp32",
                        has_initial_states=True, has_seq_idx=True, return_final_states=True, dt_softplus=True)
         cfg = SMALL.replace(state_block_m=16, state_block_n=16)
         check(prob, cfg, depth_)

@@ -5,7 +5,6 @@ user database, and checks its own results with asserts (against autossd's float6
 Every `autossd <command>` the documents (BENCHMARKS.md too) name is a command of the CLI, and every
 option written after it is one of that command's; every `python scripts/X.py --option` names a
 script that exists and an option of its --help; every file of the repository they name exists."""
-import functools
 import os
 import re
 import subprocess
@@ -73,23 +72,22 @@ def _cli_uses(text: str) -> list[tuple[str, list[str]]]:
     return [(c, o) for c, o in _uses(text, "autossd") if re.fullmatch(r"[a-z][\w-]*", c)]
 
 
-@functools.lru_cache(maxsize=None)
-def _script_help(path: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(ROOT / path), "--help"], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, f"{path} --help failed:\n{r.stderr[-2000:]}"
-    return r.stdout
-
-
 @pytest.mark.parametrize("path", CITING, ids=lambda p: p.name)
-def test_every_script_option_named_exists(path):
-    """`python scripts/X.py --opt` in the documents: X exists and its --help names --opt."""
+def test_every_script_option_named_exists(path, script_help):
+    """`python scripts/X.py --opt` in the documents: X exists and its --help names --opt (the
+    --help of each script run once a session: conftest.script_help)."""
     for script, opts in _uses(path.read_text(), "python"):
         if not script.startswith("scripts/"):
             continue
         assert (ROOT / script).exists(), f"{path.name}: {script} does not exist"
-        text = _script_help(script)
+        r = script_help(Path(script).stem) if Path(script).parent == Path("scripts") and script.endswith(".py") \
+            else None
+        if r is None:   # anything else under scripts/
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            r = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+                               env=env, timeout=300)
+        assert r.returncode == 0, f"{script} --help failed:\n{r.stderr[-2000:]}"
+        text = r.stdout
         missing = [o for o in opts if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
         assert not missing, f"{path.name}: `python {script}` has no option {missing}"
 

@@ -47,10 +47,23 @@ def test_bench_hf_smoke_mamba1(tmp_path):
     functions the run records as autossd's adapters."""
     pytest.importorskip("transformers")
     out = tmp_path / "hf1.json"
-    assert _load("bench_hf").main(["--smoke", "--model", "mamba", "--paths", "torch,autossd", "--no-logits",
-                                   "--json", str(out)]) == 0
+    mod = _load("bench_hf")
+    smoke_args = mod.parse_args
+
+    def one_layer(argv=None):
+        # --smoke's sizes, one layer of two and two decode steps of three: every interpreted
+        # kernel call of the autossd path runs once where it ran twice (its layers and steps
+        # all take the same path), the script's own steps all run as before
+        a = smoke_args(argv)
+        assert a.smoke and (a.layers, a.new) == (2, 3)
+        a.layers, a.new = 1, 2
+        return a
+    mod.parse_args = one_layer
+    assert mod.main(["--smoke", "--model", "mamba", "--paths", "torch,autossd", "--no-logits",
+                     "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["model"] == "MambaForCausalLM" and res["config"]["intermediate_size"] == 128
+    assert res["config"]["num_hidden_layers"] == 1
     fns = res["paths"]["autossd"]["ssd_functions"]
     assert len(fns) == 4 and all(v.startswith("autossd.integrations.transformers.") for v in fns.values()), fns
     assert not any(v.startswith("autossd.") for v in res["paths"]["torch"]["ssd_functions"].values())
@@ -237,11 +250,11 @@ def _run_script(name, *args, tmp_path=None, timeout=300):
 
 
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
-def test_every_script_has_a_docstring_and_help(name):
+def test_every_script_has_a_docstring_and_help(name, script_help):
     import ast
     doc = ast.get_docstring(ast.parse((SCRIPTS / f"{name}.py").read_text()))
     assert doc and f"scripts/{name}.py" in doc, f"{name}.py: its docstring shows no usage line"
-    r = _run_script(name, "--help")
+    r = script_help(name)   # _run_script(name, "--help"), once a session (test_readme reads it too)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage:" in r.stdout and "--" in r.stdout
 

@@ -339,7 +339,9 @@ def test_spare_sub_blocks_read_no_group_past_the_last(cfg):
 
 
 def test_backward_is_bitwise_reproducible():
-    p = _problem("groups", "bf16", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+    # 20 steps: three chunks of the default config (the last ragged), each a segment of its split, two
+    # programs a batch row: the partial sums the host adds in a fixed order
+    p = _problem("groups", "bf16", seqlen=20, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
     t = fwd.tune_inputs(p, DEV, seed=8)
     a, _ = _grads(p, t, 1)
@@ -382,9 +384,11 @@ def test_torch_compile_fullgraph_forward_and_backward():
 def test_an_eager_call_runs_the_ops_bodies_with_the_ops_gradients():
     """An eager call skips torch's custom-op dispatch (its own autograd over the same two bodies):
     its outputs and gradients equal the registered ops' bit for bit, also where only the last
-    state is used (out's cotangent then zeros) and where only some inputs require grad."""
+    state is used (out's cotangent then zeros) and where only some inputs require grad. (20 steps:
+    three chunks of the default config, the last ragged; the dispatch is what differs.)"""
     from autossd.ops.mamba1.bwd import reference
-    p = _problem("groups", has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True, return_last_state=True)
+    p = _problem("groups", seqlen=20, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+                 return_last_state=True)
     t = fwd.tune_inputs(p, DEV, seed=14)
     names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     dlast = torch.randn(p.batch, p.dim, p.dstate, generator=torch.Generator().manual_seed(5)).to(DEV)
@@ -565,11 +569,12 @@ def test_a_split_sequence_cross_compiles_for_sm90_without_spills(cfg):
 def test_a_split_backward_sums_each_segments_channel_sums(form):
     """seq_split in the backward: every gradient against float64 where B or C is time-invariant
     (their sums, like dA's, dD's and ddelta_bias's, are written per batch row and segment and added
-    after), without a last state's gradient, at 4 segments of 3 chunks; the plan's three launches."""
+    after), without a last state's gradient, at 4 segments of 2 chunks (the last chunk ragged); the
+    plan's three launches."""
     from autossd.ops.mamba1 import bwd
-    p = _problem(form, seqlen=90, has_D=True, has_delta_bias=True, delta_softplus=True)
+    p = _problem(form, seqlen=60, has_D=True, has_delta_bias=True, delta_softplus=True)
     cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=4)
-    assert not violations(cfg, "sm90", p) and fwd.segments(p, cfg) == (3, 4)
+    assert not violations(cfg, "sm90", p) and fwd.segments(p, cfg) == (2, 4)
     t = bwd.tune_inputs(p, DEV, seed=9)
     got = bwd.tune_run(p, cfg, t, poison=True)
     ref = bwd.tune_reference(p, t)
@@ -577,7 +582,7 @@ def test_a_split_backward_sums_each_segments_channel_sums(form):
         assert torch.isfinite(got[k]).all(), k
         assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (k, rel_err(got[k], ref[k]))
     buf = bwd.allocate(p, cfg, t)
-    tt = dict(t, ckpt=torch.zeros(2, 12, 8, 16, device=DEV))
+    tt = dict(t, ckpt=torch.zeros(2, 8, 8, 16, device=DEV))
     phases = [ln.constexprs["PHASE"] for ln in bwd.plan(p, cfg, tt, buf)]
     assert phases == [1, 2, 0] and buf["pA"].shape[0] == p.batch * 4
 
@@ -587,34 +592,42 @@ def test_a_split_backward_sums_each_segments_channel_sums(form):
 def test_a_windowed_backward_bounds_its_partials_and_keeps_every_gradient(form, gluon, monkeypatch):
     """window = 1: the sequence's chunks in windows, a launch each from the last, the time-varying
     dB / dC partials one window long (summed after each window's launch), the gradient carried and the
-    per-channel sums added from window to window. With the bound at 3 chunks' partials: 12 chunks
-    of 8 (the last ragged) in 4 windows, the partials' rows padded, every gradient against float64 with poisoned buffers, a
-    last state's gradient; and a config without the knob is switched to it by the bound."""
+    per-channel sums added from window to window. With the bound at 3 chunks' partials: 9 chunks
+    of 8 (the last ragged) in 3 windows (the last, launched first; one between; the first), the
+    partials' rows padded, every gradient against float64 with poisoned buffers, a last state's
+    gradient; and a config without the knob is switched to it by the bound (where a partial varies
+    in time, its run is the windowed one, and so the one checked)."""
     from autossd.ops.mamba1 import bwd
-    p = _problem(form, seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+    p = _problem(form, seqlen=66, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
     cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=gluon)
     per_chunk = p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk
     monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * per_chunk)
     win = cfg.replace(window=1)
-    assert not violations(win, "sm90", p) and bwd.windows(p, win) == (3, 4)
+    assert not violations(win, "sm90", p) and bwd.windows(p, win) == (3, 3)
     varying = p.B_var or p.C_var
     assert bwd.bounded(p, cfg) == (win if varying else cfg)
     t = bwd.tune_inputs(p, DEV, seed=12)
     ref = bwd.tune_reference(p, t)
-    for c in (win, cfg):   # cfg: the bound switches it to windows where a partial varies in time
+    walked, run_windows = [], bwd._run_windows
+    monkeypatch.setattr(bwd, "_run_windows",
+                        lambda prob, c, *a, **k: walked.append(c) or run_windows(prob, c, *a, **k))
+    # cfg: the bound switches it to windows where a partial varies in time (its run walks them at
+    # win's config: win's own run would repeat it launch for launch); the invariant form's, one launch
+    for c in ((cfg,) if varying else (win, cfg)):
         got = bwd.tune_run(p, c, t, poison=True)
         for k in ref:
             assert torch.isfinite(got[k]).all(), (c, k)
             assert rel_err(got[k], ref[k]) < GRAD_TOL["fp32"], (c, k, rel_err(got[k], ref[k]))
+    assert walked == [win]
     buf = bwd.allocate(p, win, t)
     if p.B_var:
         # a window's 24 steps in rows of 32: a row length Triton knows divisible by 16 (vector stores)
         assert buf["pB"].shape[-1] == 32 and buf["oB"].shape[-1] == p.seqlen
-    tt = dict(t, ckpt=torch.zeros(p.batch, 12, p.dim, p.dstate, device=DEV), dlast=None)
+    tt = dict(t, ckpt=torch.zeros(p.batch, 9, p.dim, p.dstate, device=DEV), dlast=None)
     walks = [ln for ln in bwd.plan(p, win, tt, buf) if ln.kernel.startswith("sscan_bwd")]
     assert [(ln.args["C0"], ln.args["NCW"], ln.args["ACC_IN"]) for ln in walks] == \
-        [(9, 3, 0), (6, 3, 1), (3, 3, 1), (0, 3, 1)]
+        [(6, 3, 0), (3, 3, 1), (0, 3, 1)]
 
 
 def test_state_in_is_refused_without_segments_and_changes_the_split_kernel():
@@ -646,16 +659,16 @@ def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_grad
                                                                                              monkeypatch):
     """seq_split with window = 1: the segments' start gradients over the whole sequence, then a
     main launch per window of whole segments from the last, the time-varying partials one window
-    long. With the bound at two segments' partials: 11 chunks of 8 in 6 segments of 2 (the last
-    one chunk, ragged) make windows of 2, 2 and 2 segments; every gradient bitwise the unwindowed
+    long. With the bound at two segments' partials: 9 chunks of 8 in 5 segments of 2 (the last
+    one chunk, ragged) make windows of 2, 2 and 1 segments; every gradient bitwise the unwindowed
     split's and within float64's bound, poisoned buffers, a last state's gradient. window = 2
     (one checkpoint a window) stays refused beside a split, and the bound does not switch a split
     record to windows."""
     from autossd.ops.mamba1 import bwd
-    p = _problem(form, seqlen=85, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+    p = _problem(form, seqlen=69, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
-    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8, gluon=gluon)   # 11 chunks: 6 segments of 2
-    assert fwd.segments(p, cfg) == (2, 6)
+    cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, seq_split=8, gluon=gluon)   # 9 chunks: 5 segments of 2
+    assert fwd.segments(p, cfg) == (2, 5)
     monkeypatch.setattr(bwd, "WINDOW_BYTES", bwd._partial_bytes(p, cfg, 2 * 2 * cfg.chunk))
     win = cfg.replace(window=1)
     assert not violations(win, "sm90", p) and bwd.windows(p, win) == (4, 3)
@@ -664,10 +677,10 @@ def test_a_split_backward_in_windows_of_whole_segments_gives_the_unwindowed_grad
     t = bwd.tune_inputs(p, DEV, seed=14)
     buf = bwd.allocate(p, win, t)
     assert buf["pB"].shape[-1] == 32   # a window's 32 steps (rows a multiple of 16)
-    tt = dict(t, ckpt=torch.zeros(p.batch, 11, p.dim, p.dstate, device=DEV), dlast=t["dlast"])
+    tt = dict(t, ckpt=torch.zeros(p.batch, 9, p.dim, p.dstate, device=DEV), dlast=t["dlast"])
     launches = bwd.plan(p, win, tt, buf)
     assert [(ln.constexprs["PHASE"], ln.grid[2], ln.args["C0"]) for ln in launches] == \
-        [(1, 5, 0), (2, 1, 0), (0, 2, 8), (0, 2, 4), (0, 2, 0)]
+        [(1, 4, 0), (2, 1, 0), (0, 1, 8), (0, 2, 4), (0, 2, 0)]
     _same_gradients_bitwise(p, cfg, win, t)
 
 
@@ -722,20 +735,20 @@ def test_b_and_c_converted_once_give_the_same_gradients_bitwise(form):
 def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(form, gluon, monkeypatch):
     """window = 2: the training forward stores one checkpoint a window (fp32), and before each
     window's launch the forward's kernel walks that window again from it, each chunk's entering
-    state into a buffer one window long. With the bound at 3 chunks' partials (12 chunks of 8 in 4
-    windows, the last ragged): the checkpoints (batch, 4, dim, dstate), every gradient bitwise
+    state into a buffer one window long. With the bound at 2 chunks' partials (6 chunks of 8 in 3
+    windows, the last ragged): the checkpoints (batch, 3, dim, dstate), every gradient bitwise
     window = 1's (fp32 checkpoints there) and within the float64 bound, poisoned buffers; bf16
     checkpoints within the bound; and the call through selective_scan_fn with a window = 2 record."""
     from autossd.ops.mamba1 import bwd
-    p = _problem(form, seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
+    p = _problem(form, seqlen=42, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True,
                  return_last_state=True)
     cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1, gluon=gluon)
     per_chunk = p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk
-    monkeypatch.setattr(bwd, "WINDOW_BYTES", 3 * per_chunk)
+    monkeypatch.setattr(bwd, "WINDOW_BYTES", 2 * per_chunk)
     one, two = cfg.replace(window=1), cfg.replace(window=2)
-    assert not violations(two, "sm90", p)
-    assert bwd.ckpt_every(p, two) == 3 and bwd.ckpt_every(p, one) == 1
-    assert bwd.ckpt_shape(p, two) == ((p.batch, 4, p.dim, p.dstate), torch.float32)
+    assert not violations(two, "sm90", p) and bwd.windows(p, two) == (2, 3)
+    assert bwd.ckpt_every(p, two) == 2 and bwd.ckpt_every(p, one) == 1
+    assert bwd.ckpt_shape(p, two) == ((p.batch, 3, p.dim, p.dstate), torch.float32)
     fcfg = bwd.forward_config(p, two, None, "sm90")
     assert fcfg.ckpt_stride == 1 and fcfg.chunk == 8
     # a split forward record (the H200's batch-1 kind) becomes an unsplit, runnable one
@@ -743,24 +756,24 @@ def test_one_checkpoint_a_window_gives_the_windowed_backwards_gradients_bitwise(
                                "sm90")
     assert (split.seq_split, split.state_in, split.ckpt_stride) == (1, 0, 1) and not violations(split, "sm90", p)
     t = bwd.tune_inputs(p, DEV, seed=31)
-    ck = fwd.forward(p, fcfg, t, ckpt_dtype="fp32", ckpt_every=3, poison=True)["ckpt"]
-    assert tuple(ck.shape) == (p.batch, 4, p.dim, p.dstate) and torch.isfinite(ck).all()
+    ck = fwd.forward(p, fcfg, t, ckpt_dtype="fp32", ckpt_every=2, poison=True)["ckpt"]
+    assert tuple(ck.shape) == (p.batch, 3, p.dim, p.dstate) and torch.isfinite(ck).all()
     ref = _same_gradients_bitwise(p, one, two, t)
     g3 = bwd.tune_run(p, two.replace(ckpt_dtype="bf16"), t, poison=True)
     for k in ref:
         assert rel_err(g3[k], ref[k]) < GRAD_TOL["bf16"], k
 
 
-@pytest.mark.parametrize("chunks,windows", [(5, 3), (1, 12)], ids=["ragged-last", "one-chunk"])
+@pytest.mark.parametrize("chunks,windows", [(3, 3), (1, 7)], ids=["ragged-last", "one-chunk"])
 def test_windows_of_any_length_recompute_from_fp32_checkpoints(chunks, windows, monkeypatch):
-    """window = 2 with windows of 5 chunks (12 chunks: 5, 5 and a last of 2) and of one chunk (12
+    """window = 2 with windows of 3 chunks (7 chunks: 3, 3 and a last of 1) and of one chunk (7
     windows), bf16 checkpoints asked: the training forward's checkpoints are one a window in fp32
     whatever ckpt_dtype says, as ckpt_shape (and so the fake kernel) says; one forward, no second
     one in the backward; the window's recomputed states in bf16, so every gradient bitwise
     window = 1's with bf16 checkpoints (rounded from the same fp32 states), and within the bound
     against float64."""
     from autossd.ops.mamba1 import bwd
-    p = _problem("3d", seqlen=90, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
+    p = _problem("3d", seqlen=50, has_D=True, has_z=True, has_delta_bias=True, delta_softplus=True)
     cfg = BwdConfig(block_d=4, chunk=8, lanes_n=8, warps=1)
     monkeypatch.setattr(bwd, "WINDOW_BYTES", chunks * p.batch * bwd.programs(p, cfg) * p.dstate * 4 * cfg.chunk)
     two = cfg.replace(window=2, ckpt_dtype="bf16")

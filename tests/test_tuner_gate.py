@@ -77,10 +77,19 @@ def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
     base = default_config("sm90", TINY).replace(chunk_size=64)
     bad = {"hang": base.replace(scan_warps=2), "crash": base.replace(scan_warps=8),
            "wrong": base.replace(bmm_warps=2)}
-    # the hang costs the whole timeout; a good candidate takes about 1 s here, so 20 s leaves a
-    # loaded machine room before a slow good one is taken for a hang
-    runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=20.0,
+    # the hang costs the whole timeout, the one the runner reads at each candidate's evaluation: the
+    # hang's own is short (it never answers, however long it is given), every other candidate's
+    # long (a good one takes about 1 s here; 60 s leaves a loaded machine room before a slow good
+    # one is taken for a hang)
+    runner = MeasuredRunner("sm90", TINY, device="cpu", compile_workers=0, timeout=60.0,
                             inject={c.key(): kind for kind, c in bad.items()}, precompile=False)
+    evaluate, timeouts = runner.evaluate, []
+
+    def evaluate_with_its_timeout(config, prepared):
+        runner.timeout = 2.0 if config.key() == bad["hang"].key() else 60.0
+        timeouts.append(runner.timeout)
+        return evaluate(config, prepared)
+    runner.evaluate = evaluate_with_its_timeout
     st = Settings(trials=8, sampler="random", seed=0, storage=str(tmp_path / "j.journal"),
                   fixed={"chunk_size": 64}, extra_seeds=[c.as_dict() for c in bad.values()],
                   progress=False)
@@ -93,6 +102,7 @@ def test_measured_mode_isolates_hang_crash_and_wrong(interpret, tmp_path):
     assert why["wrong"].startswith("gate")
     assert res.complete >= 2 and res.best_config not in bad.values()   # the run went on
     assert res.default_ms is not None and runner.worker.restarts >= 2
+    assert timeouts.count(2.0) == 1 and len(timeouts) > 1   # the short wait was the hang's alone
 
 
 def _decode(**kw):
